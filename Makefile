@@ -1,0 +1,35 @@
+# Every target works on a fresh machine with only python3 and make: the
+# virtual environment is created and filled on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.tether-installed
+
+.PHONY: venv lint typecheck pytest test demo serve bench wheel clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+# pytest exits 5 when it collected no test: that is a failure here, as is any
+# other non-zero code, so a run that tested nothing never passes.
+pytest: venv
+	$(PY) -m pytest
+
+test: lint typecheck pytest
+
+wheel: venv
+	$(PY) -m build --wheel --outdir dist .
+
+clean:
+	rm -rf $(VENV) dist build .mypy_cache .pytest_cache .ruff_cache

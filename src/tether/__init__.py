@@ -1,0 +1,59 @@
+"""tether: the request-state table for asyncio servers that hand work to a producer.
+
+``Registry.open()`` registers a request and returns a :class:`Stream` that already
+holds its state; the producer routes outputs with ``deliver()``/``fail()``; an
+adapter (``tether_starlette``, ``tether_aiohttp``) turns streams into HTTP
+responses and client disconnects into aborts. This package imports no web
+framework.
+"""
+
+from __future__ import annotations
+
+from ._encoders import NDJSON, SSE, Encoder
+from ._errors import (
+    Aborted,
+    AbortReason,
+    ConsumerTooSlow,
+    DuplicateRequest,
+    Overloaded,
+    ProducerError,
+    RegistryClosed,
+    RequestTimeout,
+    TetherError,
+    UnknownRequest,
+)
+from ._http import CLIENT_CLOSED_REQUEST, ErrorResponse, Exchange, Head, error_body, error_response
+from ._registry import Registry
+from ._scope import RequestScope
+from ._stats import RegistryStats, Summary
+from ._stream import Batch, Stream
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CLIENT_CLOSED_REQUEST",
+    "NDJSON",
+    "SSE",
+    "AbortReason",
+    "Aborted",
+    "Batch",
+    "ConsumerTooSlow",
+    "DuplicateRequest",
+    "Encoder",
+    "ErrorResponse",
+    "Exchange",
+    "Head",
+    "Overloaded",
+    "ProducerError",
+    "Registry",
+    "RegistryClosed",
+    "RegistryStats",
+    "RequestScope",
+    "RequestTimeout",
+    "Stream",
+    "Summary",
+    "TetherError",
+    "UnknownRequest",
+    "error_body",
+    "error_response",
+]

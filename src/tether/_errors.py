@@ -1,0 +1,146 @@
+"""The one error tree of tether.
+
+Every error the core raises derives from :class:`TetherError`::
+
+    TetherError
+    ├── DuplicateRequest (KeyError)   open() with a rid that is still live
+    ├── UnknownRequest (KeyError)     an operation that needs a live rid got another
+    ├── Overloaded                    open() beyond ``max_in_flight``
+    ├── RegistryClosed                open() after ``Registry.close()`` began
+    ├── Aborted                       the request was closed before it finished;
+    │   │                             ``reason`` says why (an :class:`AbortReason`)
+    │   ├── RequestTimeout (TimeoutError)  its deadline passed
+    │   └── ConsumerTooSlow               more than ``max_pending`` outputs waited
+    └── ProducerError                 the producer called ``Registry.fail()``
+
+Consumers (``Stream``/``Batch``) raise these from ``__anext__``, ``result()`` and
+``next_ready()``; the producer-side methods of ``Registry`` never raise for an
+unknown rid (they return ``False`` and count a late output instead).
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "AbortReason",
+    "Aborted",
+    "ConsumerTooSlow",
+    "DuplicateRequest",
+    "Overloaded",
+    "ProducerError",
+    "RegistryClosed",
+    "RequestTimeout",
+    "TetherError",
+    "UnknownRequest",
+]
+
+
+class AbortReason(enum.StrEnum):
+    """Why a request was closed before its producer finished it."""
+
+    CLIENT_DISCONNECTED = "client_disconnected"
+    """The HTTP client went away (set by the adapters through ``RequestScope``)."""
+    CANCELLED = "cancelled"
+    """The consumer closed the stream early, or its task was cancelled."""
+    TIMEOUT = "timeout"
+    """The per-request deadline passed."""
+    CONSUMER_TOO_SLOW = "consumer_too_slow"
+    """More than ``max_pending`` outputs waited and no ``merge`` was given."""
+    SERVER = "server"
+    """``Registry.abort()`` was called, or ``Registry.close()`` drained out."""
+    FAILED_SIBLING = "failed_sibling"
+    """Another sub-request of the same batch failed."""
+
+
+class TetherError(Exception):
+    """Base class of every error raised by tether."""
+
+
+class DuplicateRequest(TetherError, KeyError):
+    """Raised by ``Registry.open()``/``open_batch()`` for a rid that is still live."""
+
+    def __init__(self, rid: str) -> None:
+        super().__init__(f"request id {rid!r} is already in flight; pass rid=None for a fresh id")
+        self.rid = rid
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class UnknownRequest(TetherError, KeyError):
+    """Raised where an operation needs a live rid (``Registry.state_of``) and got another."""
+
+    def __init__(self, rid: str) -> None:
+        super().__init__(f"request id {rid!r} is not in flight (finished, aborted or never opened)")
+        self.rid = rid
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Overloaded(TetherError):
+    """Raised by ``Registry.open()`` when ``max_in_flight`` requests are already live."""
+
+    def __init__(self, limit: int, *, retry_after: float = 1.0) -> None:
+        super().__init__(
+            f"{limit} requests are already in flight (max_in_flight={limit}); retry later"
+        )
+        self.limit = limit
+        self.retry_after = retry_after
+
+
+class RegistryClosed(TetherError):
+    """Raised by ``Registry.open()`` once ``Registry.close()`` has begun."""
+
+    def __init__(self) -> None:
+        super().__init__("the registry is closed (server shutting down); no new requests")
+
+
+class Aborted(TetherError):
+    """Raised to the consumer of a request that was closed before it finished."""
+
+    def __init__(self, rid: str, reason: AbortReason, message: str | None = None) -> None:
+        super().__init__(message or f"request {rid!r} was aborted: {reason.value}")
+        self.rid = rid
+        self.reason = reason
+
+
+class RequestTimeout(Aborted, TimeoutError):
+    """Raised to the consumer when the request's deadline (``open(timeout=...)``) passed."""
+
+    def __init__(self, rid: str, timeout: float) -> None:
+        super().__init__(
+            rid,
+            AbortReason.TIMEOUT,
+            f"request {rid!r} did not finish within its timeout of {timeout:g}s",
+        )
+        self.timeout = timeout
+
+
+class ConsumerTooSlow(Aborted):
+    """Raised to a consumer that let more than ``max_pending`` outputs wait.
+
+    Pass ``merge=`` to the ``Registry`` to combine waiting outputs instead.
+    """
+
+    def __init__(self, rid: str, max_pending: int) -> None:
+        super().__init__(
+            rid,
+            AbortReason.CONSUMER_TOO_SLOW,
+            f"request {rid!r}: more than max_pending={max_pending} outputs waited for the "
+            "consumer; read faster, raise max_pending or give the Registry a merge function",
+        )
+        self.max_pending = max_pending
+
+
+class ProducerError(TetherError):
+    """Raised to the consumer when the producer called ``Registry.fail(rid, exc)``.
+
+    The producer's exception is ``__cause__``.
+    """
+
+    def __init__(self, rid: str, cause: BaseException) -> None:
+        super().__init__(f"request {rid!r} failed in the producer: {cause}")
+        self.rid = rid
+        self.__cause__ = cause

@@ -1,0 +1,249 @@
+"""The HTTP policy both adapters share, with no web framework in sight.
+
+* :func:`error_response` is the one mapping from an exception to an HTTP status,
+  a JSON error body and headers.
+* :class:`Exchange` drives one response from a ``Stream`` or ``Batch``: it decides
+  the status line (which waits for the first output, so that a failure before it
+  gets a real status rather than a 200 followed by an error event), frames every
+  ready output into one chunk, pings when idle, and ends with one error event and
+  the terminal frame when the request fails after the stream has started.
+
+An adapter only moves the bytes :class:`Exchange` gives it and tells the scope
+when the client is gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Final
+
+from ._encoders import SSE, Encoder, default_dumps
+from ._errors import (
+    Aborted,
+    AbortReason,
+    ConsumerTooSlow,
+    DuplicateRequest,
+    Overloaded,
+    ProducerError,
+    RegistryClosed,
+    RequestTimeout,
+    TetherError,
+    UnknownRequest,
+)
+from ._stream import Batch, Stream
+
+__all__ = [
+    "CLIENT_CLOSED_REQUEST",
+    "ErrorResponse",
+    "Exchange",
+    "Head",
+    "error_body",
+    "error_response",
+]
+
+CLIENT_CLOSED_REQUEST: Final = 499
+"""The status logged for a request whose client left (nobody reads it)."""
+
+JSON_HEADERS: Final = {"content-type": "application/json"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ErrorResponse:
+    """What an exception becomes on the wire.
+
+    :param status: the HTTP status code.
+    :param body: ``{"error": {"message": ..., "type": ..., "code": status}}``.
+    :param headers: extra headers (``Retry-After`` for 503s that can be retried).
+    """
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+def _status_of(exc: BaseException) -> tuple[int, dict[str, str]]:
+    if isinstance(exc, Overloaded):
+        return 503, {"retry-after": str(max(1, math.ceil(exc.retry_after)))}
+    if isinstance(exc, RegistryClosed):
+        return 503, {"retry-after": "1"}
+    if isinstance(exc, RequestTimeout):
+        return 504, {}
+    if isinstance(exc, ConsumerTooSlow):
+        return 503, {}
+    if isinstance(exc, Aborted):
+        if exc.reason in (AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED):
+            return CLIENT_CLOSED_REQUEST, {}
+        return 503, {}
+    if isinstance(exc, DuplicateRequest):
+        return 409, {}
+    if isinstance(exc, UnknownRequest):
+        return 404, {}
+    if isinstance(exc, ProducerError):
+        # A producer may reject a request for the client's fault (a prompt too
+        # long, say) by failing it with an exception carrying a 4xx status_code.
+        status = getattr(exc.__cause__, "status_code", None)
+        if isinstance(status, int) and 400 <= status <= 599:
+            return status, {}
+        return 500, {}
+    return 500, {}
+
+
+def error_body(exc: BaseException, status: int) -> dict[str, Any]:
+    """The JSON error body for ``exc``: ``{"error": {"message", "type", "code"}}``.
+
+    Exceptions outside tether's tree are reported as an internal error without
+    their message, which may hold server details.
+    """
+    if isinstance(exc, TetherError):
+        message, kind = str(exc), type(exc).__name__
+    else:
+        message, kind = "internal server error", "InternalError"
+    return {"error": {"message": message, "type": kind, "code": status}}
+
+
+def error_response(exc: BaseException) -> ErrorResponse:
+    """Map an exception to its status, JSON body and headers (the one shared mapping).
+
+    ``Overloaded`` and ``RegistryClosed`` → 503 with ``Retry-After``;
+    ``RequestTimeout`` → 504; ``ConsumerTooSlow`` and server aborts → 503;
+    client disconnects → 499; ``DuplicateRequest`` → 409; ``UnknownRequest`` → 404;
+    ``ProducerError`` → 500, or its cause's ``status_code`` when that is 4xx/5xx;
+    anything else → 500.
+    """
+    status, headers = _status_of(exc)
+    return ErrorResponse(status, error_body(exc, status), headers)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Head:
+    """How a response starts.
+
+    :param status: the HTTP status.
+    :param headers: lower-case header names to values.
+    :param body: the first bytes of the body (the whole body when ``more`` is false).
+    :param more: whether :meth:`Exchange.next_chunk` has more to give.
+    """
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    more: bool
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, BaseException):
+        return error_response(value).body
+    return value
+
+
+class Exchange:
+    """Drives one HTTP response from a :class:`~tether.Stream` or :class:`~tether.Batch`.
+
+    :param source: what to answer with.
+    :param streaming: stream every output (``True``) or answer with one JSON body.
+    :param encoder: the streaming framing; :class:`~tether.SSE` by default.
+    :param ping_interval: seconds of silence after which a keep-alive is sent.
+    """
+
+    __slots__ = ("_done", "encoder", "ping_interval", "source", "streaming")
+
+    def __init__(
+        self,
+        source: Stream | Batch,
+        *,
+        streaming: bool,
+        encoder: Encoder | type[Encoder] | None = None,
+        ping_interval: float = 15.0,
+    ) -> None:
+        if not isinstance(source, Stream | Batch):
+            raise TypeError(f"expected a tether Stream or Batch, got {type(source).__name__}")
+        if not ping_interval > 0:
+            raise ValueError(f"ping_interval must be positive, got {ping_interval}")
+        if encoder is None:
+            encoder = SSE()
+        elif isinstance(encoder, type):
+            encoder = encoder()
+        self.source = source
+        self.streaming = streaming
+        self.encoder: Encoder = encoder
+        self.ping_interval = ping_interval
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        """Whether the response has nothing more to send."""
+        return self._done
+
+    def _error_head(self, exc: BaseException) -> Head:
+        self._done = True
+        response = error_response(exc)
+        headers = {**JSON_HEADERS, **response.headers}
+        return Head(response.status, headers, default_dumps(response.body), False)
+
+    async def start(self) -> Head:
+        """Wait until the status line is known and return it with the first bytes.
+
+        Non-streaming: waits for the result. Streaming: waits for the first outputs,
+        or the ping interval, whichever comes first. Errors raised by the source
+        before that become an error status with a JSON body.
+        """
+        if not self.streaming:
+            try:
+                result = await self.source.result()
+            except TetherError as exc:
+                return self._error_head(exc)
+            self._done = True
+            if isinstance(result, list):
+                result = [_jsonable(item) for item in result]
+            return Head(200, dict(JSON_HEADERS), default_dumps(result), False)
+        try:
+            items = await self.source.next_ready(timeout=self.ping_interval)
+        except TetherError as exc:
+            return self._error_head(exc)
+        encoder = self.encoder
+        headers = {
+            "content-type": encoder.media_type,
+            **{k.lower(): v for k, v in encoder.headers.items()},
+        }
+        if items is None:
+            self._done = True
+            return Head(200, headers, encoder.terminal(), False)
+        return Head(200, headers, self._encode(items) if items else encoder.ping(), True)
+
+    def _encode(self, items: list[Any]) -> bytes:
+        if isinstance(self.source, Batch):
+            return self.encoder.encode_indexed(items)
+        return self.encoder.encode_many(items)
+
+    async def next_chunk(self) -> bytes | None:
+        """The next bytes to write: every ready output in one chunk, a ping after
+        ``ping_interval`` of silence, the terminal frame at the end (or one error
+        event and the terminal frame on failure); ``None`` when nothing is left.
+
+        A client disconnect ends the response quietly (``None``): nobody is reading.
+        """
+        if self._done:
+            return None
+        encoder = self.encoder
+        try:
+            items = await self.source.next_ready(timeout=self.ping_interval)
+        except Aborted as exc:
+            self._done = True
+            if exc.reason in (AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED):
+                return None
+            return encoder.error(error_response(exc).body) + encoder.terminal()
+        except TetherError as exc:
+            self._done = True
+            return encoder.error(error_response(exc).body) + encoder.terminal()
+        if items is None:
+            self._done = True
+            return encoder.terminal() or None
+        if not items:
+            return encoder.ping()
+        return self._encode(items)
+
+    async def aclose(self) -> None:
+        """End the response: whatever is unfinished is aborted and freed (idempotent)."""
+        self._done = True
+        await self.source.aclose()

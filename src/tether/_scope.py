@@ -1,0 +1,108 @@
+"""RequestScope: the per-HTTP-request context that adapters open.
+
+An adapter opens one scope around each HTTP request. Every ``Stream`` or
+``Batch`` opened while it is current (a :mod:`contextvars` variable, so it
+follows the handler into the tasks it starts) is tracked; :meth:`disconnect`
+cancels them all at once when the client goes away; leaving the scope closes
+whatever the handler left open, so no path leaves a request behind.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from types import TracebackType
+from typing import TYPE_CHECKING, Self
+
+from ._errors import Aborted, AbortReason
+
+if TYPE_CHECKING:
+    from ._stream import Consumer
+
+__all__ = ["RequestScope", "current_scope"]
+
+_current: contextvars.ContextVar[RequestScope | None] = contextvars.ContextVar(
+    "tether_request_scope", default=None
+)
+
+
+def current_scope() -> RequestScope | None:
+    """The scope of the HTTP request being handled, or ``None`` outside any."""
+    return _current.get()
+
+
+class RequestScope:
+    """Tracks the streams of one HTTP request; usable as ``with`` or ``async with``.
+
+    Adapters for other frameworks: enter a scope around the handler, call
+    :meth:`disconnect` from whatever notices the client leave, and let the scope
+    exit close the rest.
+    """
+
+    __slots__ = ("_consumers", "_reason", "_token")
+
+    def __init__(self) -> None:
+        self._consumers: list[Consumer] = []
+        self._reason: AbortReason | None = None
+        self._token: contextvars.Token[RequestScope | None] | None = None
+
+    @staticmethod
+    def current() -> RequestScope | None:
+        """The scope of the HTTP request being handled, or ``None`` outside any."""
+        return _current.get()
+
+    @property
+    def disconnected(self) -> bool:
+        """Whether :meth:`disconnect` was called."""
+        return self._reason is not None
+
+    def __enter__(self) -> Self:
+        if self._token is not None:
+            raise RuntimeError("a RequestScope can be entered only once")
+        self._token = _current.set(self)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._token is not None:
+            _current.reset(self._token)
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def track(self, consumer: Consumer) -> None:
+        """Adopt a stream or batch (``Registry.open`` does this for the current scope)."""
+        self._consumers.append(consumer)
+
+    def check(self) -> None:
+        """Raise :class:`~tether.Aborted` if the client already disconnected."""
+        if self._reason is not None:
+            raise Aborted("-", self._reason, "the client disconnected before the request opened")
+
+    def disconnect(self, reason: AbortReason = AbortReason.CLIENT_DISCONNECTED) -> int:
+        """Cancel every open stream of this request now; returns how many were live.
+
+        Idempotent: later calls do nothing. Streams opened afterwards in this scope
+        raise :class:`~tether.Aborted` at once.
+        """
+        if self._reason is not None:
+            return 0
+        self._reason = reason
+        return sum(consumer.cancel(reason) for consumer in self._consumers)
+
+    def close(self) -> int:
+        """Cancel whatever is still open (the handler is done); returns how many were live."""
+        consumers, self._consumers = self._consumers, []
+        return sum(consumer.cancel(AbortReason.CANCELLED) for consumer in consumers)

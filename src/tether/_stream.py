@@ -1,0 +1,380 @@
+"""The consumer side: :class:`Stream` for one request, :class:`Batch` for several.
+
+Both are classes with ``__anext__``, not async generators, so that closing is
+deterministic: ``aclose()`` frees whatever is unfinished and calls ``on_abort``
+at once, cancellation of the consuming task is an abort, and a consumer dropped
+without being closed is cleaned up by ``__del__`` with a ``ResourceWarning``
+instead of by a generator finaliser that runs later, elsewhere or never.
+
+Adapters read with :meth:`Stream.next_ready`/:meth:`Batch.next_ready`, which
+hand over every output that is ready at once, so that one write can carry them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from collections.abc import Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, Self
+
+from ._errors import Aborted, AbortReason
+from ._state import NOTHING, Group, RequestState, wake
+
+if TYPE_CHECKING:
+    from ._registry import Registry
+    from .types import Merge
+
+__all__ = ["Batch", "Consumer", "Stream"]
+
+_EMPTY: Final[list[Any]] = []
+
+
+def _fold(merge: Merge | None, acc: Any, output: Any) -> Any:
+    if merge is None or acc is NOTHING:
+        return output
+    return merge(acc, output)
+
+
+class Consumer:
+    """What :class:`Stream` and :class:`Batch` share: closing, cancelling, waiting."""
+
+    __slots__ = ("__weakref__", "_buf", "_closed", "_pos", "_registry", "_states")
+
+    def __init__(self, registry: Registry, states: Sequence[RequestState]) -> None:
+        self._registry = registry
+        self._states = states
+        self._buf: list[Any] = _EMPTY
+        self._pos = 0
+        self._closed = False
+
+    @property
+    def finished(self) -> bool:
+        """Whether no request of this consumer is in flight any more."""
+        return not any(state.live for state in self._states)
+
+    def cancel(self, reason: AbortReason = AbortReason.CANCELLED) -> bool:
+        """Abort whatever is unfinished, now (synchronous; for adapters and scopes).
+
+        ``on_abort`` is called for each unfinished rid; a consumer waiting on this
+        stream gets :class:`~tether.Aborted` with ``reason``.
+
+        :returns: whether anything was still in flight.
+        """
+        states = self._states
+        error = Aborted(states[0].rid, reason)
+        return self._registry._abort_states(states, error, defer=False)
+
+    async def aclose(self) -> None:
+        """Close the consumer: unfinished requests are freed and ``on_abort`` is
+        called for each, exactly once. Idempotent; later reads end the iteration."""
+        self._closed = True
+        self._buf = _EMPTY
+        self.cancel(AbortReason.CANCELLED)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        states = getattr(self, "_states", ())
+        if any(state.live for state in states):
+            warnings.warn(
+                f"{self!r} was dropped without being closed; its request was aborted. "
+                "Use 'async with', aclose(), or a RequestScope.",
+                ResourceWarning,
+                source=self,
+                stacklevel=1,
+            )
+            self._registry._abort_from_gc(states)
+
+    def _take_buffered(self) -> list[Any] | None:
+        buf, pos = self._buf, self._pos
+        if pos >= len(buf):
+            return None
+        self._buf = _EMPTY
+        self._pos = 0
+        return buf[pos:] if pos else buf
+
+    async def _until_ended(self, state: RequestState) -> None:
+        while state.live:
+            await self._wait(state, None)
+
+    async def _wait(self, holder: RequestState | Group, timeout: float | None) -> None:
+        """Park until the producer wakes ``holder``'s waiter (or ``timeout`` passes).
+
+        Cancellation of the waiting task is an abort of this consumer.
+        """
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        holder.waiter = waiter
+        handle = None if timeout is None else loop.call_later(timeout, wake, waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if holder.waiter is waiter:
+                holder.waiter = None
+            self.cancel(AbortReason.CANCELLED)
+            raise
+        finally:
+            if handle is not None:
+                handle.cancel()
+
+
+class Stream(Consumer):
+    """The outputs of one request, in the order the producer delivered them.
+
+    Built by :meth:`Registry.open` and already holding the request's state:
+    ``async for output in stream``, ``await stream.result()``, or (adapters)
+    ``await stream.next_ready()``. Close it with ``aclose()`` or ``async with``.
+    """
+
+    __slots__ = ("_state",)
+
+    def __init__(self, state: RequestState) -> None:
+        super().__init__(state.registry, (state,))
+        self._state = state
+
+    @property
+    def rid(self) -> str:
+        """The request id to hand to the producer."""
+        return self._state.rid
+
+    def __repr__(self) -> str:
+        return f"<Stream {self._state.rid!r} live={self._state.live}>"
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Any:
+        """The next output; ``StopAsyncIteration`` after the last.
+
+        :raises ProducerError: the producer failed the request (after its earlier outputs).
+        :raises Aborted: the request was aborted (timeout, disconnect, server, too slow).
+        """
+        buf, pos = self._buf, self._pos
+        if pos < len(buf):
+            self._pos = pos + 1
+            return buf[pos]
+        state = self._state
+        while True:
+            pending = state.pending
+            if pending:
+                state.pending = []
+                self._buf = pending
+                self._pos = 1
+                return pending[0]
+            if state.error is not None:
+                raise state.error
+            if not state.live or self._closed:
+                raise StopAsyncIteration
+            await self._wait(state, None)
+
+    async def next_ready(self, *, timeout: float | None = None) -> list[Any] | None:
+        """Every output that is ready, oldest first, waiting for one if none is.
+
+        :param timeout: give up waiting after this many seconds and return ``[]``.
+        :returns: a non-empty list, ``[]`` when ``timeout`` passed with nothing
+            ready, or ``None`` once the request finished and everything was read.
+        :raises ProducerError: as for ``__anext__``.
+        :raises Aborted: as for ``__anext__``.
+        """
+        rest = self._take_buffered()
+        state = self._state
+        waited = False
+        while True:
+            pending = state.pending
+            if pending:
+                state.pending = []
+                if rest:
+                    rest.extend(pending)
+                    return rest
+                return pending
+            if rest:
+                return rest
+            if state.error is not None:
+                raise state.error
+            if not state.live or self._closed:
+                return None
+            if waited:
+                return []
+            await self._wait(state, timeout)
+            waited = timeout is not None
+
+    async def result(self) -> Any:
+        """Wait for the request to finish and return its final output.
+
+        With the registry's ``merge``, every output is folded into the result (for
+        producers that emit deltas); without it, the last output is the result.
+        The producer folds while the consumer sleeps: no wake-up per output.
+
+        :returns: the result, or ``None`` if the request finished with no output.
+        :raises ProducerError: the producer failed the request.
+        :raises Aborted: the request was aborted.
+        """
+        state = self._state
+        merge = self._registry.merge
+        acc = NOTHING
+        for output in (self._take_buffered() or _EMPTY) + state.pending:
+            acc = _fold(merge, acc, output)
+        state.pending = []
+        if state.live and not self._closed:
+            state.acc = acc
+            state.collect = True
+            await self._until_ended(state)
+            acc = state.acc
+        if state.error is not None:
+            raise state.error
+        return None if acc is NOTHING else acc
+
+
+class Batch(Consumer):
+    """The outputs of several sub-requests, read together through one wake-up.
+
+    Built by :meth:`Registry.open_batch`. ``async for index, output in batch``
+    yields outputs in arrival order; ``await batch.result()`` returns every
+    sub-request's result in order. Alternatively, take :attr:`streams` to read
+    each sub-request on its own (then not the batch itself).
+    """
+
+    __slots__ = ("_group", "_started", "_streams")
+
+    def __init__(self, registry: Registry, group: Group) -> None:
+        super().__init__(registry, group.states)
+        self._group = group
+        self._started = False
+        self._streams: tuple[Stream, ...] | None = None
+
+    @property
+    def rids(self) -> tuple[str, ...]:
+        """The sub-requests' ids, in index order."""
+        return tuple(state.rid for state in self._group.states)
+
+    def __len__(self) -> int:
+        return len(self._group.states)
+
+    def __repr__(self) -> str:
+        group = self._group
+        return f"<Batch of {len(group.states)} remaining={group.remaining}>"
+
+    @property
+    def streams(self) -> tuple[Stream, ...]:
+        """One :class:`Stream` per sub-request, for reading them separately.
+
+        Taking them hands every output to the sub-streams; from then on read those,
+        not the batch (the batch's ``aclose()`` and ``cancel()`` still apply to all).
+
+        :raises RuntimeError: the batch itself was already read.
+        """
+        if self._streams is None:
+            if self._started:
+                raise RuntimeError("this batch is already being read; take .streams before reading")
+            group = self._group
+            states = group.states
+            errors = group.errors or {}
+            for index, output in group.take():
+                if errors.get(index) is not output:
+                    states[index].pending.append(output)
+            for index, error in errors.items():
+                states[index].error = error
+            group.split = True
+            self._streams = tuple(Stream(state) for state in states)
+        return self._streams
+
+    def _start(self) -> Group:
+        if self._streams is not None:
+            raise RuntimeError("this batch was split into .streams; read those instead")
+        self._started = True
+        return self._group
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> tuple[int, Any]:
+        """The next ``(index, output)`` pair in arrival order.
+
+        With ``keep_going``, a failed sub-request yields ``(index, error)``.
+
+        :raises ProducerError: a sub-request failed (without ``keep_going``).
+        :raises Aborted: the batch was aborted.
+        """
+        buf, pos = self._buf, self._pos
+        if pos < len(buf):
+            self._pos = pos + 1
+            pair: tuple[int, Any] = buf[pos]
+            return pair
+        group = self._start()
+        while True:
+            pending = group.take()
+            if pending:
+                self._buf = pending
+                self._pos = 1
+                return pending[0]
+            if group.error is not None:
+                raise group.error
+            if group.remaining == 0 or self._closed:
+                raise StopAsyncIteration
+            await self._wait(group, None)
+
+    async def next_ready(self, *, timeout: float | None = None) -> list[tuple[int, Any]] | None:
+        """Every ``(index, output)`` pair that is ready, waiting for one if none is.
+
+        Same contract as :meth:`Stream.next_ready`.
+        """
+        rest = self._take_buffered()
+        group = self._start()
+        waited = False
+        while True:
+            pending = group.take()
+            if pending:
+                if rest:
+                    rest.extend(pending)
+                    return rest
+                return pending
+            if rest:
+                return rest
+            if group.error is not None:
+                raise group.error
+            if group.remaining == 0 or self._closed:
+                return None
+            if waited:
+                return []
+            await self._wait(group, timeout)
+            waited = timeout is not None
+
+    async def result(self) -> list[Any]:
+        """Wait for every sub-request and return their results, in index order.
+
+        Each result is folded as :meth:`Stream.result` folds; with ``keep_going``,
+        a failed sub-request's error stands in its place.
+
+        :raises ProducerError: a sub-request failed (without ``keep_going``).
+        :raises Aborted: the batch was aborted.
+        """
+        group = self._start()
+        merge = self._registry.merge
+        states = group.states
+        accs: list[Any] = [NOTHING] * len(states)
+        errors = group.errors or {}
+        for index, output in (self._take_buffered() or _EMPTY) + group.take():
+            if errors.get(index) is not output:
+                accs[index] = _fold(merge, accs[index], output)
+        for state, acc in zip(states, accs, strict=True):
+            state.acc = acc
+            state.collect = True
+        while group.remaining and group.error is None and not self._closed:
+            await self._wait(group, None)
+        if group.error is not None:
+            raise group.error
+        errors = group.errors or {}
+        return [
+            errors.get(index, None if state.acc is NOTHING else state.acc)
+            for index, state in enumerate(states)
+        ]
