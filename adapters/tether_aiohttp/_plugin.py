@@ -1,0 +1,174 @@
+"""setup(): the aiohttp plugin that gives every request a RequestScope and drains on shutdown.
+
+``setup(app, registry)`` follows the aio-libs convention: the registry goes under a
+``Final`` :class:`aiohttp.web.AppKey`, one middleware opens a
+:class:`tether.RequestScope` per request (kept under a :class:`aiohttp.web.RequestKey`),
+and ``on_shutdown`` drains the registry so that ``web.run_app`` stops promptly.
+
+Disconnect detection. With ``handler_cancellation=False`` (the default of ``run_app``
+and ``AppRunner``) aiohttp neither cancels the handler nor offers a public callback
+when the client leaves: only the connection's transport closes. So one watcher task
+per app, owned by its ``cleanup_ctx``, checks the transports of the requests in
+flight every ``poll_interval`` seconds and disconnects the scopes whose transport
+closed; it sleeps while no request is in flight. With ``handler_cancellation=True``
+aiohttp cancels the handler: a stream's wait turns that cancellation into an abort,
+and the middleware tells the scope the client left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Final
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+import tether
+
+__all__ = ["REGISTRY_KEY", "SCOPE_KEY", "get_registry", "request_scope", "setup"]
+
+REGISTRY_KEY: Final = web.AppKey("registry", tether.Registry)
+"""Where :func:`setup` stores the registry on the application."""
+
+SCOPE_KEY: Final = web.RequestKey("scope", tether.RequestScope)
+"""Where the middleware keeps the request's :class:`tether.RequestScope`."""
+
+_NOT_SET_UP: Final = "tether is not set up for this app: call tether_aiohttp.setup(app, ...) first"
+
+
+def get_registry(app_or_request: web.Application | web.Request) -> tether.Registry:
+    """The registry given to :func:`setup`.
+
+    :param app_or_request: the application, or a request (which also finds the
+        registry of a parent application from a sub-application's handler).
+    :raises RuntimeError: :func:`setup` was not called.
+    """
+    if isinstance(app_or_request, web.Request):
+        registry = app_or_request.config_dict.get(REGISTRY_KEY)
+    else:
+        registry = app_or_request.get(REGISTRY_KEY)
+    if registry is None:
+        raise RuntimeError(_NOT_SET_UP)
+    return registry
+
+
+def request_scope(request: web.BaseRequest) -> tether.RequestScope:
+    """The :class:`tether.RequestScope` the middleware opened for ``request``.
+
+    :raises RuntimeError: the request did not go through the middleware of :func:`setup`.
+    """
+    try:
+        return request[SCOPE_KEY]
+    except KeyError:
+        raise RuntimeError(_NOT_SET_UP) from None
+
+
+def _gone(transport: asyncio.BaseTransport | None) -> bool:
+    return transport is None or transport.is_closing()
+
+
+class _Watcher:
+    """Finds the requests whose client left, for servers that do not cancel handlers."""
+
+    __slots__ = ("_active", "_interval", "_wakeup")
+
+    def __init__(self, interval: float) -> None:
+        self._interval = interval
+        self._active: dict[tether.RequestScope, asyncio.BaseTransport] = {}
+        self._wakeup = asyncio.Event()
+
+    def watch(self, scope: tether.RequestScope, transport: asyncio.BaseTransport | None) -> None:
+        if transport is None or transport.is_closing():
+            scope.disconnect()
+            return
+        if not self._active:
+            self._wakeup.set()
+        self._active[scope] = transport
+
+    def forget(self, scope: tether.RequestScope) -> None:
+        self._active.pop(scope, None)
+
+    async def run(self, app: web.Application) -> AsyncIterator[None]:
+        """The ``cleanup_ctx`` that owns the watcher task: started with the app, and
+        cancelled and awaited on cleanup."""
+        task = asyncio.create_task(self._watch(), name="tether-aiohttp-disconnect-watcher")
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.wait([task])
+
+    async def _watch(self) -> None:
+        active, wakeup, interval = self._active, self._wakeup, self._interval
+        while True:
+            if not active:
+                wakeup.clear()
+                await wakeup.wait()
+            await asyncio.sleep(interval)
+            gone = [scope for scope, transport in active.items() if transport.is_closing()]
+            for scope in gone:
+                del active[scope]
+                scope.disconnect()
+
+
+def setup(
+    app: web.Application,
+    registry: tether.Registry,
+    *,
+    drain_timeout: float = 5.0,
+    poll_interval: float = 0.02,
+) -> None:
+    """Install tether on an aiohttp application (once per application).
+
+    Stores ``registry`` under :data:`REGISTRY_KEY`, appends the middleware that opens a
+    :class:`tether.RequestScope` per request and turns a client disconnect into
+    ``RequestScope.disconnect()``, and registers the shutdown drain. A
+    :class:`tether.TetherError` raised by a handler (``Overloaded`` from
+    ``registry.open()``, say) becomes its HTTP status with a JSON error body.
+
+    :param app: the application; sub-applications see it through ``request.config_dict``.
+    :param registry: the registry the handlers open streams on.
+    :param drain_timeout: seconds that requests in flight at shutdown may take to
+        finish; the rest are aborted and their streams end with an error event.
+    :param poll_interval: seconds between two checks for clients that left.
+    :raises RuntimeError: ``setup`` was already called on this application.
+    :raises ValueError: a negative ``drain_timeout`` or a non-positive ``poll_interval``.
+    """
+    if REGISTRY_KEY in app:
+        raise RuntimeError(
+            "tether_aiohttp.setup() was already called on this app; call it once per app"
+        )
+    if drain_timeout < 0:
+        raise ValueError(f"drain_timeout must be at least 0, got {drain_timeout}")
+    if not poll_interval > 0:
+        raise ValueError(f"poll_interval must be positive, got {poll_interval}")
+    watcher = _Watcher(poll_interval)
+
+    @web.middleware
+    async def tether_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        scope = tether.RequestScope()
+        request[SCOPE_KEY] = scope
+        transport = request.transport
+        watcher.watch(scope, transport)
+        with scope:
+            try:
+                return await handler(request)
+            except tether.TetherError as exc:
+                error = tether.error_response(exc)
+                return web.json_response(error.body, status=error.status, headers=error.headers)
+            except asyncio.CancelledError:
+                # handler_cancellation=True: aiohttp cancels the handler when the client leaves
+                if _gone(transport):
+                    scope.disconnect()
+                raise
+            finally:
+                watcher.forget(scope)
+
+    async def drain(app: web.Application) -> None:
+        await registry.close(drain_timeout=drain_timeout)
+
+    app[REGISTRY_KEY] = registry
+    app.middlewares.append(tether_middleware)
+    app.cleanup_ctx.append(watcher.run)
+    app.on_shutdown.append(drain)

@@ -1,0 +1,116 @@
+"""respond(): one aiohttp response from a tether Stream or Batch.
+
+The HTTP policy (the status waits for the first output, framing, pings, one error
+event and the terminal frame after the start) is :class:`tether.Exchange`'s; this
+module only moves its bytes, one ``write()`` per chunk (a chunk already holds every
+output that was ready). A write that fails means the client left: the request's
+scope is told, and the response ends quietly, since nobody reads an error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Final
+
+from aiohttp import hdrs, web
+from multidict import CIMultiDict
+
+import tether
+
+from ._plugin import request_scope
+
+__all__ = ["respond"]
+
+logger = logging.getLogger("tether.aiohttp")
+
+CLOSE_TIMEOUT: Final = 5.0
+"""Bound, in seconds, on closing the source when the response ends."""
+
+
+async def respond(
+    request: web.Request,
+    source: tether.Stream | tether.Batch,
+    *,
+    streaming: bool,
+    encoder: tether.Encoder | type[tether.Encoder] | None = None,
+    ping_interval: float = 15.0,
+    headers: Mapping[str, str] | None = None,
+) -> web.StreamResponse:
+    """Answer ``request`` from ``source`` and close ``source`` when the response ends.
+
+    ``streaming=False``: one JSON body, the result (a list in order for a batch).
+    ``streaming=True``: a streamed body framed by ``encoder`` (SSE by default), with a
+    terminal frame and a ping after ``ping_interval`` seconds of silence. A failure
+    before the first output gets its HTTP status and a JSON body; after it, one error
+    event and the terminal frame. A ``HEAD`` request gets the headers only and the
+    work is aborted.
+
+    :param request: the request, which went through the middleware of ``setup()``.
+    :param source: the stream or batch to answer with.
+    :param streaming: stream every output, or answer with one JSON body.
+    :param encoder: the streaming framing (an :class:`tether.Encoder` or its class).
+    :param ping_interval: seconds of silence after which a keep-alive is sent.
+    :param headers: extra response headers; they take precedence over tether's.
+    :raises RuntimeError: ``tether_aiohttp.setup(app, ...)`` was not called.
+    :raises TypeError: ``source`` is not a tether Stream or Batch.
+    :raises ValueError: ``ping_interval`` is not positive.
+    """
+    try:
+        exchange = tether.Exchange(
+            source, streaming=streaming, encoder=encoder, ping_interval=ping_interval
+        )
+    except ValueError:
+        await source.aclose()
+        raise
+    try:
+        return await _send(request, exchange, headers)
+    finally:
+        await _close(exchange)
+
+
+async def _send(
+    request: web.Request, exchange: tether.Exchange, extra: Mapping[str, str] | None
+) -> web.StreamResponse:
+    scope = request_scope(request)
+    if request.method == hdrs.METH_HEAD:
+        return web.Response(headers=_headers(_head_headers(exchange), extra))
+    head = await exchange.start()
+    headers = _headers(head.headers, extra)
+    if not head.more:
+        return web.Response(status=head.status, body=head.body, headers=headers)
+    response = web.StreamResponse(status=head.status, headers=headers)
+    try:
+        await response.prepare(request)
+        chunk: bytes | None = head.body
+        while chunk is not None:
+            await response.write(chunk)
+            chunk = await exchange.next_chunk()
+        await response.write_eof()
+    except ConnectionError:  # aiohttp's ClientConnectionResetError among them
+        scope.disconnect()
+    return response
+
+
+def _head_headers(exchange: tether.Exchange) -> dict[str, str]:
+    """The content headers a ``GET`` would get, for a ``HEAD`` that does no work."""
+    if not exchange.streaming:
+        return {"content-type": "application/json"}
+    encoder = exchange.encoder
+    return {"content-type": encoder.media_type, **encoder.headers}
+
+
+def _headers(base: Mapping[str, str], extra: Mapping[str, str] | None) -> CIMultiDict[str]:
+    merged = CIMultiDict(base)
+    if extra:
+        merged.update(extra)
+    return merged
+
+
+async def _close(exchange: tether.Exchange) -> None:
+    try:
+        async with asyncio.timeout(CLOSE_TIMEOUT):
+            await exchange.aclose()
+    except TimeoutError:
+        logger.error("closing %r took longer than %gs; abandoned", exchange.source, CLOSE_TIMEOUT)
