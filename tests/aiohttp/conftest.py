@@ -1,0 +1,185 @@
+"""Shared pieces of the aiohttp adapter tests: a tiny producer, an abort recorder,
+one test application, servers in both cancellation modes, and wire helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp import web
+from pytest_aiohttp import AiohttpServer
+
+import tether
+import tether_aiohttp
+
+HOLD = "hold"
+"""A request the producer never finishes: it ends only by an abort."""
+
+
+class Tracker:
+    """What the server did, with one event to wait on any change."""
+
+    def __init__(self) -> None:
+        self.opened: list[str] = []
+        self.aborted: dict[str, float] = {}
+        self.handled: list[str] = []
+        self._changed = asyncio.Event()
+
+    def on_abort(self, rid: str) -> None:
+        self.aborted[rid] = asyncio.get_running_loop().time()
+        self._changed.set()
+
+    def note(self, into: list[str], rids: Iterable[str]) -> None:
+        into.extend(rids)
+        self._changed.set()
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        """Wait until ``condition()`` holds (callers bound this with a timeout)."""
+        while not condition():
+            self._changed.clear()
+            await self._changed.wait()
+
+
+@dataclass
+class Producer:
+    """A tiny engine: one task delivers each submitted request's outputs, then
+    finishes it, fails it (``end`` is an exception) or holds it open (``HOLD``)."""
+
+    registry: tether.Registry
+    jobs: asyncio.Queue[tuple[str, list[Any], object]] = field(default_factory=asyncio.Queue)
+
+    def submit(self, rid: str, outputs: list[Any], end: object) -> None:
+        self.jobs.put_nowait((rid, outputs, end))
+
+    async def run(self) -> None:
+        while True:
+            rid, outputs, end = await self.jobs.get()
+            for i, output in enumerate(outputs):
+                last = end == "finish" and i == len(outputs) - 1
+                self.registry.deliver(rid, output, finished=last)
+            if isinstance(end, BaseException):
+                self.registry.fail(rid, end)
+
+
+@dataclass
+class Env:
+    registry: tether.Registry
+    producer: Producer
+    tracker: Tracker
+
+
+def build_app(env: Env, **setup_options: float) -> web.Application:
+    """One route, driven by its query: ``streaming``, ``n`` outputs, ``end``
+    (``finish``, ``fail`` or ``hold``), ``batch`` size, ``timeout``, ``ping``, ``ndjson``."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        query = request.query
+        timeout = float(query["timeout"]) if "timeout" in query else None
+        source: tether.Stream | tether.Batch
+        if "batch" in query:
+            source = env.registry.open_batch(int(query["batch"]), timeout=timeout)
+            rids = source.rids
+        else:
+            source = env.registry.open(timeout=timeout)
+            rids = (source.rid,)
+        env.tracker.note(env.tracker.opened, rids)
+        end: object = query.get("end", "finish")
+        if end == "fail":
+            end = RuntimeError("the engine broke")
+        for index, rid in enumerate(rids):
+            outputs = [{"text": f"{index}.{i}"} for i in range(int(query.get("n", "3")))]
+            env.producer.submit(rid, outputs, end)
+        try:
+            return await tether_aiohttp.respond(
+                request,
+                source,
+                streaming=query.get("streaming", "1") == "1",
+                encoder=tether.NDJSON if "ndjson" in query else None,
+                ping_interval=float(query.get("ping", "15")),
+                headers={"X-Rid": rids[0]},
+            )
+        finally:
+            env.tracker.note(env.tracker.handled, rids)
+
+    app = web.Application()
+    tether_aiohttp.setup(app, env.registry, **setup_options)
+    app.router.add_get("/", handle)
+    return app
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    tracker = Tracker()
+    registry = tether.Registry(tracker.on_abort)
+    producer = Producer(registry)
+    task = asyncio.create_task(producer.run())
+    yield Env(registry, producer, tracker)
+    task.cancel()
+    await asyncio.wait([task])
+
+
+async def start_default_server(app: web.Application) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` the way ``web.run_app`` does (``handler_cancellation=False``)."""
+    runner = web.AppRunner(app, handler_cancellation=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, runner.addresses[0][1]
+
+
+StartServer = Callable[[web.Application], Awaitable[int]]
+
+
+@pytest.fixture(
+    params=[False, True], ids=["handler_cancellation=False", "handler_cancellation=True"]
+)
+async def start_server(
+    request: pytest.FixtureRequest, aiohttp_server: AiohttpServer
+) -> AsyncIterator[StartServer]:
+    """Start an app on 127.0.0.1 in one mode; returns its port. pytest-aiohttp's test
+    server forces ``handler_cancellation=True``; the default mode needs an AppRunner."""
+    runners: list[web.AppRunner] = []
+
+    async def start(app: web.Application) -> int:
+        if request.param:
+            return (await aiohttp_server(app)).port
+        runner, port = await start_default_server(app)
+        runners.append(runner)
+        return port
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def raw_request(port: int, target: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Send a GET on a bare connection, so that the test decides when it closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    await writer.drain()
+    return reader, writer
+
+
+async def read_until(reader: asyncio.StreamReader, marker: bytes) -> bytes:
+    """Read until ``marker`` arrived (callers bound this with a timeout)."""
+    seen = b""
+    while marker not in seen:
+        data = await reader.read(4096)
+        if not data:
+            raise AssertionError(f"connection closed before {marker!r}; got {seen!r}")
+        seen += data
+    return seen
+
+
+def sse_events(body: bytes) -> list[Any]:
+    """The data of every SSE event in ``body`` (JSON decoded; ``"[DONE]"`` kept as is)."""
+    events: list[Any] = []
+    for frame in body.split(b"\n\n"):
+        if frame.startswith(b"data: "):
+            data = frame[len(b"data: ") :]
+            events.append("[DONE]" if data == b"[DONE]" else json.loads(data))
+    return events
