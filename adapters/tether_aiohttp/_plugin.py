@@ -64,10 +64,6 @@ def request_scope(request: web.BaseRequest) -> tether.RequestScope:
         raise RuntimeError(_NOT_SET_UP) from None
 
 
-def _gone(transport: asyncio.BaseTransport | None) -> bool:
-    return transport is None or transport.is_closing()
-
-
 class _Watcher:
     """Finds the requests whose client left, for servers that do not cancel handlers."""
 
@@ -76,13 +72,13 @@ class _Watcher:
     def __init__(self, interval: float) -> None:
         self._interval = interval
         self._active: dict[tether.RequestScope, asyncio.BaseTransport] = {}
-        self._wakeup = asyncio.Event()
+        self._wakeup: asyncio.Event | None = None  # made by run(), on the app's loop
 
     def watch(self, scope: tether.RequestScope, transport: asyncio.BaseTransport | None) -> None:
         if transport is None or transport.is_closing():
             scope.disconnect()
             return
-        if not self._active:
+        if not self._active and self._wakeup is not None:
             self._wakeup.set()
         self._active[scope] = transport
 
@@ -92,15 +88,17 @@ class _Watcher:
     async def run(self, app: web.Application) -> AsyncIterator[None]:
         """The ``cleanup_ctx`` that owns the watcher task: started with the app, and
         cancelled and awaited on cleanup."""
-        task = asyncio.create_task(self._watch(), name="tether-aiohttp-disconnect-watcher")
+        self._wakeup = wakeup = asyncio.Event()
+        task = asyncio.create_task(self._watch(wakeup), name="tether-aiohttp-disconnect-watcher")
         try:
             yield
         finally:
+            self._wakeup = None
             task.cancel()
             await asyncio.wait([task])
 
-    async def _watch(self) -> None:
-        active, wakeup, interval = self._active, self._wakeup, self._interval
+    async def _watch(self, wakeup: asyncio.Event) -> None:
+        active, interval = self._active, self._interval
         while True:
             if not active:
                 wakeup.clear()
@@ -159,7 +157,7 @@ def setup(
                 return web.json_response(error.body, status=error.status, headers=error.headers)
             except asyncio.CancelledError:
                 # handler_cancellation=True: aiohttp cancels the handler when the client leaves
-                if _gone(transport):
+                if transport is None or transport.is_closing():
                     scope.disconnect()
                 raise
             finally:
