@@ -17,9 +17,14 @@ escapes the app before its response started (``Overloaded`` or ``RegistryClosed`
 from ``registry.open()``) is answered with the status and JSON body of
 :func:`tether.error_response`, so handlers need no ``try`` of their own.
 
-:func:`lifespan` closes the registry when the app shuts down. uvicorn runs the
-lifespan shutdown only after every connection closed, so open streams must be
-drained earlier, from the server's shutdown: see ``docs/starlette.md``.
+:func:`lifespan` closes the registry when the app shuts down, inside the app's own
+lifespan so the producer still runs while requests drain. But uvicorn runs the
+lifespan shutdown only after every connection has closed, and a stream keeps its
+connection open: the drain has to start when the server's shutdown starts. Under
+uvicorn, subclass ``uvicorn.Server`` and override ``shutdown()`` to run
+``registry.close(drain_timeout=...)`` as a task alongside ``super().shutdown()``;
+``docs/starlette.md`` gives the recipe (tested). tether ships no such class: the
+hook is uvicorn's, and each server has its own.
 """
 
 from __future__ import annotations

@@ -99,7 +99,9 @@ class ExchangeResponse(Response):
     :param headers: extra headers (lower-case names) laid over the head's.
     """
 
-    def __init__(self, exchange: tether.Exchange, head: tether.Head, headers: dict[str, str]):
+    def __init__(
+        self, exchange: tether.Exchange, head: tether.Head, headers: dict[str, str]
+    ) -> None:
         self.exchange = exchange
         self.status_code = head.status
         self.background = None

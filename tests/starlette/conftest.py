@@ -245,7 +245,7 @@ class FakeServer(Changes):
             await app(self.scope, self.receive, self.send)
 
 
-class _Server(uvicorn.Server):
+class ReadyServer(uvicorn.Server):
     """A uvicorn server that says when its start-up is over."""
 
     def __init__(self, config: uvicorn.Config) -> None:
@@ -261,7 +261,7 @@ class _Server(uvicorn.Server):
 
 @contextlib.asynccontextmanager
 async def serve(
-    app: ASGIApp, *, lifespan: str = "off", server_class: type[_Server] = _Server
+    app: ASGIApp, *, lifespan: str = "off", server_class: type[ReadyServer] = ReadyServer
 ) -> AsyncIterator[tuple[str, uvicorn.Server]]:
     """Run ``app`` on uvicorn on 127.0.0.1 (ephemeral port) in this loop; yields the
     base URL and the server, and stops it on exit."""
