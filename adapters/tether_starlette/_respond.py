@@ -68,6 +68,8 @@ async def respond(
         source, streaming=streaming, encoder=encoder, ping_interval=ping_interval
     )
     try:
+        # The same lookup registry.open() makes to adopt the stream: when it finds the
+        # middleware's scope, that scope owns the stream and watches the client.
         if tether.RequestScope.current() is None:
             raise RuntimeError(
                 "respond() needs TetherMiddleware, which notices client disconnects and "
@@ -80,7 +82,7 @@ async def respond(
         await _close(exchange)
         raise
     extra = {name.lower(): value for name, value in (headers or {}).items()}
-    if head.more or head_only:
+    if head.more or head_only:  # (HEAD: a plain Response would say Content-Length: 0)
         return ExchangeResponse(exchange, head, extra)
     await _close(exchange)
     return Response(head.body, head.status, headers={**head.headers, **extra})

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 from starlette.requests import Request
+from starlette.types import Message
 
 import tether
 import tether_starlette
@@ -31,17 +32,26 @@ async def test_respond_without_the_middleware_names_it_and_closes_the_source(
     assert engine.registry.in_flight == 0
 
 
-async def test_response_closes_its_source_when_its_task_is_cancelled(engine: Engine) -> None:
+async def test_response_closes_its_source_when_its_task_is_cancelled_in_a_write(
+    engine: Engine,
+) -> None:
     server = FakeServer()
     stream = engine.registry.open()  # outside any request scope: only the response owns it
     engine.registry.deliver(stream.rid, {"n": 1})
     with tether.RequestScope():
         response = await respond(Request(server.scope), stream, streaming=True)
-    task = asyncio.create_task(response(server.scope, server.receive, server.send))
-    await server.until(lambda: len(server.sent) == 2)
+    stalled = asyncio.Event()
 
-    task.cancel()
+    async def stalling_send(message: Message) -> None:
+        await server.send(message)
+        if server.bodies:  # a write that never drains
+            stalled.set()
+            await asyncio.Event().wait()
+
+    task = asyncio.create_task(response(server.scope, server.receive, stalling_send))
     async with asyncio.timeout(BOUND):
+        await stalled.wait()
+        task.cancel()
         await asyncio.wait((task,))
 
     assert task.cancelled()
