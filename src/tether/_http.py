@@ -196,20 +196,36 @@ class Exchange:
             self._done = True
             if isinstance(result, list):
                 result = [_jsonable(item) for item in result]
-            return Head(200, dict(JSON_HEADERS), default_dumps(result), False)
+            return Head(200, self._success_headers(), default_dumps(result), False)
         try:
             items = await self.source.next_ready(timeout=self.ping_interval)
         except TetherError as exc:
             return self._error_head(exc)
         encoder = self.encoder
-        headers = {
-            "content-type": encoder.media_type,
-            **{k.lower(): v for k, v in encoder.headers.items()},
-        }
+        headers = self._success_headers()
         if items is None:
             self._done = True
             return Head(200, headers, encoder.terminal(), False)
         return Head(200, headers, self._encode(items) if items else encoder.ping(), True)
+
+    def _success_headers(self) -> dict[str, str]:
+        if not self.streaming:
+            return dict(JSON_HEADERS)
+        encoder = self.encoder
+        return {
+            "content-type": encoder.media_type,
+            **{k.lower(): v for k, v in encoder.headers.items()},
+        }
+
+    async def start_head_only(self) -> Head:
+        """Answer a HEAD request: abort the work now and return a successful head.
+
+        Nobody will read the body, so the source is closed at once (the producer is
+        told through ``on_abort``) and the head carries the headers a GET would
+        start with, status 200 and no body.
+        """
+        await self.aclose()
+        return Head(200, self._success_headers(), b"", False)
 
     def _encode(self, items: list[Any]) -> bytes:
         if isinstance(self.source, Batch):

@@ -1,0 +1,209 @@
+"""Installing tether in a Starlette (or FastAPI) app: the middleware and the lifespan.
+
+:class:`TetherMiddleware` is pure ASGI. Around each HTTP request it opens a
+:class:`tether.RequestScope` and becomes the only reader of ``receive``: an owned
+reader task hands body messages to the app one at a time (so a large body keeps
+the server's backpressure) and keeps reading once the body is complete, so that an
+``http.disconnect`` is seen the moment the server reports it. A disconnect before
+the response is complete cancels the request's streams at once, whether the
+endpoint streams or waits for one JSON result; a disconnect after it (uvicorn
+sends one as soon as the response ends) is not the client leaving. On ASGI 2.4
+servers, ``send`` raising :class:`OSError` is a disconnect too.
+
+Departures from Starlette habits, on purpose: no ``BaseHTTPMiddleware`` (the app
+behind it never sees disconnects) and no ``Request.is_disconnected()`` polling
+(slow, and it eats the body when called early). A :class:`tether.TetherError` that
+escapes the app before its response started (``Overloaded`` or ``RegistryClosed``
+from ``registry.open()``) is answered with the status and JSON body of
+:func:`tether.error_response`, so handlers need no ``try`` of their own.
+
+:func:`lifespan` closes the registry when the app shuts down, inside the app's own
+lifespan so the producer still runs while requests drain. But uvicorn runs the
+lifespan shutdown only after every connection has closed, and a stream keeps its
+connection open: the drain has to start when the server's shutdown starts. Under
+uvicorn, subclass ``uvicorn.Server`` and override ``shutdown()`` to run
+``registry.close(drain_timeout=...)`` as a task alongside ``super().shutdown()``;
+``docs/starlette.md`` gives the recipe (tested). tether ships no such class: the
+hook is uvicorn's, and each server has its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Final, TypeVar
+
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+import tether
+
+__all__ = ["REGISTRY_KEY", "TetherMiddleware", "lifespan"]
+
+REGISTRY_KEY: Final = "tether.registry"
+"""The ASGI scope key under which the middleware puts its registry for handlers."""
+
+AppT = TypeVar("AppT")
+
+
+def _require_asyncio() -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError(
+            "TetherMiddleware needs an asyncio event loop, and this app runs on another "
+            "(trio?): tether's core is asyncio-only. Run the server on asyncio "
+            "(uvicorn's default loop, or hypercorn -k asyncio)."
+        ) from None
+
+
+class TetherMiddleware:
+    """Gives every HTTP request a :class:`tether.RequestScope` and client-disconnect
+    detection; install it with ``Middleware(TetherMiddleware, registry=...)`` or
+    ``app.add_middleware(TetherMiddleware, registry=...)``.
+
+    Other scope types (lifespan, websocket) pass straight through. Installed twice,
+    the inner one sees a scope already active and passes the request through.
+
+    :param app: the ASGI app to wrap.
+    :param registry: the app's registry; handlers find it as
+        ``request.scope["tether.registry"]`` (:data:`REGISTRY_KEY`).
+    :raises RuntimeError: (when called) the server does not run on asyncio.
+    """
+
+    __slots__ = ("app", "registry")
+
+    def __init__(self, app: ASGIApp, *, registry: tether.Registry) -> None:
+        self.app = app
+        self.registry = registry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        _require_asyncio()
+        if scope["type"] != "http" or tether.RequestScope.current() is not None:
+            await self.app(scope, receive, send)
+            return
+        scope[REGISTRY_KEY] = self.registry
+        with tether.RequestScope() as request_scope:
+            channel = _Channel(receive, send, request_scope)
+            reader = asyncio.create_task(channel.read(), name="tether-receive")
+            try:
+                await self._answer(scope, channel)
+            except OSError as exc:
+                if exc is not channel.send_error:
+                    raise
+                # ASGI 2.4: the client left while the app was answering; nothing to add.
+            finally:
+                reader.cancel()
+                await asyncio.wait((reader,))
+
+    async def _answer(self, scope: Scope, channel: _Channel) -> None:
+        try:
+            await self.app(scope, channel.receive, channel.send)
+        except tether.TetherError as exc:
+            if channel.started:
+                raise
+            error = tether.error_response(exc)
+            answer = JSONResponse(error.body, error.status, headers=error.headers)
+            await answer(scope, channel.receive, channel.send)
+
+
+class _Channel:
+    """One request's link to the server: the single reader of ``receive``, and the
+    watcher of ``send`` that knows whether the response started and completed."""
+
+    __slots__ = (
+        "_inbox",
+        "_last",
+        "_receive",
+        "_scope",
+        "_send",
+        "complete",
+        "send_error",
+        "started",
+    )
+
+    def __init__(self, receive: Receive, send: Send, scope: tether.RequestScope) -> None:
+        self._receive = receive
+        self._send = send
+        self._scope = scope
+        # One slot: the reader waits for the app to take each body message.
+        self._inbox: asyncio.Queue[Message | Exception] = asyncio.Queue(maxsize=1)
+        self._last: Message | Exception | None = None
+        self.started = False
+        self.complete = False
+        self.send_error: OSError | None = None
+
+    async def read(self) -> None:
+        """The reader task: forward the body, then wait for the disconnect."""
+        receive, inbox = self._receive, self._inbox
+        while True:
+            try:
+                message = await receive()
+            except Exception as exc:  # the server's receive broke: the connection is unusable
+                last: Message | Exception = exc
+                break
+            if message["type"] == "http.disconnect":
+                last = message
+                break
+            await inbox.put(message)
+        if not self.complete:
+            self._scope.disconnect()
+        self._last = last
+        await inbox.put(last)
+
+    async def receive(self) -> Message:
+        """The app's ``receive``: body messages in order, then the disconnect, forever."""
+        item = self._last
+        if item is None or not self._inbox.empty():
+            item = await self._inbox.get()
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    async def send(self, message: Message) -> None:
+        """The app's ``send``: tracks the response, and turns ``OSError`` into a disconnect."""
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.started = True
+        elif kind == "http.response.body" and not message.get("more_body", False):
+            # Marked before sending: the server may report its own end-of-response
+            # disconnect before this coroutine resumes.
+            self.complete = True
+        try:
+            await self._send(message)
+        except OSError as exc:
+            self.send_error = exc
+            self._scope.disconnect()
+            raise
+
+
+def lifespan(
+    registry: tether.Registry,
+    *,
+    drain_timeout: float = 5.0,
+    inner: Callable[[AppT], AbstractAsyncContextManager[Any]] | None = None,
+) -> Callable[[AppT], AbstractAsyncContextManager[Any]]:
+    """A Starlette lifespan that closes ``registry`` at shutdown, around ``inner``'s.
+
+    ``registry.close(drain_timeout=...)`` runs *inside* ``inner``'s context, so the
+    producer ``inner`` starts is still running while requests in flight drain; what is
+    left then ends with a final error event. Use ``Starlette(lifespan=lifespan(reg,
+    inner=app_lifespan))``; the state ``inner`` yields is passed on.
+
+    :param registry: the registry to close.
+    :param drain_timeout: seconds requests in flight get to finish before being aborted.
+    :param inner: the app's own lifespan (starts and stops the producer), if any.
+    """
+
+    @contextlib.asynccontextmanager
+    async def run(app: AppT) -> AsyncIterator[Any]:
+        async with contextlib.AsyncExitStack() as stack:
+            state = None if inner is None else await stack.enter_async_context(inner(app))
+            try:
+                yield state
+            finally:
+                await registry.close(drain_timeout=drain_timeout)
+
+    return run

@@ -1,0 +1,134 @@
+"""respond(): answer a Starlette request from a tether ``Stream`` or ``Batch``.
+
+Every HTTP decision (the status, which waits for the first output; the framing;
+pings; one error event and the terminal frame after a late failure) is
+:class:`tether.Exchange`'s. This module only moves its bytes: a complete answer
+becomes a plain :class:`~starlette.responses.Response`, a stream becomes an
+:class:`ExchangeResponse` that sends every chunk the exchange gives in one
+``http.response.body`` message. Whatever happens (the end, an error, a client
+disconnect, the task being cancelled) the source is closed explicitly with a
+bounded wait: nothing is left to a generator's finaliser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Final
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+import tether
+
+__all__ = ["ExchangeResponse", "respond"]
+
+logger = logging.getLogger("tether")
+
+CLOSE_TIMEOUT: Final = 5.0
+"""Seconds closing a source may take before the response gives up on it."""
+
+
+async def _close(exchange: tether.Exchange) -> None:
+    try:
+        async with asyncio.timeout(CLOSE_TIMEOUT):
+            await exchange.aclose()
+    except TimeoutError:
+        logger.error("closing %r took over %gs; abandoned", exchange.source, CLOSE_TIMEOUT)
+
+
+async def respond(
+    request: Request,
+    source: tether.Stream | tether.Batch,
+    *,
+    streaming: bool,
+    encoder: tether.Encoder | type[tether.Encoder] | None = None,
+    ping_interval: float = 15.0,
+    headers: Mapping[str, str] | None = None,
+) -> Response:
+    """Answer ``request`` with ``source``: one JSON body, or a stream of events.
+
+    Waits until the status is known (the result, or the first output or ping of a
+    stream), so a failure before that gets its real status and a JSON error body.
+    A HEAD request gets the headers only, and its work is aborted at once.
+
+    :param request: the request being answered.
+    :param source: the stream or batch to answer with; the response owns it from now on.
+    :param streaming: stream every output (``True``) or answer with the result as JSON
+        (a list, in order, for a batch).
+    :param encoder: the stream's framing: :class:`tether.SSE` (default) or
+        :class:`tether.NDJSON`, a class or an instance.
+    :param ping_interval: seconds of silence after which the stream sends a keep-alive.
+    :param headers: extra response headers.
+    :raises RuntimeError: :class:`TetherMiddleware` is not installed (``source`` is closed).
+    """
+    exchange = tether.Exchange(
+        source, streaming=streaming, encoder=encoder, ping_interval=ping_interval
+    )
+    try:
+        # The same lookup registry.open() makes to adopt the stream: when it finds the
+        # middleware's scope, that scope owns the stream and watches the client.
+        if tether.RequestScope.current() is None:
+            raise RuntimeError(
+                "respond() needs TetherMiddleware, which notices client disconnects and "
+                "closes each request's streams: add it with "
+                "app.add_middleware(TetherMiddleware, registry=registry)"
+            )
+        head_only = request.method == "HEAD"
+        head = await (exchange.start_head_only() if head_only else exchange.start())
+    except BaseException:
+        await _close(exchange)
+        raise
+    extra = {name.lower(): value for name, value in (headers or {}).items()}
+    if head.more or head_only:  # (HEAD: a plain Response would say Content-Length: 0)
+        return ExchangeResponse(exchange, head, extra)
+    await _close(exchange)
+    return Response(head.body, head.status, headers={**head.headers, **extra})
+
+
+class ExchangeResponse(Response):
+    """A streaming response that sends what a :class:`tether.Exchange` gives.
+
+    Built by :func:`respond` once the exchange has started: the status and headers
+    are known, and ``head.body`` is the first chunk. Each later chunk (every output
+    ready at that moment) goes out in one message; the source is closed when the
+    response ends, however it ends.
+
+    :param exchange: the started exchange; the response owns it.
+    :param head: what ``exchange.start()`` returned.
+    :param headers: extra headers (lower-case names) laid over the head's.
+    """
+
+    def __init__(
+        self, exchange: tether.Exchange, head: tether.Head, headers: dict[str, str]
+    ) -> None:
+        self.exchange = exchange
+        self.status_code = head.status
+        self.background = None
+        self._first = head.body
+        self._more = head.more
+        self.init_headers({**head.headers, **headers})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        exchange = self.exchange
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                },
+            )
+            body, more = self._first, self._more
+            while True:
+                await send({"type": "http.response.body", "body": body, "more_body": more})
+                if not more:
+                    break
+                chunk = await exchange.next_chunk()
+                body, more = chunk or b"", chunk is not None and not exchange.done
+        finally:
+            await _close(exchange)
+        if self.background is not None:
+            await self.background()

@@ -1,0 +1,282 @@
+"""What the Starlette adapter's tests share: a tiny producer, a fake ASGI server for
+exact message sequences, an app, and a real uvicorn server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, Final
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Scope
+
+import tether
+from tether_starlette import TetherMiddleware, respond
+
+BOUND: Final = 10.0
+"""A generous bound on every wait in these tests."""
+
+HANG: Final = object()
+"""A script's last step that leaves its request open until it is aborted."""
+
+
+class Changes:
+    """Lets a test wait for a condition that callbacks make true, without polling."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def signal(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        async with asyncio.timeout(BOUND):
+            while not predicate():
+                await self._event.wait()
+
+
+class Engine(Changes):
+    """A tiny producer: each submitted request plays ``script`` through the registry,
+    in a task the engine owns. Steps: an output (the last one finishes the request),
+    an :class:`asyncio.Event` to wait for, an exception to fail with, or a final
+    :data:`HANG`. ``script = None`` submits nothing: the test delivers by hand.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__()
+        self.registry = tether.Registry(self._on_abort, **options)
+        self.script: Sequence[Any] | None = [{"n": 1}, {"n": 2}]
+        self.submitted: list[str] = []
+        self.aborted_at: dict[str, float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _on_abort(self, rid: str) -> None:
+        self.aborted_at[rid] = time.perf_counter()
+        self.signal()
+
+    def submit(self, source: tether.Stream | tether.Batch) -> None:
+        rids = source.rids if isinstance(source, tether.Batch) else (source.rid,)
+        for rid in rids:
+            self.submitted.append(rid)
+            if self.script is not None:
+                task = asyncio.create_task(self._play(rid, list(self.script)))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        self.signal()
+
+    async def _play(self, rid: str, steps: list[Any]) -> None:
+        hang = bool(steps) and steps[-1] is HANG
+        if hang:
+            steps.pop()
+        for index, step in enumerate(steps):
+            if isinstance(step, asyncio.Event):
+                await step.wait()
+            elif isinstance(step, BaseException):
+                self.registry.fail(rid, step)
+                return
+            else:
+                self.registry.deliver(rid, step, finished=not hang and index == len(steps) - 1)
+        if hang:
+            await self.until(lambda: rid not in self.registry)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks))
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Engine]:
+    engine = Engine()
+    yield engine
+    await engine.stop()
+
+
+async def _answer(request: Request, *, streaming: bool) -> Response:
+    """Opens a stream (or a batch with ``?batch=N``) and answers with it."""
+    params = request.query_params
+    engine: Engine = request.app.state.engine
+    registry = engine.registry
+    size = int(params.get("batch", "0"))
+    timeout = float(params["timeout"]) if "timeout" in params else None
+    source = registry.open_batch(size, timeout=timeout) if size else registry.open(timeout=timeout)
+    engine.submit(source)
+    encoder = tether.NDJSON if params.get("encoder") == "ndjson" else None
+    ping_interval = float(params.get("ping", "15"))
+    return await respond(
+        request, source, streaming=streaming, encoder=encoder, ping_interval=ping_interval
+    )
+
+
+async def stream_endpoint(request: Request) -> Response:
+    return await _answer(request, streaming=True)
+
+
+async def json_endpoint(request: Request) -> Response:
+    return await _answer(request, streaming=False)
+
+
+async def body_endpoint(request: Request) -> Response:
+    """Reads the body as it arrives; reports its digest and how many messages carried it."""
+    digest = hashlib.sha256()
+    messages = 0
+    async for chunk in request.stream():
+        digest.update(chunk)
+        messages += 1
+    return JSONResponse({"sha256": digest.hexdigest(), "messages": messages})
+
+
+def make_app(engine: Engine, *, middleware: int = 1, **options: Any) -> Starlette:
+    """The test app: ``/stream``, ``/json`` and ``/body``, under ``middleware`` copies
+    of TetherMiddleware (0 to test respond() without it)."""
+    app = Starlette(
+        routes=[
+            Route("/stream", stream_endpoint, methods=["GET", "POST"]),
+            Route("/json", json_endpoint, methods=["GET", "POST"]),
+            Route("/body", body_endpoint, methods=["POST"]),
+        ],
+        middleware=[Middleware(TetherMiddleware, registry=engine.registry)] * middleware,
+        **options,
+    )
+    app.state.engine = engine
+    return app
+
+
+class FakeServer(Changes):
+    """A fake ASGI server for one HTTP request, driven by the test.
+
+    ``receive`` hands out the body messages given, then waits for :meth:`disconnect`.
+    ``send`` records messages; once the client is gone it does nothing (ASGI < 2.4)
+    or raises :class:`OSError` (ASGI >= 2.4). With ``uvicorn_like``, it reports a
+    disconnect as soon as the response is complete, as uvicorn does.
+    """
+
+    def __init__(
+        self,
+        *,
+        spec_version: str = "2.3",
+        method: str = "GET",
+        path: str = "/stream",
+        query: str = "",
+        body: Sequence[bytes] = (b"",),
+        uvicorn_like: bool = False,
+    ) -> None:
+        super().__init__()
+        self.scope: Scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": spec_version},
+            "http_version": "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": query.encode(),
+            "root_path": "",
+            "headers": [(b"host", b"test")],
+            "client": ("127.0.0.1", 50000),
+            "server": ("127.0.0.1", 80),
+        }
+        self.raises = tuple(map(int, spec_version.split("."))) >= (2, 4)
+        self.uvicorn_like = uvicorn_like
+        self.incoming: asyncio.Queue[Message] = asyncio.Queue()
+        for index, chunk in enumerate(body):
+            more = index < len(body) - 1
+            self.incoming.put_nowait({"type": "http.request", "body": chunk, "more_body": more})
+        self.sent: list[Message] = []
+        self.pulled = 0
+        self.receiving = 0
+        self.most_receiving = 0
+        self.gone = False
+
+    async def receive(self) -> Message:
+        self.receiving += 1
+        self.most_receiving = max(self.most_receiving, self.receiving)
+        try:
+            message = await self.incoming.get()
+        finally:
+            self.receiving -= 1
+        self.pulled += 1
+        self.signal()
+        return message
+
+    async def send(self, message: Message) -> None:
+        if self.gone:
+            if self.raises:
+                raise OSError("the client is gone")
+            return
+        self.sent.append(message)
+        if self.uvicorn_like and self.complete:
+            self.incoming.put_nowait({"type": "http.disconnect"})
+        self.signal()
+
+    def disconnect(self, *, tell_receive: bool = True) -> None:
+        """The client leaves; ``tell_receive=False`` lets only ``send`` find out."""
+        self.gone = True
+        if tell_receive:
+            self.incoming.put_nowait({"type": "http.disconnect"})
+
+    @property
+    def bodies(self) -> list[tuple[bytes, bool]]:
+        """``(body, more_body)`` of every body message sent."""
+        return [
+            (message.get("body", b""), message.get("more_body", False))
+            for message in self.sent
+            if message["type"] == "http.response.body"
+        ]
+
+    @property
+    def complete(self) -> bool:
+        return any(not more for _, more in self.bodies)
+
+    async def run(self, app: ASGIApp) -> None:
+        """Call ``app`` for this request (bounded)."""
+        async with asyncio.timeout(BOUND):
+            await app(self.scope, self.receive, self.send)
+
+
+class ReadyServer(uvicorn.Server):
+    """A uvicorn server that says when its start-up is over."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = asyncio.Event()
+
+    async def startup(self, sockets: Any = None) -> None:
+        try:
+            await super().startup(sockets)
+        finally:
+            self.ready.set()
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    app: ASGIApp, *, lifespan: str = "off", server_class: type[ReadyServer] = ReadyServer
+) -> AsyncIterator[tuple[str, uvicorn.Server]]:
+    """Run ``app`` on uvicorn on 127.0.0.1 (ephemeral port) in this loop; yields the
+    base URL and the server, and stops it on exit."""
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, lifespan=lifespan, log_config=None, access_log=False
+    )
+    server = server_class(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(BOUND):
+            await server.ready.wait()
+        assert server.started, "uvicorn failed to start"
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}", server
+    finally:
+        server.should_exit = True
+        async with asyncio.timeout(BOUND):
+            await task

@@ -1,0 +1,235 @@
+"""TetherMiddleware on a fake ASGI server: the exact messages, on ASGI < 2.4 and >= 2.4."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from starlette.types import Message, Receive, Scope, Send
+
+import tether
+from tether_starlette import TetherMiddleware
+
+from .conftest import Engine, FakeServer, make_app
+
+SPECS = [pytest.param("2.3", id="asgi-2.3"), pytest.param("2.4", id="asgi-2.4")]
+
+
+@pytest.mark.parametrize("spec_version", SPECS)
+async def test_stream_sends_start_then_one_body_per_ready_chunk_then_the_terminal(
+    engine: Engine, spec_version: str
+) -> None:
+    engine.script = None
+    server = FakeServer(spec_version=spec_version)
+    app = server.run(make_app(engine))
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(app)
+        await engine.until(lambda: len(engine.submitted) == 1)
+        rid = engine.submitted[0]
+        engine.registry.deliver(rid, {"n": 1})
+        await server.until(lambda: len(server.sent) == 2)
+        engine.registry.deliver(rid, {"n": 2})
+        engine.registry.deliver(rid, {"n": 3}, finished=True)
+
+    start = server.sent[0]
+    assert (start["type"], start["status"]) == ("http.response.start", 200)
+    assert (b"content-type", b"text/event-stream") in start["headers"]
+    assert (b"cache-control", b"no-cache") in start["headers"]
+    assert (b"x-accel-buffering", b"no") in start["headers"]
+    assert server.bodies == [
+        (b'data: {"n":1}\n\n', True),
+        (b'data: {"n":2}\n\ndata: {"n":3}\n\n', True),
+        (b"data: [DONE]\n\n", False),
+    ]
+    assert engine.registry.in_flight == 0
+    assert engine.aborted_at == {}
+
+
+async def test_idle_stream_pings_and_the_first_ping_sends_the_headers(engine: Engine) -> None:
+    engine.script = None
+    server = FakeServer(query="ping=0.01")
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(server.run(make_app(engine)))
+        await server.until(lambda: len(server.sent) == 3)
+        engine.registry.deliver(engine.submitted[0], {"n": 1}, finished=True)
+
+    assert server.sent[0]["status"] == 200
+    assert server.bodies[:2] == [(b": ping\n\n", True), (b": ping\n\n", True)]
+    assert server.bodies[-2:] == [(b'data: {"n":1}\n\n', True), (b"data: [DONE]\n\n", False)]
+
+
+@pytest.mark.parametrize("spec_version", SPECS)
+@pytest.mark.parametrize("batch", [0, 3], ids=["stream", "batch"])
+async def test_disconnect_mid_stream_aborts_every_rid_at_once(
+    engine: Engine, spec_version: str, batch: int
+) -> None:
+    engine.script = None
+    server = FakeServer(spec_version=spec_version, query=f"batch={batch}")
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(server.run(make_app(engine)))
+        await engine.until(lambda: len(engine.submitted) == max(batch, 1))
+        engine.registry.deliver(engine.submitted[0], {"n": 1})
+        await server.until(lambda: len(server.sent) == 2)
+        server.disconnect()
+        await engine.until(lambda: len(engine.aborted_at) == len(engine.submitted))
+
+    assert engine.registry.in_flight == 0
+    assert engine.registry.stats().aborted == {"client_disconnected": max(batch, 1)}
+    assert len(server.sent) == 2
+
+
+async def test_send_raising_oserror_is_a_disconnect_on_asgi_2_4(engine: Engine) -> None:
+    engine.script = None
+    server = FakeServer(spec_version="2.4")
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(server.run(make_app(engine)))
+        await engine.until(lambda: len(engine.submitted) == 1)
+        rid = engine.submitted[0]
+        engine.registry.deliver(rid, {"n": 1})
+        await server.until(lambda: len(server.sent) == 2)
+        server.disconnect(tell_receive=False)
+        engine.registry.deliver(rid, {"n": 2})
+        await engine.until(lambda: rid in engine.aborted_at)
+
+    assert engine.registry.stats().aborted == {"client_disconnected": 1}
+    assert engine.registry.in_flight == 0
+
+
+@pytest.mark.parametrize("spec_version", SPECS)
+@pytest.mark.parametrize("batch", [0, 3], ids=["stream", "batch"])
+async def test_disconnect_during_a_json_wait_aborts_every_rid_at_once(
+    engine: Engine, spec_version: str, batch: int
+) -> None:
+    engine.script = None
+    server = FakeServer(spec_version=spec_version, path="/json", query=f"batch={batch}")
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(server.run(make_app(engine)))
+        await engine.until(lambda: len(engine.submitted) == max(batch, 1))
+        server.disconnect()
+        await engine.until(lambda: len(engine.aborted_at) == len(engine.submitted))
+
+    assert engine.registry.in_flight == 0
+    assert server.sent == []
+
+
+async def test_json_answer_is_one_start_and_one_complete_body(engine: Engine) -> None:
+    server = FakeServer(path="/json", query="batch=2")
+    await server.run(make_app(engine))
+
+    assert server.sent[0]["status"] == 200
+    assert (b"content-type", b"application/json") in server.sent[0]["headers"]
+    assert server.bodies == [(b'[{"n":2},{"n":2}]', False)]
+    assert engine.registry.in_flight == 0
+
+
+async def test_disconnect_after_the_response_completed_is_not_a_client_disconnect() -> None:
+    seen: list[tuple[Message, bool]] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+        request_scope = tether.RequestScope.current()
+        assert request_scope is not None
+        seen.append((await receive(), request_scope.disconnected))
+
+    server = FakeServer(uvicorn_like=True)
+    await server.run(TetherMiddleware(app, registry=tether.Registry()))
+
+    assert seen == [({"type": "http.disconnect"}, False)]
+
+
+async def test_body_reaches_the_app_in_order_one_message_at_a_time() -> None:
+    chunks = [b"a" * 10, b"b" * 20, b"c" * 30, b"d" * 40, b""]
+    received: list[Message] = []
+    violations: list[tuple[int, int]] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        while not received or received[-1].get("more_body", False):
+            # Give the reader every chance to read ahead before taking the next one.
+            await server.until(lambda: server.pulled >= min(len(received) + 2, len(chunks)))
+            received.append(await receive())
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    server = FakeServer(method="POST", body=chunks)
+    original_receive = server.receive
+
+    async def receive() -> Message:
+        message = await original_receive()
+        if server.pulled > len(received) + 2:
+            violations.append((server.pulled, len(received)))
+        return message
+
+    server.receive = receive  # type: ignore[method-assign]
+    await server.run(TetherMiddleware(app, registry=tether.Registry()))
+
+    assert [message["body"] for message in received] == chunks
+    assert violations == []
+
+
+async def test_installed_twice_one_reader_one_scope_one_answer(engine: Engine) -> None:
+    engine.script = None
+    server = FakeServer()
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(server.run(make_app(engine, middleware=2)))
+        await engine.until(lambda: len(engine.submitted) == 1)
+        server.disconnect()
+        await engine.until(lambda: len(engine.aborted_at) == 1)
+
+    assert server.most_receiving == 1
+    assert engine.registry.stats().aborted == {"client_disconnected": 1}
+
+
+async def test_error_escaping_the_app_before_the_response_gets_its_status_once(
+    engine: Engine,
+) -> None:
+    engine.registry = tether.Registry(max_in_flight=1)
+    held = engine.registry.open()
+    server = FakeServer(path="/json")
+    await server.run(make_app(engine, middleware=2))
+    await held.aclose()
+
+    assert [message["type"] for message in server.sent] == [
+        "http.response.start",
+        "http.response.body",
+    ]
+    assert server.sent[0]["status"] == 503
+    assert (b"retry-after", b"1") in server.sent[0]["headers"]
+    assert b'"type":"Overloaded"' in server.bodies[0][0]
+
+
+async def test_non_http_scopes_pass_straight_through() -> None:
+    calls: list[tuple[Scope, Receive, Send]] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        calls.append((scope, receive, send))
+
+    async def receive() -> Message:
+        raise AssertionError("not called")
+
+    async def send(message: Message) -> None:
+        raise AssertionError("not called")
+
+    scope: Scope = {"type": "lifespan", "asgi": {"version": "3.0"}}
+    await TetherMiddleware(app, registry=tether.Registry())(scope, receive, send)
+
+    assert calls == [(scope, receive, send)]
+    assert "tether.registry" not in scope
+
+
+def test_middleware_outside_asyncio_fails_at_once_with_a_clear_error() -> None:
+    # What trio (or any other loop) looks like from inside: no running asyncio loop.
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        raise AssertionError("not reached")
+
+    async def receive() -> Message:
+        raise AssertionError("not reached")
+
+    async def send(message: Message) -> None:
+        raise AssertionError("not reached")
+
+    scope: Scope = {"type": "lifespan", "asgi": {"version": "3.0"}}
+    coroutine = TetherMiddleware(app, registry=tether.Registry())(scope, receive, send)
+    with pytest.raises(RuntimeError, match=r"needs an asyncio event loop.*trio"):
+        coroutine.send(None)

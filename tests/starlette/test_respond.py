@@ -1,0 +1,95 @@
+"""respond() and its response on a fake ASGI server: ownership of the source, headers,
+and the error that names the missing middleware."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from starlette.requests import Request
+from starlette.types import Message
+
+import tether
+import tether_starlette
+from tether_starlette import respond
+
+from .conftest import BOUND, Engine, FakeServer, make_app
+
+
+def test_exports_only_the_entry_points_sorted() -> None:
+    assert tether_starlette.__all__ == ["TetherMiddleware", "lifespan", "respond"]
+    assert tether_starlette.__all__ == sorted(tether_starlette.__all__)
+
+
+async def test_respond_without_the_middleware_names_it_and_closes_the_source(
+    engine: Engine,
+) -> None:
+    server = FakeServer()
+    with pytest.raises(RuntimeError, match=r"needs TetherMiddleware.*add_middleware"):
+        await server.run(make_app(engine, middleware=0))
+
+    assert list(engine.aborted_at) == engine.submitted
+    assert engine.registry.in_flight == 0
+
+
+async def test_response_closes_its_source_when_its_task_is_cancelled_in_a_write(
+    engine: Engine,
+) -> None:
+    server = FakeServer()
+    stream = engine.registry.open()  # outside any request scope: only the response owns it
+    engine.registry.deliver(stream.rid, {"n": 1})
+    with tether.RequestScope():
+        response = await respond(Request(server.scope), stream, streaming=True)
+    stalled = asyncio.Event()
+
+    async def stalling_send(message: Message) -> None:
+        await server.send(message)
+        if server.bodies:  # a write that never drains
+            stalled.set()
+            await asyncio.Event().wait()
+
+    task = asyncio.create_task(response(server.scope, server.receive, stalling_send))
+    async with asyncio.timeout(BOUND):
+        await stalled.wait()
+        task.cancel()
+        await asyncio.wait((task,))
+
+    assert task.cancelled()
+    assert list(engine.aborted_at) == [stream.rid]
+    assert engine.registry.in_flight == 0
+
+
+async def test_extra_headers_are_added_and_may_override(engine: Engine) -> None:
+    server = FakeServer()
+    stream = engine.registry.open()
+    engine.registry.deliver(stream.rid, {"n": 1}, finished=True)
+    with tether.RequestScope():
+        response = await respond(
+            Request(server.scope),
+            stream,
+            streaming=True,
+            headers={"X-Request-Id": "r-1", "Cache-Control": "no-store"},
+        )
+    await response(server.scope, server.receive, server.send)
+
+    headers = server.sent[0]["headers"]
+    assert (b"x-request-id", b"r-1") in headers
+    assert [value for name, value in headers if name == b"cache-control"] == [b"no-store"]
+    assert server.bodies == [(b'data: {"n":1}\n\n', True), (b"data: [DONE]\n\n", False)]
+
+
+async def test_a_stream_that_ends_before_its_first_output_is_a_complete_answer(
+    engine: Engine,
+) -> None:
+    server = FakeServer()
+    batch = engine.registry.open_batch(2, keep_going=True)
+    for rid in batch.rids:
+        engine.registry.fail(rid, ValueError("no"))
+    with tether.RequestScope():
+        response = await respond(Request(server.scope), batch, streaming=False)
+    await response(server.scope, server.receive, server.send)
+
+    assert server.sent[0]["status"] == 200
+    body = server.bodies[0][0]
+    assert (b"content-length", str(len(body)).encode()) in server.sent[0]["headers"]
+    assert body.count(b'"type":"ProducerError"') == 2
