@@ -75,7 +75,8 @@ async def _send(
 ) -> web.StreamResponse:
     scope = request_scope(request)
     if request.method == hdrs.METH_HEAD:
-        return web.Response(headers=_headers(_head_headers(exchange), extra))
+        head = await exchange.start_head_only()
+        return web.Response(headers=_headers(head.headers, extra))
     head = await exchange.start()
     headers = _headers(head.headers, extra)
     if not head.more:
@@ -91,14 +92,6 @@ async def _send(
     except ConnectionError:  # aiohttp's ClientConnectionResetError among them
         scope.disconnect()
     return response
-
-
-def _head_headers(exchange: tether.Exchange) -> dict[str, str]:
-    """The content headers a ``GET`` would get, for a ``HEAD`` that does no work."""
-    if not exchange.streaming:
-        return {"content-type": "application/json"}
-    encoder = exchange.encoder
-    return {"content-type": encoder.media_type, **encoder.headers}
 
 
 def _headers(base: Mapping[str, str], extra: Mapping[str, str] | None) -> CIMultiDict[str]:
