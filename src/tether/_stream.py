@@ -256,6 +256,11 @@ class Batch(Consumer):
         self._started = False
         self._streams: tuple[Stream, ...] | None = None
 
+    def __del__(self) -> None:
+        # Once split, each sub-stream owns its request and cleans up after itself.
+        if getattr(self, "_streams", None) is None:
+            super().__del__()
+
     @property
     def rids(self) -> tuple[str, ...]:
         """The sub-requests' ids, in index order."""

@@ -220,3 +220,14 @@ async def test_cancelling_the_task_reading_a_batch_aborts_the_batch(
             await task
     assert registry.in_flight == 0
     assert aborts.calls == dict.fromkeys(batch.rids, 1)
+
+
+async def test_split_streams_keep_their_requests_when_the_batch_is_dropped(
+    registry: tether.Registry, aborts: AbortLog
+) -> None:
+    first, second = registry.open_batch(2).streams  # the Batch itself is garbage at once
+    assert registry.in_flight == 2
+    registry.deliver(first.rid, "x", finished=True)
+    assert [output async for output in first] == ["x"]
+    await second.aclose()
+    assert aborts.calls == {second.rid: 1}
