@@ -194,3 +194,17 @@ async def test_exchange_rejects_a_foreign_source_and_a_non_positive_ping_interva
     with pytest.raises(ValueError, match="ping_interval"):
         tether.Exchange(stream, streaming=True, ping_interval=0)
     await stream.aclose()
+
+
+async def test_streaming_keep_going_batch_sends_a_failed_sub_request_as_an_error_body(
+    registry: tether.Registry,
+) -> None:
+    batch = registry.open_batch(2, keep_going=True)
+    registry.fail(batch.rids[0], RuntimeError("bad"))
+    registry.deliver(batch.rids[1], "ok", finished=True)
+    async with asyncio.timeout(10):
+        head = await tether.Exchange(batch, streaming=True).start()
+    failed, ok = _sse_values(head.body)
+    assert failed["index"] == 0  # type: ignore[index]
+    assert failed["error"]["type"] == "ProducerError"  # type: ignore[index]
+    assert ok == {"index": 1, "output": "ok"}
