@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -161,3 +163,80 @@ async def test_stats_is_a_frozen_snapshot_of_every_figure(registry: tether.Regis
     assert registry.stats().in_flight == 0
     for stream in (finished, failed, aborted, timed):
         await stream.aclose()
+
+
+async def _succeed(registry: tether.Registry, stream: tether.Stream) -> None:
+    registry.deliver(stream.rid, "ok", finished=True)
+    await stream.result()
+
+
+async def _producer_error(registry: tether.Registry, stream: tether.Stream) -> None:
+    registry.fail(stream.rid, RuntimeError("engine error"))
+    with pytest.raises(tether.ProducerError):
+        await stream.result()
+
+
+async def _dispatch_error(registry: tether.Registry, stream: tether.Stream) -> None:
+    raise ValueError("could not hand the request to the engine")
+
+
+async def _timeout(registry: tether.Registry, stream: tether.Stream) -> None:
+    with pytest.raises(tether.RequestTimeout):
+        await stream.result()
+
+
+async def _cancellation(registry: tether.Registry, stream: tether.Stream) -> None:
+    task = asyncio.ensure_future(stream.result())
+    registry.deliver(stream.rid, "partial")
+    await asyncio.wait([task], timeout=0)  # may or may not have started: both must be clean
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def _client_disconnect(registry: tether.Registry, stream: tether.Stream) -> None:
+    scope = tether.RequestScope.current()
+    assert scope is not None
+    scope.disconnect()
+    with pytest.raises(tether.Aborted):
+        await stream.result()
+
+
+async def _shutdown(registry: tether.Registry, stream: tether.Stream) -> None:
+    await registry.close(drain_timeout=0.01)
+    with pytest.raises(tether.Aborted):
+        await stream.result()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        _succeed,
+        _producer_error,
+        _dispatch_error,
+        _timeout,
+        _cancellation,
+        _client_disconnect,
+        _shutdown,
+    ],
+    ids=lambda path: path.__name__.strip("_"),
+)
+async def test_no_path_leaves_an_entry_behind_once_the_handler_returned(
+    registry: tether.Registry,
+    aborts: AbortLog,
+    path: Callable[[tether.Registry, tether.Stream], Awaitable[None]],
+) -> None:
+    async def handler() -> None:
+        with tether.RequestScope():
+            stream = registry.open(timeout=0.05)
+            await path(registry, stream)
+
+    try:
+        async with asyncio.timeout(10):
+            await handler()
+    except ValueError:
+        assert path is _dispatch_error
+    assert registry.in_flight == 0
+    stats = registry.stats()
+    assert stats.finished + stats.failed + stats.aborted_total == stats.opened == 1
+    assert aborts.calls.total() == stats.aborted_total
