@@ -229,7 +229,10 @@ class Exchange:
 
     def _encode(self, items: list[Any]) -> bytes:
         if isinstance(self.source, Batch):
-            return self.encoder.encode_indexed(items)
+            # a keep-going batch yields a failed sub-request's error in its place
+            return self.encoder.encode_indexed(
+                [(index, _jsonable(output)) for index, output in items]
+            )
         return self.encoder.encode_many(items)
 
     async def next_chunk(self) -> bytes | None:

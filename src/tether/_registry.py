@@ -538,7 +538,8 @@ class Registry:
 
     def _abort_from_gc(self, states: Sequence[RequestState]) -> None:
         """Abort the states of a consumer that was dropped without being closed."""
-        if self._thread == threading.get_ident() and self._loop is not None:
+        loop = self._loop
+        if self._thread == threading.get_ident() and loop is not None and not loop.is_closed():
             self._abort_states(states, Aborted(states[0].rid, AbortReason.CANCELLED), defer=True)
             return
         error = Aborted(states[0].rid, AbortReason.CANCELLED)

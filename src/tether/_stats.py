@@ -83,6 +83,9 @@ class RegistryStats:
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as plain JSON-ready data (for a ``/metrics`` endpoint)."""
-        data = dataclasses.asdict(self)
+        # asdict() would deep-copy ``aborted``, a read-only mapping proxy it cannot copy.
+        data = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         data["aborted"] = dict(self.aborted)
+        data["time_to_first_output"] = dataclasses.asdict(self.time_to_first_output)
+        data["total_time"] = dataclasses.asdict(self.total_time)
         return data

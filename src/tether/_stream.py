@@ -165,6 +165,8 @@ class Stream(Consumer):
             return buf[pos]
         state = self._state
         while True:
+            if self._closed:
+                raise StopAsyncIteration
             pending = state.pending
             if pending:
                 state.pending = []
@@ -173,7 +175,7 @@ class Stream(Consumer):
                 return pending[0]
             if state.error is not None:
                 raise state.error
-            if not state.live or self._closed:
+            if not state.live:
                 raise StopAsyncIteration
             await self._wait(state, None)
 
@@ -190,6 +192,8 @@ class Stream(Consumer):
         state = self._state
         waited = False
         while True:
+            if self._closed:
+                return None
             pending = state.pending
             if pending:
                 state.pending = []
@@ -201,7 +205,7 @@ class Stream(Consumer):
                 return rest
             if state.error is not None:
                 raise state.error
-            if not state.live or self._closed:
+            if not state.live:
                 return None
             if waited:
                 return []
@@ -251,6 +255,11 @@ class Batch(Consumer):
         self._group = group
         self._started = False
         self._streams: tuple[Stream, ...] | None = None
+
+    def __del__(self) -> None:
+        # Once split, each sub-stream owns its request and cleans up after itself.
+        if getattr(self, "_streams", None) is None:
+            super().__del__()
 
     @property
     def rids(self) -> tuple[str, ...]:
@@ -312,6 +321,8 @@ class Batch(Consumer):
             return pair
         group = self._start()
         while True:
+            if self._closed:
+                raise StopAsyncIteration
             pending = group.take()
             if pending:
                 self._buf = pending
@@ -319,7 +330,7 @@ class Batch(Consumer):
                 return pending[0]
             if group.error is not None:
                 raise group.error
-            if group.remaining == 0 or self._closed:
+            if group.remaining == 0:
                 raise StopAsyncIteration
             await self._wait(group, None)
 
@@ -332,6 +343,8 @@ class Batch(Consumer):
         group = self._start()
         waited = False
         while True:
+            if self._closed:
+                return None
             pending = group.take()
             if pending:
                 if rest:
@@ -342,7 +355,7 @@ class Batch(Consumer):
                 return rest
             if group.error is not None:
                 raise group.error
-            if group.remaining == 0 or self._closed:
+            if group.remaining == 0:
                 return None
             if waited:
                 return []

@@ -1,0 +1,150 @@
+"""Hand-written request tables that ``core.py`` measures tether against.
+
+Each baseline is what a server team writes without tether, reduced to the hot
+path: open a request, route outputs to it, read them, free it when finished.
+
+* :class:`EventTable` (a): a table of states, each with an ``asyncio.Event`` and
+  an output list; the reader is an async generator that waits with
+  ``asyncio.wait_for(event.wait(), timeout)``, the common LLM-server pattern.
+* :class:`SlotTable` (b): a single-slot collector per request that merges
+  outputs when the reader is behind, woken by an ``asyncio.Event``.
+* :class:`QueueTable` (c): one ``asyncio.Queue`` per request.
+
+All three capture the state when the reader is built (the table entry may be
+freed by the finishing output before the reader first runs), so that they
+complete the same workload tether does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+__all__ = ["EventTable", "QueueTable", "SlotTable"]
+
+_WAIT_TIMEOUT: Final = 4.0  # the waiter's "is the client still there?" poll interval
+_DONE: Final = object()
+
+
+class _EventState:
+    __slots__ = ("event", "finished", "outputs")
+
+    def __init__(self) -> None:
+        self.outputs: list[Any] = []
+        self.finished = False
+        self.event = asyncio.Event()
+
+
+class EventTable:
+    """(a) ``rid -> state(Event, outputs)``; readers poll with ``wait_for``."""
+
+    def __init__(self) -> None:
+        self._table: dict[str, _EventState] = {}
+        self._ids = itertools.count()
+
+    def open(self) -> tuple[str, AsyncIterator[Any]]:
+        rid = str(next(self._ids))
+        state = self._table[rid] = _EventState()
+        return rid, self._read(state)
+
+    async def _read(self, state: _EventState) -> AsyncIterator[Any]:
+        while True:
+            try:
+                await asyncio.wait_for(state.event.wait(), _WAIT_TIMEOUT)
+            except TimeoutError:
+                continue  # here a server checks whether the client left
+            outputs, state.outputs = state.outputs, []
+            state.event.clear()
+            for output in outputs:
+                yield output
+            if state.finished:
+                return
+
+    def deliver(self, rid: str, output: Any, finished: bool) -> None:
+        state = self._table.get(rid)
+        if state is None:
+            return
+        state.outputs.append(output)
+        if finished:
+            state.finished = True
+            del self._table[rid]
+        state.event.set()
+
+
+class _Slot:
+    __slots__ = ("finished", "output", "ready")
+
+    def __init__(self) -> None:
+        self.output: list[Any] | None = None
+        self.finished = False
+        self.ready = asyncio.Event()
+
+
+class SlotTable:
+    """(b) one slot per request; a reader that is behind gets the merged outputs."""
+
+    def __init__(self) -> None:
+        self._table: dict[str, _Slot] = {}
+        self._ids = itertools.count()
+
+    def open(self) -> tuple[str, AsyncIterator[Any]]:
+        rid = str(next(self._ids))
+        slot = self._table[rid] = _Slot()
+        return rid, self._read(slot)
+
+    async def _read(self, slot: _Slot) -> AsyncIterator[Any]:
+        while True:
+            output = slot.output
+            if output is None:
+                if slot.finished:
+                    return
+                await slot.ready.wait()
+                continue
+            slot.output = None
+            slot.ready.clear()
+            for item in output:  # the merged outputs, oldest first
+                yield item
+
+    def deliver(self, rid: str, output: Any, finished: bool) -> None:
+        slot = self._table.get(rid)
+        if slot is None:
+            return
+        if slot.output is None:
+            slot.output = [output]
+        else:
+            slot.output.append(output)  # merge: the reader is behind
+        if finished:
+            slot.finished = True
+            del self._table[rid]
+        slot.ready.set()
+
+
+class QueueTable:
+    """(c) one ``asyncio.Queue`` per request, ended by a sentinel."""
+
+    def __init__(self) -> None:
+        self._table: dict[str, asyncio.Queue[Any]] = {}
+        self._ids = itertools.count()
+
+    def open(self) -> tuple[str, AsyncIterator[Any]]:
+        rid = str(next(self._ids))
+        queue = self._table[rid] = asyncio.Queue()
+        return rid, self._read(queue)
+
+    async def _read(self, queue: asyncio.Queue[Any]) -> AsyncIterator[Any]:
+        while True:
+            output = await queue.get()
+            if output is _DONE:
+                return
+            yield output
+
+    def deliver(self, rid: str, output: Any, finished: bool) -> None:
+        queue = self._table.get(rid)
+        if queue is None:
+            return
+        queue.put_nowait(output)
+        if finished:
+            queue.put_nowait(_DONE)
+            del self._table[rid]

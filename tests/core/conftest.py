@@ -1,0 +1,57 @@
+"""Fixtures of the core suite, which runs twice: on a plain event loop and under
+``asyncio.eager_task_factory`` (backported to 3.11 in ``_eager``), since eager
+capture must not depend on when a task first runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable, Mapping
+
+import pytest
+
+import tether
+
+from ._eager import new_eager_loop
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Every async core test runs on a plain loop and on an eager-task loop."""
+    return {"lazy": asyncio.new_event_loop, "eager": new_eager_loop}
+
+
+class AbortLog:
+    """An ``on_abort`` callback that records every call and lets a test wait for them."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self._changed: asyncio.Event | None = None
+
+    def __call__(self, rid: str) -> None:
+        self.calls[rid] += 1
+        if self._changed is not None:
+            self._changed.set()
+
+    @property
+    def rids(self) -> set[str]:
+        return set(self.calls)
+
+    async def wait_for(self, count: int) -> None:
+        """Wait (bounded) until ``count`` calls were recorded, however deferred."""
+        async with asyncio.timeout(10):
+            while self.calls.total() < count:
+                self._changed = asyncio.Event()
+                await self._changed.wait()
+
+
+@pytest.fixture
+def aborts() -> AbortLog:
+    return AbortLog()
+
+
+@pytest.fixture
+def registry(aborts: AbortLog) -> tether.Registry:
+    return tether.Registry(aborts)

@@ -1,0 +1,108 @@
+"""Backpressure: merge keeps one waiting output per request; without it, a clear error."""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+
+import pytest
+
+import tether
+
+from .conftest import AbortLog
+
+
+async def test_merge_under_a_slow_consumer_keeps_one_output_waiting_and_loses_nothing(
+    aborts: AbortLog,
+) -> None:
+    registry = tether.Registry(aborts, merge=operator.add, max_pending=2)
+    stream = registry.open()
+    deltas = list(range(1, 10_001))
+    received: list[int] = []
+    for start in range(0, len(deltas), 1000):
+        for delta in deltas[start : start + 1000]:
+            registry.deliver(stream.rid, delta)
+        ready = await stream.next_ready()
+        assert ready is not None
+        assert len(ready) == 1  # 1000 deltas waited as one folded output
+        received.extend(ready)
+    registry.deliver(stream.rid, 0, finished=True)
+    received.extend(await stream.next_ready() or [])
+    assert sum(received) == sum(deltas)
+    assert not aborts.calls
+
+
+async def test_merge_folds_batch_outputs_per_sub_request(aborts: AbortLog) -> None:
+    registry = tether.Registry(aborts, merge=operator.add, max_pending=1)
+    batch = registry.open_batch(2)
+    first, second = batch.rids
+    for _ in range(100):
+        registry.deliver(first, "a")
+        registry.deliver(second, "b")
+    assert await batch.next_ready() == [(0, "a" * 100), (1, "b" * 100)]
+    registry.deliver(first, "!", finished=True)
+    registry.deliver(second, "?", finished=True)
+    assert await batch.result() == ["!", "?"]
+
+
+async def test_too_many_waiting_outputs_without_merge_raise_consumer_too_slow(
+    registry: tether.Registry, aborts: AbortLog
+) -> None:
+    registry = tether.Registry(aborts, max_pending=4)
+    stream = registry.open()
+    for output in range(4):
+        assert registry.deliver(stream.rid, output)
+    assert registry.deliver(stream.rid, 4)  # the fifth: the request ends, loudly
+    assert registry.in_flight == 0
+    with pytest.raises(tether.ConsumerTooSlow) as caught:
+        await anext(stream)
+    assert caught.value.reason is tether.AbortReason.CONSUMER_TOO_SLOW
+    assert caught.value.max_pending == 4
+    await aborts.wait_for(1)
+    assert aborts.calls == {stream.rid: 1}
+    assert registry.stats().aborted == {"consumer_too_slow": 1}
+    assert registry.deliver(stream.rid, 5) is False
+
+
+async def test_a_consumer_that_keeps_up_never_hits_max_pending(aborts: AbortLog) -> None:
+    registry = tether.Registry(aborts, max_pending=2)
+    stream = registry.open()
+    for output in range(100):
+        registry.deliver(stream.rid, output)
+        assert await anext(stream) == output
+    registry.deliver(stream.rid, 100, finished=True)
+    assert [output async for output in stream] == [100]
+
+
+async def test_too_slow_sub_request_aborts_its_whole_batch(aborts: AbortLog) -> None:
+    registry = tether.Registry(aborts, max_pending=2)
+    batch = registry.open_batch(3)
+    slow = batch.rids[1]
+    for output in range(3):
+        registry.deliver(slow, output)
+    with pytest.raises(tether.ConsumerTooSlow):
+        await batch.result()
+    assert registry.in_flight == 0
+    await aborts.wait_for(3)
+    assert aborts.calls == dict.fromkeys(batch.rids, 1)
+
+
+async def test_result_folds_while_the_consumer_sleeps_without_hitting_max_pending(
+    aborts: AbortLog,
+) -> None:
+    registry = tether.Registry(aborts, max_pending=1)
+    stream = registry.open()
+    started = asyncio.Event()
+
+    async def collect() -> object:
+        started.set()  # result() then parks before this task yields
+        return await stream.result()
+
+    waiting = asyncio.ensure_future(collect())
+    async with asyncio.timeout(10):
+        await started.wait()
+    for output in range(50):
+        registry.deliver(stream.rid, output)
+    registry.deliver(stream.rid, 50, finished=True)
+    async with asyncio.timeout(10):
+        assert await waiting == 50

@@ -1,0 +1,233 @@
+"""Batch: all-or-none registration, arrival order, results in order, failure rules, split."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import tether
+
+from .conftest import AbortLog
+
+
+async def test_batch_whose_sibling_finished_and_was_freed_before_any_await_delivers_all(
+    registry: tether.Registry,
+) -> None:
+    batch = registry.open_batch(2)
+    first, second = batch.rids
+    registry.deliver(first, "first-done", finished=True)  # freed before anything awaited
+    assert first not in registry
+    registry.deliver(second, "second-partial")
+    registry.deliver(second, "second-done", finished=True)
+    assert [pair async for pair in batch] == [
+        (0, "first-done"),
+        (1, "second-partial"),
+        (1, "second-done"),
+    ]
+
+
+async def test_batch_result_after_every_sub_request_was_freed_returns_all_in_order(
+    registry: tether.Registry,
+) -> None:
+    batch = registry.open_batch(["b", "a", "c"])
+    for rid in ("c", "a", "b"):
+        registry.deliver(rid, rid.upper(), finished=True)
+    assert registry.in_flight == 0
+    assert await batch.result() == ["B", "A", "C"]
+    assert batch.rids == ("b", "a", "c")
+    assert len(batch) == 3
+
+
+async def test_batch_iteration_yields_outputs_in_arrival_order(
+    registry: tether.Registry,
+) -> None:
+    batch = registry.open_batch(3)
+    arrivals = [(2, "x"), (0, "y"), (2, "z"), (1, "w")]
+    received: list[tuple[int, str]] = []
+    got_one = asyncio.Event()
+
+    async def consume() -> None:
+        async for pair in batch:
+            received.append(pair)
+            got_one.set()
+
+    async with asyncio.timeout(10), asyncio.TaskGroup() as tasks:
+        tasks.create_task(consume())
+        registry.deliver(batch.rids[2], "x")
+        got_one.clear()
+        await got_one.wait()  # one arrival while the batch is parked, then several at once
+        for index, output in arrivals[1:]:
+            registry.deliver(batch.rids[index], output)
+        for rid in batch.rids:
+            registry.deliver(rid, "end", finished=True)
+    assert received == [*arrivals, (0, "end"), (1, "end"), (2, "end")]
+
+
+async def test_open_batch_registers_all_sub_requests_or_none(
+    registry: tether.Registry,
+) -> None:
+    live = registry.open("taken")
+    with pytest.raises(tether.DuplicateRequest):
+        registry.open_batch(["free-1", "taken", "free-2"])
+    assert registry.in_flight == 1
+    assert "free-1" not in registry
+    limited = tether.Registry(max_in_flight=2)
+    with pytest.raises(tether.Overloaded):
+        limited.open_batch(3)
+    assert limited.in_flight == 0
+    await live.aclose()
+
+
+@pytest.mark.parametrize(
+    "rids",
+    [pytest.param(0, id="zero"), pytest.param([], id="no-ids"), pytest.param(["a", "a"], id="dup")],
+)
+async def test_open_batch_rejects_empty_or_repeated_ids(
+    registry: tether.Registry, rids: int | list[str]
+) -> None:
+    with pytest.raises(ValueError, match="batch"):
+        registry.open_batch(rids)
+    assert registry.in_flight == 0
+
+
+async def test_failed_sub_request_aborts_the_others_by_default(
+    registry: tether.Registry, aborts: AbortLog
+) -> None:
+    batch = registry.open_batch(3)
+    failing, finished, running = batch.rids
+    registry.deliver(finished, "ok", finished=True)
+    registry.fail(failing, RuntimeError("bad prompt"))
+    with pytest.raises(tether.ProducerError) as caught:
+        await batch.result()
+    assert caught.value.rid == failing
+    assert registry.in_flight == 0
+    await aborts.wait_for(1)
+    assert aborts.calls == {running: 1}  # not the failed one, not the finished one
+    assert registry.stats().aborted == {"failed_sibling": 1}
+
+
+async def test_server_abort_of_a_sub_request_aborts_the_batch_by_default(
+    registry: tether.Registry, aborts: AbortLog
+) -> None:
+    batch = registry.open_batch(2)
+    registry.abort(batch.rids[0])
+    with pytest.raises(tether.Aborted) as caught:
+        await anext(batch)
+    assert caught.value.reason is tether.AbortReason.SERVER
+    assert registry.in_flight == 0
+    assert aborts.calls == dict.fromkeys(batch.rids, 1)
+
+
+async def test_keep_going_batch_puts_the_error_in_place_of_the_failed_result(
+    registry: tether.Registry, aborts: AbortLog
+) -> None:
+    batch = registry.open_batch(3, keep_going=True)
+    failing, first, second = batch.rids
+    cause = RuntimeError("bad prompt")
+    registry.fail(failing, cause)
+    registry.deliver(first, "one", finished=True)
+    registry.deliver(second, "two", finished=True)
+    results = await batch.result()
+    assert isinstance(results[0], tether.ProducerError)
+    assert results[0].__cause__ is cause
+    assert results[1:] == ["one", "two"]
+    assert not aborts.calls
+
+
+async def test_keep_going_batch_iteration_yields_the_error_in_arrival_order(
+    registry: tether.Registry,
+) -> None:
+    batch = registry.open_batch(2, keep_going=True)
+    registry.deliver(batch.rids[1], "early")
+    registry.fail(batch.rids[0], RuntimeError("bad"))
+    registry.deliver(batch.rids[1], "late", finished=True)
+    pairs = [pair async for pair in batch]
+    assert [index for index, _ in pairs] == [1, 0, 1]
+    assert isinstance(pairs[1][1], tether.ProducerError)
+    assert [pairs[0][1], pairs[2][1]] == ["early", "late"]
+
+
+async def test_batch_streams_split_each_sub_request_with_outputs_delivered_before(
+    registry: tether.Registry,
+) -> None:
+    batch = registry.open_batch(2, keep_going=True)
+    first, second = batch.rids
+    registry.deliver(first, "a1")
+    registry.fail(second, RuntimeError("bad"))
+    one, two = batch.streams
+    assert batch.streams == (one, two)  # taken once
+    registry.deliver(first, "a2", finished=True)
+    assert [output async for output in one] == ["a1", "a2"]
+    with pytest.raises(tether.ProducerError):
+        await anext(two)
+    with pytest.raises(RuntimeError, match="streams"):
+        await batch.result()
+
+
+async def test_batch_streams_cannot_be_taken_once_the_batch_is_read(
+    registry: tether.Registry,
+) -> None:
+    batch = registry.open_batch(1)
+    registry.deliver(batch.rids[0], "x")
+    assert await batch.next_ready() == [(0, "x")]
+    with pytest.raises(RuntimeError, match="already being read"):
+        _ = batch.streams
+    await batch.aclose()
+
+
+async def test_batch_aclose_aborts_only_unfinished_sub_requests(
+    registry: tether.Registry, aborts: AbortLog
+) -> None:
+    batch = registry.open_batch(3)
+    registry.deliver(batch.rids[0], "done", finished=True)
+    async with batch:
+        assert await anext(batch) == (0, "done")
+    await batch.aclose()
+    assert registry.in_flight == 0
+    assert aborts.calls == dict.fromkeys(batch.rids[1:], 1)
+    assert [pair async for pair in batch] == []
+
+
+async def test_batch_next_ready_returns_every_ready_pair_then_none(
+    registry: tether.Registry,
+) -> None:
+    batch = registry.open_batch(2)
+    registry.deliver(batch.rids[1], "b")
+    registry.deliver(batch.rids[0], "a", finished=True)
+    assert await batch.next_ready() == [(1, "b"), (0, "a")]
+    assert await batch.next_ready(timeout=0.01) == []
+    registry.deliver(batch.rids[1], "c", finished=True)
+    assert await batch.next_ready() == [(1, "c")]
+    assert await batch.next_ready() is None
+
+
+async def test_cancelling_the_task_reading_a_batch_aborts_the_batch(
+    registry: tether.Registry, aborts: AbortLog
+) -> None:
+    batch = registry.open_batch(2)
+    started = asyncio.Event()
+
+    async def collect() -> list[object]:
+        started.set()  # result() then parks before this task yields
+        return await batch.result()
+
+    task = asyncio.ensure_future(collect())
+    async with asyncio.timeout(10):
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert registry.in_flight == 0
+    assert aborts.calls == dict.fromkeys(batch.rids, 1)
+
+
+async def test_split_streams_keep_their_requests_when_the_batch_is_dropped(
+    registry: tether.Registry, aborts: AbortLog
+) -> None:
+    first, second = registry.open_batch(2).streams  # the Batch itself is garbage at once
+    assert registry.in_flight == 2
+    registry.deliver(first.rid, "x", finished=True)
+    assert [output async for output in first] == ["x"]
+    await second.aclose()
+    assert aborts.calls == {second.rid: 1}

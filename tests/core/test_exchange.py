@@ -1,0 +1,210 @@
+"""Exchange: the status waits for the first output; chunks, pings, errors and the end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+import tether
+
+from .conftest import AbortLog
+
+
+def _sse_values(data: bytes) -> list[object]:
+    frames = [frame for frame in data.split(b"\n\n") if frame.startswith(b"data: ")]
+    return [
+        "[DONE]" if frame == b"data: [DONE]" else json.loads(frame.removeprefix(b"data: "))
+        for frame in frames
+    ]
+
+
+async def test_non_streaming_answers_with_the_result_as_one_json_body(
+    registry: tether.Registry,
+) -> None:
+    stream = registry.open()
+    exchange = tether.Exchange(stream, streaming=False)
+    registry.deliver(stream.rid, {"text": "hi"}, finished=True)
+    async with asyncio.timeout(10):
+        head = await exchange.start()
+    assert head == tether.Head(200, {"content-type": "application/json"}, b'{"text":"hi"}', False)
+    assert exchange.done
+    assert await exchange.next_chunk() is None
+
+
+async def test_non_streaming_error_becomes_its_status_with_a_json_body(
+    registry: tether.Registry,
+) -> None:
+    stream = registry.open(timeout=0.05)
+    async with asyncio.timeout(10):
+        head = await tether.Exchange(stream, streaming=False).start()
+    assert head.status == 504
+    assert not head.more
+    assert json.loads(head.body)["error"]["type"] == "RequestTimeout"
+
+
+async def test_non_streaming_keep_going_batch_puts_error_bodies_in_the_list(
+    registry: tether.Registry,
+) -> None:
+    batch = registry.open_batch(2, keep_going=True)
+    registry.deliver(batch.rids[0], "ok", finished=True)
+    registry.fail(batch.rids[1], RuntimeError("bad"))
+    async with asyncio.timeout(10):
+        head = await tether.Exchange(batch, streaming=False).start()
+    assert head.status == 200
+    body = json.loads(head.body)
+    assert body[0] == "ok"
+    assert body[1]["error"]["type"] == "ProducerError"
+
+
+async def test_streaming_head_carries_the_first_outputs_and_chunks_coalesce_the_rest(
+    registry: tether.Registry,
+) -> None:
+    stream = registry.open()
+    exchange = tether.Exchange(stream, streaming=True)
+    registry.deliver(stream.rid, 1)
+    async with asyncio.timeout(10):
+        head = await exchange.start()
+        assert head.status == 200
+        assert head.headers["content-type"] == "text/event-stream"
+        assert head.headers["cache-control"] == "no-cache"
+        assert head.more
+        assert _sse_values(head.body) == [1]
+        registry.deliver(stream.rid, 2)
+        registry.deliver(stream.rid, 3, finished=True)
+        assert _sse_values(await exchange.next_chunk() or b"") == [2, 3]  # one write
+        assert await exchange.next_chunk() == b"data: [DONE]\n\n"
+        assert await exchange.next_chunk() is None
+    assert exchange.done
+
+
+async def test_streaming_error_before_the_first_output_gets_a_real_status(
+    registry: tether.Registry,
+) -> None:
+    stream = registry.open()
+    exchange = tether.Exchange(stream, streaming=True)
+    registry.fail(stream.rid, RuntimeError("bad"))
+    async with asyncio.timeout(10):
+        head = await exchange.start()
+    assert head.status == 500
+    assert head.headers["content-type"] == "application/json"
+    assert not head.more
+    assert json.loads(head.body)["error"]["type"] == "ProducerError"
+
+
+async def test_streaming_error_after_the_first_output_is_an_error_event_then_the_end(
+    registry: tether.Registry,
+) -> None:
+    stream = registry.open()
+    exchange = tether.Exchange(stream, streaming=True, encoder=tether.NDJSON)
+    registry.deliver(stream.rid, "first")
+    async with asyncio.timeout(10):
+        head = await exchange.start()
+        assert head.headers["content-type"] == "application/x-ndjson"
+        assert head.body == b'"first"\n'
+        registry.fail(stream.rid, RuntimeError("bad"))
+        chunk = await exchange.next_chunk()
+        assert chunk is not None
+        assert json.loads(chunk)["error"]["type"] == "ProducerError"
+        assert await exchange.next_chunk() is None
+
+
+async def test_streaming_server_abort_after_start_ends_with_an_error_event_and_done(
+    registry: tether.Registry,
+) -> None:
+    stream = registry.open()
+    exchange = tether.Exchange(stream, streaming=True)
+    registry.deliver(stream.rid, "first")
+    async with asyncio.timeout(10):
+        await exchange.start()
+        registry.abort(stream.rid)
+        values = _sse_values(await exchange.next_chunk() or b"")
+    assert values[0]["error"]["code"] == 503  # type: ignore[index]
+    assert values[1] == "[DONE]"
+
+
+async def test_client_disconnect_mid_stream_ends_the_response_quietly(
+    registry: tether.Registry, aborts: AbortLog
+) -> None:
+    with tether.RequestScope() as scope:
+        stream = registry.open()
+        exchange = tether.Exchange(stream, streaming=True)
+        registry.deliver(stream.rid, "first")
+        async with asyncio.timeout(10):
+            await exchange.start()
+            waiting = asyncio.ensure_future(exchange.next_chunk())
+            scope.disconnect()
+            assert await waiting is None
+    assert aborts.calls == {stream.rid: 1}
+
+
+async def test_idle_stream_pings_before_the_first_output_and_between_outputs(
+    registry: tether.Registry,
+) -> None:
+    stream = registry.open()
+    exchange = tether.Exchange(stream, streaming=True, ping_interval=0.01)
+    async with asyncio.timeout(10):
+        head = await exchange.start()  # nothing within the interval: headers go with a ping
+        assert (head.status, head.body, head.more) == (200, b": ping\n\n", True)
+        assert await exchange.next_chunk() == b": ping\n\n"
+        registry.deliver(stream.rid, "x", finished=True)
+        assert _sse_values(await exchange.next_chunk() or b"") == ["x"]
+        assert await exchange.next_chunk() == b"data: [DONE]\n\n"
+
+
+async def test_streaming_a_request_finished_without_output_sends_only_the_end(
+    registry: tether.Registry,
+) -> None:
+    stream = registry.open()
+    registry.deliver(stream.rid, "only", finished=True)
+    await anext(stream)
+    exchange = tether.Exchange(stream, streaming=True)
+    async with asyncio.timeout(10):
+        head = await exchange.start()
+    assert (head.status, head.body, head.more) == (200, b"data: [DONE]\n\n", False)
+
+
+async def test_streaming_batch_tags_outputs_with_their_index(registry: tether.Registry) -> None:
+    batch = registry.open_batch(2)
+    registry.deliver(batch.rids[1], "b", finished=True)
+    registry.deliver(batch.rids[0], {"text": "a"}, finished=True)
+    async with asyncio.timeout(10):
+        head = await tether.Exchange(batch, streaming=True).start()
+    assert _sse_values(head.body) == [{"index": 1, "output": "b"}, {"index": 0, "text": "a"}]
+
+
+async def test_exchange_aclose_aborts_the_unfinished_source(
+    registry: tether.Registry, aborts: AbortLog
+) -> None:
+    stream = registry.open()
+    exchange = tether.Exchange(stream, streaming=True)
+    await exchange.aclose()
+    assert exchange.done
+    assert await exchange.next_chunk() is None
+    assert aborts.calls == {stream.rid: 1}
+
+
+async def test_exchange_rejects_a_foreign_source_and_a_non_positive_ping_interval(
+    registry: tether.Registry,
+) -> None:
+    with pytest.raises(TypeError, match="Stream or Batch"):
+        tether.Exchange(object(), streaming=True)  # type: ignore[arg-type]
+    stream = registry.open()
+    with pytest.raises(ValueError, match="ping_interval"):
+        tether.Exchange(stream, streaming=True, ping_interval=0)
+    await stream.aclose()
+
+
+async def test_streaming_keep_going_batch_sends_a_failed_sub_request_as_an_error_body(
+    registry: tether.Registry,
+) -> None:
+    batch = registry.open_batch(2, keep_going=True)
+    registry.fail(batch.rids[0], RuntimeError("bad"))
+    registry.deliver(batch.rids[1], "ok", finished=True)
+    async with asyncio.timeout(10):
+        head = await tether.Exchange(batch, streaming=True).start()
+    failed, ok = _sse_values(head.body)
+    assert failed["index"] == 0  # type: ignore[index]
+    assert failed["error"]["type"] == "ProducerError"  # type: ignore[index]
+    assert ok == {"index": 1, "output": "ok"}

@@ -1,0 +1,91 @@
+"""RequestScope: streams opened in it are tracked, cancelled together, closed at exit."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import tether
+
+from .conftest import AbortLog
+
+
+async def test_disconnect_cancels_every_stream_of_the_scope_at_once(
+    registry: tether.Registry, aborts: AbortLog
+) -> None:
+    with tether.RequestScope() as scope:
+        stream = registry.open()
+        batch = registry.open_batch(2)
+        finished = registry.open()
+        registry.deliver(finished.rid, "ok", finished=True)
+        waiting = asyncio.ensure_future(anext(stream))
+        assert scope.disconnect() == 2  # the stream and the batch were live
+        assert scope.disconnected
+        assert registry.in_flight == 0
+        with pytest.raises(tether.Aborted) as caught:
+            async with asyncio.timeout(10):
+                await waiting
+        assert caught.value.reason is tether.AbortReason.CLIENT_DISCONNECTED
+        with pytest.raises(tether.Aborted):
+            await batch.result()
+        assert await finished.result() == "ok"
+    assert aborts.calls == dict.fromkeys([stream.rid, *batch.rids], 1)
+
+
+async def test_disconnect_is_idempotent_and_later_opens_in_the_scope_raise_aborted(
+    registry: tether.Registry,
+) -> None:
+    with tether.RequestScope() as scope:
+        registry.open()
+        assert scope.disconnect() == 1
+        assert scope.disconnect() == 0
+        with pytest.raises(tether.Aborted):
+            registry.open()
+        with pytest.raises(tether.Aborted):
+            registry.open_batch(2)
+    assert registry.in_flight == 0
+
+
+async def test_leaving_the_scope_closes_what_the_handler_left_open(
+    registry: tether.Registry, aborts: AbortLog
+) -> None:
+    async with tether.RequestScope():
+        left_open = registry.open()
+        finished = registry.open()
+        registry.deliver(finished.rid, "ok", finished=True)
+    assert registry.in_flight == 0
+    assert aborts.calls == {left_open.rid: 1}
+    assert registry.stats().aborted == {"cancelled": 1}
+
+
+async def test_scope_is_current_inside_and_follows_into_tasks(
+    registry: tether.Registry,
+) -> None:
+    assert tether.RequestScope.current() is None
+    with tether.RequestScope() as scope:
+        assert tether.RequestScope.current() is scope
+
+        async def open_in_task() -> tether.Stream:
+            return registry.open()
+
+        stream = await asyncio.ensure_future(open_in_task())
+        scope.disconnect()
+        with pytest.raises(tether.Aborted):
+            await stream.result()  # tracked by the scope though opened in another task
+    assert tether.RequestScope.current() is None
+
+
+def test_a_scope_can_be_entered_only_once() -> None:
+    scope = tether.RequestScope()
+    with scope, pytest.raises(RuntimeError, match="only once"):
+        scope.__enter__()
+
+
+async def test_close_counts_what_was_still_live(registry: tether.Registry) -> None:
+    scope = tether.RequestScope()
+    scope.track(registry.open())
+    scope.track(registry.open_batch(2))
+    assert scope.close() == 2
+    assert scope.close() == 0
+    assert registry.in_flight == 0
