@@ -208,10 +208,11 @@ class Registry:
                 raise ValueError("a batch needs at least one sub-request, got no ids")
             if len(set(rids)) != count:
                 raise ValueError(f"a batch's ids must be distinct, got {rids!r}")
+        loop = self._admit(count, timeout)
+        if rids is not None:
             for rid in rids:
                 if rid in self._table:
                     raise DuplicateRequest(rid)
-        loop = self._admit(count, timeout)
         scope = current_scope()
         if scope is not None:
             scope.check()

@@ -174,7 +174,7 @@ class Stream(Consumer):
                 self._pos = 1
                 return pending[0]
             if state.error is not None:
-                raise state.error
+                raise state.error.with_traceback(None)
             if not state.live:
                 raise StopAsyncIteration
             await self._wait(state, None)
@@ -204,7 +204,7 @@ class Stream(Consumer):
             if rest:
                 return rest
             if state.error is not None:
-                raise state.error
+                raise state.error.with_traceback(None)
             if not state.live:
                 return None
             if waited:
@@ -235,7 +235,7 @@ class Stream(Consumer):
             await self._until_ended(state)
             acc = state.acc
         if state.error is not None:
-            raise state.error
+            raise state.error.with_traceback(None)
         return None if acc is NOTHING else acc
 
 
@@ -329,7 +329,7 @@ class Batch(Consumer):
                 self._pos = 1
                 return pending[0]
             if group.error is not None:
-                raise group.error
+                raise group.error.with_traceback(None)
             if group.remaining == 0:
                 raise StopAsyncIteration
             await self._wait(group, None)
@@ -354,7 +354,7 @@ class Batch(Consumer):
             if rest:
                 return rest
             if group.error is not None:
-                raise group.error
+                raise group.error.with_traceback(None)
             if group.remaining == 0:
                 return None
             if waited:
@@ -385,7 +385,7 @@ class Batch(Consumer):
         while group.remaining and group.error is None and not self._closed:
             await self._wait(group, None)
         if group.error is not None:
-            raise group.error
+            raise group.error.with_traceback(None)
         errors = group.errors or {}
         return [
             errors.get(index, None if state.acc is NOTHING else state.acc)

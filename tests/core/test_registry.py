@@ -240,3 +240,27 @@ async def test_no_path_leaves_an_entry_behind_once_the_handler_returned(
     stats = registry.stats()
     assert stats.finished + stats.failed + stats.aborted_total == stats.opened == 1
     assert aborts.calls.total() == stats.aborted_total
+
+
+async def test_closed_registry_reports_closed_before_a_duplicate_batch_id() -> None:
+    registry = tether.Registry()
+    stream = registry.open("taken")
+    await registry.close(drain_timeout=0)
+    with pytest.raises(tether.RegistryClosed):
+        registry.open_batch(["taken", "free"])
+    assert stream.finished
+
+
+async def test_reading_an_aborted_stream_twice_does_not_grow_the_traceback() -> None:
+    registry = tether.Registry()
+    stream = registry.open()
+    stream.cancel(tether.AbortReason.SERVER)
+    depths = []
+    for _ in range(3):
+        with pytest.raises(tether.Aborted) as caught:
+            await stream.__anext__()
+        depth, tb = 0, caught.value.__traceback__
+        while tb is not None:
+            depth, tb = depth + 1, tb.tb_next
+        depths.append(depth)
+    assert depths[0] == depths[1] == depths[2]
