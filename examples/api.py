@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterable, Iterable
 from typing import Any, Final
 
 from engine import Engine
@@ -40,8 +41,10 @@ __all__ = [
     "Service",
     "completion",
     "completion_id",
+    "page",
     "parse_completions",
     "parse_generate",
+    "read_body",
     "rejection",
 ]
 
@@ -54,6 +57,7 @@ MAX_TOKENS: Final = 4096
 MODEL: Final = "tether-sim"
 """The model name the completions API reports."""
 DEFAULT_MAX_TOKENS: Final = 16
+PAGE: Final = pathlib.Path(__file__).resolve().parent / "static" / "index.html"
 
 
 class BadRequest(Exception):
@@ -189,6 +193,31 @@ def parse_completions(body: bytes) -> Generation:
         stream=_flag(data, "stream"),
         model=model,
     )
+
+
+async def read_body(chunks: AsyncIterable[bytes], declared_length: str | None) -> bytes:
+    """Read a request body from the framework's chunk iterator, refusing oversized ones early.
+
+    :param declared_length: the ``Content-Length`` header, if any.
+    :raises BadRequest: 413 when the body (declared or read) exceeds :data:`MAX_BODY_BYTES`.
+    """
+    too_large = BadRequest(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+    declared = declared_length or ""
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_large
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def page() -> bytes:
+    """The browser page both servers serve at ``/``."""
+    return PAGE.read_bytes()
 
 
 def rejection(exc: BadRequest | tether.TetherError) -> tether.ErrorResponse:

@@ -1,0 +1,141 @@
+"""Example: tether on aiohttp in front of a simulated batching engine.
+
+The same HTTP API as ``starlette_app.py``: every endpoint registers its request
+with tether before handing it to the engine and answers through
+``tether_aiohttp.respond()``: one prompt or a batch, streamed as server-sent
+events or returned as one JSON body. A client that goes away aborts its work in
+the engine at once, although aiohttp does not cancel handlers by default.
+
+Run it and try it::
+
+    python examples/aiohttp_app.py --port 8001
+    curl -N 127.0.0.1:8001/generate -d '{"text": "hi", "max_tokens": 8, "stream": true}'
+    curl 127.0.0.1:8001/generate -d '{"text": ["a", "b"], "max_tokens": 4}'
+    curl 127.0.0.1:8001/v1/completions -d '{"model": "m", "prompt": "hi", "max_tokens": 4}'
+    curl 127.0.0.1:8001/metrics
+    # and open http://127.0.0.1:8001/ in a browser
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from collections.abc import AsyncIterator, Sequence
+
+import api
+import cli
+from aiohttp import web
+
+import tether
+import tether_aiohttp
+from tether_aiohttp import respond
+
+SERVICE: web.AppKey[api.Service] = web.AppKey("service", api.Service)
+
+
+def refuse(exc: api.BadRequest | tether.TetherError) -> web.Response:
+    """The JSON error response for a request refused before anything was registered."""
+    refusal = api.rejection(exc)
+    return web.json_response(refusal.body, status=refusal.status, headers=refusal.headers)
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE]
+    try:
+        body = await api.read_body(
+            request.content.iter_any(), request.headers.get("content-length")
+        )
+        generation = api.parse_generate(body)
+        source = service.open(generation)
+    except api.REFUSALS as exc:
+        return refuse(exc)
+    return await respond(request, source, streaming=generation.stream)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE]
+    try:
+        body = await api.read_body(
+            request.content.iter_any(), request.headers.get("content-length")
+        )
+        generation = api.parse_completions(body)
+        source = service.open(generation)
+    except api.REFUSALS as exc:
+        return refuse(exc)
+    cid = api.completion_id(source)
+    if generation.stream:
+        encoder = api.CompletionChunks(cid, generation.model)
+        return await respond(request, source, streaming=True, encoder=encoder)
+    response = await respond(request, source, streaming=False)
+    body = response.body if isinstance(response, web.Response) else None
+    if response.status != 200 or not isinstance(body, bytes):
+        return response
+    return web.json_response(api.completion(generation, json.loads(body), cid))
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.json_response(request.app[SERVICE].metrics())
+
+
+async def aborts(request: web.Request) -> web.Response:
+    return web.json_response(request.app[SERVICE].aborts())
+
+
+async def health(request: web.Request) -> web.Response:
+    status, body = request.app[SERVICE].health()
+    return web.json_response(body, status=status)
+
+
+def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> web.Application:
+    """The example application around ``service`` (its engine runs while the app does)."""
+    app = web.Application()
+    app[SERVICE] = service
+    # setup() drains the registry on shutdown; the engine stops after, in cleanup.
+    tether_aiohttp.setup(app, service.registry, drain_timeout=drain_timeout)
+
+    async def engine_running(app: web.Application) -> AsyncIterator[None]:
+        async with service.engine.running(service.registry):
+            yield
+
+    page = api.page()
+
+    async def index(request: web.Request) -> web.Response:
+        return web.Response(body=page, content_type="text/html")
+
+    app.cleanup_ctx.append(engine_running)
+    app.router.add_post("/generate", generate)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/metrics/aborts", aborts)
+    app.router.add_get("/health", health)
+    app.router.add_get("/", index)
+    return app
+
+
+async def serve(options: cli.Options) -> None:
+    """Serve until SIGINT or SIGTERM, with aiohttp's defaults (no handler cancellation)."""
+    app = create_app(cli.build_service(options), drain_timeout=options.drain_timeout)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, cli.HOST, options.port)
+        await site.start()
+        cli.announce("aiohttp", runner.addresses[0][1])
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the example server in the foreground until Ctrl-C."""
+    asyncio.run(serve(cli.parse(argv, "tether example server on aiohttp")))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

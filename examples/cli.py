@@ -1,0 +1,76 @@
+"""The command line both example servers share: where to listen, how to size the engine.
+
+``--port 0`` picks a free port; the server prints the URL it is bound to as its first
+line (``make demo`` and the tests read it). The servers bind 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Sequence
+
+from api import Service
+from engine import Engine, merge_outputs
+
+import tether
+
+__all__ = ["HOST", "Options", "announce", "build_service", "parse"]
+
+HOST = "127.0.0.1"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Options:
+    """What the command line chose; see :func:`parse` for the meaning of each."""
+
+    port: int
+    max_batch: int
+    step_ms: float
+    fail_fraction: float
+    max_in_flight: int | None
+    drain_timeout: float
+
+
+def parse(argv: Sequence[str] | None, description: str) -> Options:
+    """Parse the example server's arguments (``--help`` lists them)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--port", type=int, default=8000, help="TCP port on 127.0.0.1; 0 = any")
+    parser.add_argument("--max-batch", type=int, default=64, help="engine batch slots")
+    parser.add_argument("--step-ms", type=float, default=5.0, help="engine step interval, ms")
+    parser.add_argument(
+        "--fail-fraction", type=float, default=0.0, help="share of requests the engine fails"
+    )
+    parser.add_argument(
+        "--max-in-flight", type=int, default=None, help="admission limit (503 beyond it)"
+    )
+    parser.add_argument(
+        "--drain-timeout", type=float, default=2.0, help="seconds to finish work on shutdown"
+    )
+    args = parser.parse_args(argv)
+    return Options(
+        port=args.port,
+        max_batch=args.max_batch,
+        step_ms=args.step_ms,
+        fail_fraction=args.fail_fraction,
+        max_in_flight=args.max_in_flight,
+        drain_timeout=args.drain_timeout,
+    )
+
+
+def build_service(options: Options) -> Service:
+    """The engine and the registry wired together: ``on_abort`` is the engine's abort."""
+    engine = Engine(
+        max_batch=options.max_batch,
+        step_interval=options.step_ms / 1000,
+        fail_fraction=options.fail_fraction,
+    )
+    registry = tether.Registry(
+        on_abort=engine.abort, merge=merge_outputs, max_in_flight=options.max_in_flight
+    )
+    return Service(engine, registry)
+
+
+def announce(framework: str, port: int) -> None:
+    """Print the URL the server listens on (the first line of its output)."""
+    print(f"tether example ({framework}) listening on http://{HOST}:{port}/", flush=True)

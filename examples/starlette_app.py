@@ -1,0 +1,164 @@
+"""Example: tether on Starlette (served by uvicorn) in front of a simulated batching engine.
+
+Every endpoint registers its request with tether before handing it to the engine
+and answers through ``tether_starlette.respond()``: one prompt or a batch,
+streamed as server-sent events or returned as one JSON body. A client that goes
+away aborts its work in the engine at once.
+
+Run it and try it::
+
+    python examples/starlette_app.py --port 8000
+    curl -N 127.0.0.1:8000/generate -d '{"text": "hi", "max_tokens": 8, "stream": true}'
+    curl 127.0.0.1:8000/generate -d '{"text": ["a", "b"], "max_tokens": 4}'
+    curl 127.0.0.1:8000/v1/completions -d '{"model": "m", "prompt": "hi", "max_tokens": 4}'
+    curl 127.0.0.1:8000/metrics
+    # and open http://127.0.0.1:8000/ in a browser
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import sys
+from collections.abc import AsyncIterator, Sequence
+from types import FrameType
+
+import api
+import cli
+import uvicorn
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+import tether
+from tether_starlette import TetherMiddleware, respond
+
+
+def refuse(exc: api.BadRequest | tether.TetherError) -> JSONResponse:
+    """The JSON error response for a request refused before anything was registered."""
+    refusal = api.rejection(exc)
+    return JSONResponse(refusal.body, refusal.status, headers=refusal.headers)
+
+
+def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette:
+    """The example application around ``service`` (its engine runs during the lifespan)."""
+    page = api.page()
+
+    async def generate(request: Request) -> Response:
+        try:
+            body = await api.read_body(request.stream(), request.headers.get("content-length"))
+            generation = api.parse_generate(body)
+            source = service.open(generation)
+        except api.REFUSALS as exc:
+            return refuse(exc)
+        return await respond(request, source, streaming=generation.stream)
+
+    async def completions(request: Request) -> Response:
+        try:
+            body = await api.read_body(request.stream(), request.headers.get("content-length"))
+            generation = api.parse_completions(body)
+            source = service.open(generation)
+        except api.REFUSALS as exc:
+            return refuse(exc)
+        cid = api.completion_id(source)
+        if generation.stream:
+            encoder = api.CompletionChunks(cid, generation.model)
+            return await respond(request, source, streaming=True, encoder=encoder)
+        response = await respond(request, source, streaming=False)
+        if response.status_code != 200:
+            return response
+        return JSONResponse(api.completion(generation, json.loads(response.body), cid))
+
+    async def metrics(request: Request) -> Response:
+        return JSONResponse(service.metrics())
+
+    async def aborts(request: Request) -> Response:
+        return JSONResponse(service.aborts())
+
+    async def health(request: Request) -> Response:
+        status, body = service.health()
+        return JSONResponse(body, status)
+
+    async def index(request: Request) -> Response:
+        return HTMLResponse(page)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with service.engine.running(service.registry):
+            yield
+            await service.registry.close(drain_timeout=drain_timeout)
+
+    return Starlette(
+        routes=[
+            Route("/generate", generate, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/metrics", metrics),
+            Route("/metrics/aborts", aborts),
+            Route("/health", health),
+            Route("/", index),
+        ],
+        middleware=[Middleware(TetherMiddleware, registry=service.registry)],
+        lifespan=lifespan,
+    )
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, announcing its URL once listening and draining tether on exit.
+
+    uvicorn waits for open connections *before* the lifespan shutdown runs, so open
+    streams would hold the exit until they finish: the first exit signal starts
+    ``registry.close()`` instead, which ends them (after ``drain_timeout``).
+    """
+
+    def __init__(self, config: uvicorn.Config, service: api.Service, options: cli.Options):
+        super().__init__(config)
+        self.service = service
+        self.options = options
+        self.port = 0
+        self.drain: asyncio.Task[None] | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            cli.announce("starlette", self.port)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.drain is None:
+            loop = asyncio.get_running_loop()
+            loop.call_soon_threadsafe(self._start_drain, loop)
+        super().handle_exit(sig, frame)
+
+    def _start_drain(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.drain is None:
+            close = self.service.registry.close(drain_timeout=self.options.drain_timeout)
+            self.drain = loop.create_task(close)
+
+    async def run_until_exit(self, sock: socket.socket) -> None:
+        """Serve on ``sock`` until a signal, then wait for the drain it started."""
+        self.port = sock.getsockname()[1]
+        try:
+            await self.serve(sockets=[sock])
+        finally:
+            if self.drain is not None:
+                await self.drain
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the example server in the foreground until Ctrl-C."""
+    options = cli.parse(argv, "tether example server on Starlette + uvicorn")
+    service = cli.build_service(options)
+    app = create_app(service, drain_timeout=options.drain_timeout)
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((cli.HOST, options.port))
+    server = Server(config, service, options)
+    asyncio.run(server.run_until_exit(sock))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
