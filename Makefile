@@ -28,6 +28,16 @@ pytest: venv
 
 test: lint typecheck pytest
 
+# The main job: both example servers under load, checked, summarised (under a minute).
+demo: venv
+	$(PY) examples/demo.py
+
+# One example server in the foreground (Ctrl-C stops it); SERVER=aiohttp for the other.
+SERVER ?= starlette
+PORT ?= 8000
+serve: venv
+	$(PY) examples/$(SERVER)_app.py --port $(PORT)
+
 wheel: venv
 	$(PY) -m build --wheel --outdir dist .
 

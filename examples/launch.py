@@ -1,0 +1,86 @@
+"""Start an example server as a subprocess on 127.0.0.1 with an ephemeral port.
+
+``make demo`` and the end-to-end tests use :func:`launched`: it runs
+``python examples/<name>_app.py --port 0``, reads the URL the server prints
+once it listens, and on exit stops the server by its process id (SIGINT, then
+SIGKILL if it does not exit in time), keeping its output for the error message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pathlib
+import signal
+import sys
+from collections.abc import AsyncIterator, Sequence
+
+__all__ = ["SERVERS", "ServerFailed", "launched"]
+
+HERE = pathlib.Path(__file__).resolve().parent
+SERVERS = {"starlette": HERE / "starlette_app.py", "aiohttp": HERE / "aiohttp_app.py"}
+"""The example servers by name."""
+
+
+class ServerFailed(RuntimeError):
+    """The server did not start, or did not stop cleanly; the message holds its output."""
+
+
+@contextlib.asynccontextmanager
+async def launched(
+    name: str, args: Sequence[str] = (), *, start_timeout: float = 30.0
+) -> AsyncIterator[str]:
+    """Run the example server ``name`` for the duration of the block; yields its base URL.
+
+    :param args: extra command-line options (``--max-batch``, ``--fail-fraction``...).
+    :raises ServerFailed: it exited or printed no URL within ``start_timeout``, or it
+        did not exit within 10 s of SIGINT, or exited with an error.
+    """
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-u",
+        str(SERVERS[name]),
+        "--port",
+        "0",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert process.stdout is not None  # asked for a pipe above
+    lines: list[str] = []
+    url: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def read_output() -> None:
+        assert process.stdout is not None
+        async for raw in process.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            lines.append(line)
+            if not url.done() and "listening on " in line:
+                url.set_result(line.rsplit("listening on ", 1)[1])
+        if not url.done():
+            url.set_exception(ServerFailed(f"{name} server exited:\n" + "\n".join(lines)))
+
+    reader = asyncio.create_task(read_output())
+    try:
+        try:
+            async with asyncio.timeout(start_timeout):
+                base = await url
+        except TimeoutError:
+            raise ServerFailed(f"{name} server printed no URL:\n" + "\n".join(lines)) from None
+        yield base.rstrip("/")
+    finally:
+        code = await _stop(process)
+        await reader
+    if code not in (0, -signal.SIGINT):
+        raise ServerFailed(f"{name} server exited with {code}:\n" + "\n".join(lines))
+
+
+async def _stop(process: asyncio.subprocess.Process) -> int:
+    if process.returncode is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            async with asyncio.timeout(10):
+                return await process.wait()
+        except TimeoutError:
+            process.kill()
+    return await process.wait()
