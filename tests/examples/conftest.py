@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 
@@ -15,11 +15,16 @@ if str(EXAMPLES) not in sys.path:
     sys.path.insert(0, str(EXAMPLES))
 
 
-async def eventually(predicate: Callable[[], bool], *, timeout: float = 10.0) -> None:
+async def eventually(
+    predicate: Callable[[], bool | Awaitable[bool]], *, timeout: float = 10.0
+) -> None:
     """Wait until ``predicate()`` holds, polling, for conditions that have no event
     to wait on (another process's counters, a scheduler's next step); bounded."""
     async with asyncio.timeout(timeout):
         while True:
-            if predicate():
+            held = predicate()
+            if not isinstance(held, bool):
+                held = await held
+            if held:
                 return
             await asyncio.sleep(0.005)
