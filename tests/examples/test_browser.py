@@ -1,0 +1,178 @@
+"""The example page in headless Chromium: generate, watch the outputs grow, press Stop,
+and see the server's work aborted (its in-flight count back to 0).
+
+Chromium is driven over the DevTools protocol with aiohttp's websocket client. The
+test needs a ``chromium`` binary (Debian's package; ``.ci/run`` installs it) and
+skips, saying so, only when there is none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import pathlib
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import httpx
+import pytest
+from engine import expected_text
+from launch import launched
+
+from .conftest import eventually
+
+CHROMIUM = next(
+    filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None
+)
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="no Chromium binary on PATH (apt-get install chromium): the page test needs one",
+)
+
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--remote-debugging-address=127.0.0.1",
+    "--remote-debugging-port=0",
+)
+
+
+class Page:
+    """One browser tab over the DevTools protocol: evaluate JavaScript, get its value."""
+
+    def __init__(self, socket: aiohttp.ClientWebSocketResponse) -> None:
+        self.socket = socket
+        self.ids = itertools.count(1)
+
+    async def call(self, method: str, **params: Any) -> dict[str, Any]:
+        ident = next(self.ids)
+        await self.socket.send_json({"id": ident, "method": method, "params": params})
+        async for message in self.socket:
+            reply = json.loads(message.data)
+            if reply.get("id") == ident:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                result: dict[str, Any] = reply["result"]
+                return result
+        raise RuntimeError("the DevTools connection closed")
+
+    async def js(self, expression: str) -> Any:
+        reply = await self.call(
+            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
+        )
+        if "exceptionDetails" in reply:
+            raise RuntimeError(f"{expression}: {reply['exceptionDetails']}")
+        return reply["result"].get("value")
+
+
+@contextlib.asynccontextmanager
+async def chromium() -> AsyncIterator[Page]:
+    """A headless Chromium with a fresh profile; yields its first tab; stopped on exit."""
+    assert CHROMIUM is not None  # the module is skipped otherwise
+    with tempfile.TemporaryDirectory(prefix="tether-chromium-") as profile:
+        process = await asyncio.create_subprocess_exec(
+            CHROMIUM,
+            *FLAGS,
+            f"--user-data-dir={profile}",
+            "about:blank",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            port = await devtools_port(process, pathlib.Path(profile))
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"http://127.0.0.1:{port}/json/list") as response:
+                    targets = await response.json()
+                tab = next(target for target in targets if target["type"] == "page")
+                async with session.ws_connect(tab["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+                    yield Page(ws)
+        finally:
+            if process.returncode is None:
+                process.terminate()
+            try:
+                async with asyncio.timeout(10):
+                    await process.wait()
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+async def devtools_port(process: asyncio.subprocess.Process, profile: pathlib.Path) -> str:
+    """Chromium writes its DevTools port to ``DevToolsActivePort`` in the profile once
+    it listens (port on the first line, browser path on the second)."""
+    active = profile / "DevToolsActivePort"
+
+    def listening() -> bool:
+        if process.returncode is not None:
+            raise RuntimeError(f"Chromium exited with {process.returncode} before listening")
+        return active.exists() and len(active.read_text().splitlines()) >= 2
+
+    await eventually(listening, timeout=30)
+    return active.read_text().splitlines()[0]
+
+
+PANES = """JSON.stringify([...document.querySelectorAll('.pane')].map(pane => ({
+    prompt: pane.dataset.prompt,
+    tokens: Number(pane.dataset.tokens),
+    text: pane.querySelector('.text').textContent,
+})))"""
+
+
+@pytest.mark.parametrize("server", ["starlette", "aiohttp"])
+async def test_page_generates_side_by_side_and_stop_aborts_the_work(server: str) -> None:
+    async with (
+        launched(server) as url,
+        httpx.AsyncClient(base_url=url, timeout=10) as http,
+        chromium() as page,
+    ):
+        await page.call("Page.navigate", url=url + "/")
+        await eventually(
+            lambda: page.js("document.getElementById('inflight')?.textContent === '0'")
+        )
+        await page.js("""
+            document.getElementById('prompt').value = 'stream to me';
+            document.getElementById('batch').value = '2';
+            document.getElementById('max-tokens').value = '4000';
+            document.getElementById('stream').checked = true;
+            document.getElementById('generate').click();
+        """)
+
+        panes: list[dict[str, Any]] = []
+
+        async def both_growing() -> bool:
+            panes[:] = json.loads(await page.js(PANES))
+            return len(panes) == 2 and all(pane["tokens"] >= 5 for pane in panes)
+
+        await eventually(both_growing)
+        for pane in panes:  # every token so far, in order
+            assert pane["text"] == expected_text(pane["prompt"], pane["tokens"])
+        await eventually(
+            lambda: page.js("document.getElementById('inflight')?.textContent === '2'")
+        )
+
+        await page.js("document.getElementById('stop').click()")
+
+        async def server_idle() -> bool:
+            metrics = (await http.get("/metrics")).json()
+            return bool(metrics["in_flight"] == 0 and metrics["engine"]["running"] == 0)
+
+        await eventually(server_idle)
+        metrics = (await http.get("/metrics")).json()
+        assert metrics["aborted"] == {"client_disconnected": 2}
+        assert metrics["finished"] == 0
+        assert await page.js("document.getElementById('status').textContent") == "stopped"
+        await eventually(
+            lambda: page.js("document.getElementById('inflight')?.textContent === '0'")
+        )
