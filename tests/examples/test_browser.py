@@ -55,17 +55,32 @@ class Page:
     def __init__(self, socket: aiohttp.ClientWebSocketResponse) -> None:
         self.socket = socket
         self.ids = itertools.count(1)
+        self.events: list[str] = []  # methods of the events seen while awaiting replies
 
     async def call(self, method: str, **params: Any) -> dict[str, Any]:
         ident = next(self.ids)
         await self.socket.send_json({"id": ident, "method": method, "params": params})
         async for message in self.socket:
             reply = json.loads(message.data)
-            if reply.get("id") == ident:
+            if "method" in reply:
+                self.events.append(reply["method"])
+            elif reply.get("id") == ident:
                 if "error" in reply:
                     raise RuntimeError(f"{method}: {reply['error']}")
                 result: dict[str, Any] = reply["result"]
                 return result
+        raise RuntimeError("the DevTools connection closed")
+
+    async def open(self, url: str) -> None:
+        """Navigate to ``url`` and wait for its load event (so scripts have run)."""
+        await self.call("Page.enable")
+        self.events.clear()
+        await self.call("Page.navigate", url=url)
+        if "Page.loadEventFired" in self.events:
+            return
+        async for message in self.socket:
+            if json.loads(message.data).get("method") == "Page.loadEventFired":
+                return
         raise RuntimeError("the DevTools connection closed")
 
     async def js(self, expression: str) -> Any:
@@ -133,11 +148,12 @@ PANES = """JSON.stringify([...document.querySelectorAll('.pane')].map(pane => ({
 @pytest.mark.parametrize("server", ["starlette", "aiohttp"])
 async def test_page_generates_side_by_side_and_stop_aborts_the_work(server: str) -> None:
     async with (
+        asyncio.timeout(60),
         launched(server) as url,
         httpx.AsyncClient(base_url=url, timeout=10) as http,
         chromium() as page,
     ):
-        await page.call("Page.navigate", url=url + "/")
+        await page.open(url + "/")
         await eventually(
             lambda: page.js("document.getElementById('inflight')?.textContent === '0'")
         )
