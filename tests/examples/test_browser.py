@@ -12,8 +12,10 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import pathlib
 import shutil
+import signal
 import tempfile
 from collections.abc import AsyncIterator
 from typing import Any
@@ -96,7 +98,10 @@ class Page:
 async def chromium() -> AsyncIterator[Page]:
     """A headless Chromium with a fresh profile; yields its first tab; stopped on exit."""
     assert CHROMIUM is not None  # the module is skipped otherwise
-    with tempfile.TemporaryDirectory(prefix="tether-chromium-") as profile:
+    # Chromium's helper processes may still write to the profile as it is removed.
+    with tempfile.TemporaryDirectory(
+        prefix="tether-chromium-", ignore_cleanup_errors=True
+    ) as profile:
         process = await asyncio.create_subprocess_exec(
             CHROMIUM,
             *FLAGS,
@@ -104,6 +109,7 @@ async def chromium() -> AsyncIterator[Page]:
             "about:blank",
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,  # its own process group, helpers included
         )
         try:
             port = await devtools_port(process, pathlib.Path(profile))
@@ -122,6 +128,8 @@ async def chromium() -> AsyncIterator[Page]:
             except TimeoutError:
                 process.kill()
                 await process.wait()
+            with contextlib.suppress(ProcessLookupError):  # helpers left behind, if any
+                os.killpg(process.pid, signal.SIGKILL)
 
 
 async def devtools_port(process: asyncio.subprocess.Process, profile: pathlib.Path) -> str:
