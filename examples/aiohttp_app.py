@@ -69,10 +69,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
         encoder = api.CompletionChunks(cid, generation.model)
         return await respond(request, source, streaming=True, encoder=encoder)
     response = await respond(request, source, streaming=False)
-    body = response.body if isinstance(response, web.Response) else None
-    if response.status != 200 or not isinstance(body, bytes):
+    result = response.body if isinstance(response, web.Response) else None
+    if response.status != 200 or not isinstance(result, bytes):
         return response
-    return web.json_response(api.completion(generation, json.loads(body), cid))
+    return web.json_response(api.completion(generation, json.loads(result), cid))
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -1,0 +1,141 @@
+"""Every code sample in README.md is exercised here.
+
+The Python samples are the quick-start files under ``examples/`` (checked to be
+verbatim copies, then served on 127.0.0.1 and queried); the shell samples name
+Makefile targets and install extras that exist; the error table is checked
+against ``tether.error_response``; the links point at files of the repository.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import tomllib
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+import uvicorn
+from aiohttp import web
+from engine import expected_text
+
+import tether
+
+from .conftest import EXAMPLES, eventually
+
+ROOT = EXAMPLES.parent
+README = (ROOT / "README.md").read_text()
+QUICKSTARTS = ["quickstart_starlette.py", "quickstart_aiohttp.py"]
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README, re.DOTALL)
+
+
+def test_every_python_sample_is_a_tested_quickstart_file() -> None:
+    samples = blocks("python")
+    sources = {name: (EXAMPLES / name).read_text() for name in QUICKSTARTS}
+    assert len(samples) == len(QUICKSTARTS)
+    for sample, name in zip(samples, QUICKSTARTS, strict=True):
+        assert sample.strip() in sources[name], f"the README's sample differs from {name}"
+
+
+def test_shell_samples_name_real_make_targets_and_install_extras() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    commands = [line.split("#")[0].strip() for block in blocks("sh") for line in block.splitlines()]
+    targets = [command.split()[1] for command in commands if command.startswith("make ")]
+    installs = re.findall(r'pip install "tether\[(\w+)\]"', "\n".join(commands))
+    assert targets == ["demo", "test"]
+    assert installs == ["starlette", "aiohttp"]
+    for target in targets:
+        assert re.search(rf"^{target}:", makefile, re.MULTILINE), target
+    for extra in installs:
+        assert extra in extras
+
+
+ERRORS = {
+    "`Overloaded`": tether.Overloaded(4),
+    "`RegistryClosed`": tether.RegistryClosed(),
+    "`RequestTimeout`": tether.RequestTimeout("r", 1.0),
+    "`ConsumerTooSlow`": tether.ConsumerTooSlow("r", 8),
+    "`Aborted` by the server": tether.Aborted("r", tether.AbortReason.SERVER),
+    "`Aborted`, client gone": tether.Aborted("r", tether.AbortReason.CLIENT_DISCONNECTED),
+    "`DuplicateRequest`": tether.DuplicateRequest("r"),
+    "`UnknownRequest`": tether.UnknownRequest("r"),
+    "`ProducerError`": tether.ProducerError("r", RuntimeError("boom")),
+    "any other exception": RuntimeError("secret"),
+}
+
+
+def test_error_table_says_what_error_response_does() -> None:
+    rows = re.findall(r"^\| (`?\w.*?) \| (\d{3})(.*?) \|$", README, re.MULTILINE)
+    assert len(rows) == len(ERRORS)
+    for label, status, note in rows:
+        key = next(key for key in ERRORS if label.startswith(key))
+        response = tether.error_response(ERRORS[key])
+        assert response.status == int(status), label
+        assert ("Retry-After" in note) == ("retry-after" in response.headers), label
+
+
+def test_links_point_at_files_of_the_repository() -> None:
+    links = re.findall(r"\]\(([^)#]+)\)", README)
+    assert links
+    for link in links:
+        if "://" not in link:
+            assert (ROOT / link).exists(), link
+
+
+async def generate_both_ways(url: str) -> None:
+    """What the README's curl line does, streamed, then the same as one JSON body."""
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        body = {"text": "hi", "stream": True}
+        async with client.stream("POST", "/generate", json=body) as response:
+            lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]"
+        texts = [json.loads(line.removeprefix("data: "))["text"] for line in lines[:-1]]
+        assert "".join(texts) == expected_text("hi", 16)
+        result = (await client.post("/generate", json={"text": "hi", "max_tokens": 4})).json()
+        assert result["text"] == expected_text("hi", 4)
+
+
+async def test_starlette_quickstart_serves_generate() -> None:
+    import quickstart_starlette
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(quickstart_starlette.app, log_level="warning"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        await eventually(lambda: server.started or task.done())
+        await generate_both_ways(f"http://127.0.0.1:{sock.getsockname()[1]}")
+    finally:
+        server.should_exit = True
+        async with asyncio.timeout(10):
+            await task
+    assert quickstart_starlette.registry.in_flight == 0
+
+
+@pytest.fixture
+async def aiohttp_quickstart() -> AsyncIterator[str]:
+    import quickstart_aiohttp
+
+    runner = web.AppRunner(quickstart_aiohttp.app)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_aiohttp_quickstart_serves_generate(aiohttp_quickstart: str) -> None:
+    import quickstart_aiohttp
+
+    await generate_both_ways(aiohttp_quickstart)
+    assert quickstart_aiohttp.registry.in_flight == 0
