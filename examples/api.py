@@ -7,7 +7,8 @@ through their adapter's ``respond()``. Everything that decides what the API
 accepts and what its answers look like lives here, once:
 
 * ``POST /generate``: ``{"text": str | [str], "max_tokens": int, "stream": bool,
-  "rid": str | [str]}`` (``rid`` optional: client-chosen request ids);
+  "rid": str | [str], "timeout": float}`` (``rid``: client-chosen request ids, and
+  ``timeout``: a deadline in seconds, both optional);
 * ``POST /v1/completions``: the OpenAI completions shape (``prompt``, ``max_tokens``,
   ``stream``, ``model``), with :class:`CompletionChunks` framing its stream and
   :func:`completion` building its JSON body;
@@ -32,6 +33,7 @@ import tether
 __all__ = [
     "MAX_BATCH",
     "MAX_BODY_BYTES",
+    "MAX_TIMEOUT",
     "MAX_TOKENS",
     "MODEL",
     "REFUSALS",
@@ -56,6 +58,8 @@ MAX_TOKENS: Final = 4096
 """``max_tokens`` beyond this gets 422."""
 MODEL: Final = "tether-sim"
 """The model name the completions API reports."""
+MAX_TIMEOUT: Final = 3600.0
+"""``timeout`` beyond this many seconds gets 422."""
 DEFAULT_MAX_TOKENS: Final = 16
 PAGE: Final = pathlib.Path(__file__).resolve().parent / "static" / "index.html"
 
@@ -83,6 +87,7 @@ class Generation:
     :param stream: answer as a stream of server-sent events.
     :param rids: client-chosen request ids, one per prompt, or ``None``.
     :param model: the model named by a completions request.
+    :param timeout: a deadline in seconds for the whole request, or ``None``.
     """
 
     prompts: tuple[str, ...]
@@ -91,6 +96,7 @@ class Generation:
     stream: bool
     rids: tuple[str, ...] | None = None
     model: str = MODEL
+    timeout: float | None = None
 
 
 def _load_object(body: bytes) -> dict[str, Any]:
@@ -140,6 +146,17 @@ def _flag(data: dict[str, Any], field: str) -> bool:
     return value
 
 
+def _timeout(data: dict[str, Any]) -> float | None:
+    value = data.get("timeout")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadRequest(422, "'timeout' must be a number of seconds")
+    if not 0 < value <= MAX_TIMEOUT:
+        raise BadRequest(422, f"'timeout' must be above 0 and at most {MAX_TIMEOUT}, got {value}")
+    return float(value)
+
+
 def _rids(data: dict[str, Any], prompts: tuple[str, ...], batched: bool) -> tuple[str, ...] | None:
     value = data.get("rid")
     if value is None:
@@ -168,6 +185,7 @@ def parse_generate(body: bytes) -> Generation:
         max_tokens=_max_tokens(data),
         stream=_flag(data, "stream"),
         rids=_rids(data, prompts, batched),
+        timeout=_timeout(data),
     )
 
 
@@ -255,10 +273,12 @@ class Service:
         """
         source: tether.Stream | tether.Batch
         if request.batched:
-            source = self.registry.open_batch(request.rids or len(request.prompts))
+            rids_or_n = request.rids or len(request.prompts)
+            source = self.registry.open_batch(rids_or_n, timeout=request.timeout)
             rids: Iterable[str] = source.rids
         else:
-            source = self.registry.open(request.rids[0] if request.rids else None)
+            rid = request.rids[0] if request.rids else None
+            source = self.registry.open(rid, timeout=request.timeout)
             rids = (source.rid,)
         for rid, prompt in zip(rids, request.prompts, strict=True):
             self.engine.submit(rid, prompt, request.max_tokens)

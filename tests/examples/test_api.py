@@ -58,6 +58,8 @@ def test_generate_accepts_one_prompt_or_a_batch() -> None:
         pytest.param(body(text=["a", "b"], rid=["x", "x"]), 422, id="repeated-rid"),
         pytest.param(body(text=["a", "b"], rid=["x"]), 422, id="rid-count-mismatch"),
         pytest.param(body(text="a", rid=""), 422, id="empty-rid"),
+        pytest.param(body(text="a", timeout=0), 422, id="zero-timeout"),
+        pytest.param(body(text="a", timeout="1"), 422, id="string-timeout"),
     ],
 )
 def test_generate_refuses_bad_bodies_with_their_status(raw: bytes, status: int) -> None:

@@ -155,6 +155,17 @@ async def test_client_disconnect_aborts_the_work(http: httpx.AsyncClient, stream
     assert after["engine"]["aborted"] - before["engine"]["aborted"] == 2
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+async def test_a_request_past_its_timeout_gets_504_and_is_freed(
+    http: httpx.AsyncClient, stream: bool
+) -> None:
+    body = {"text": ["slow", "slower"], "max_tokens": 4000, "timeout": 0.001, "stream": stream}
+    response = await http.post("/generate", json=body)
+    assert response.status_code == 504
+    assert response.json()["error"]["type"] == "RequestTimeout"
+    await eventually_idle(http)
+
+
 async def test_openai_client_gets_completions_streamed_and_not(url: str) -> None:
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
     single = await client.completions.create(model="tether-sim", prompt="hello", max_tokens=7)
