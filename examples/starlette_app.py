@@ -28,6 +28,7 @@ import api
 import cli
 import uvicorn
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
@@ -39,8 +40,18 @@ from tether_starlette import TetherMiddleware, lifespan, respond
 
 def refuse(exc: api.BadRequest | tether.TetherError) -> JSONResponse:
     """The JSON error response for a request refused before anything was registered."""
-    refusal = api.rejection(exc)
+    return refuse_with(api.rejection(exc))
+
+
+def refuse_with(refusal: tether.ErrorResponse) -> JSONResponse:
     return JSONResponse(refusal.body, refusal.status, headers=refusal.headers)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own errors (unknown route, wrong method) in the same JSON shape."""
+    if not isinstance(exc, HTTPException):
+        raise exc
+    return refuse_with(api.http_error(exc.status_code, exc.detail, headers=dict(exc.headers or {})))
 
 
 def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette:
@@ -100,6 +111,7 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
             Route("/", index),
         ],
         middleware=[Middleware(TetherMiddleware, registry=service.registry)],
+        exception_handlers={HTTPException: http_error},
         # The registry drains inside the engine's lifespan: the engine still runs.
         lifespan=lifespan(service.registry, drain_timeout=drain_timeout, inner=engine_running),
     )
