@@ -26,7 +26,8 @@ from collections.abc import AsyncIterator, Sequence
 
 import api
 import cli
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler
 
 import tether
 import tether_aiohttp
@@ -39,6 +40,20 @@ def refuse(exc: api.BadRequest | tether.TetherError) -> web.Response:
     """The JSON error response for a request refused before anything was registered."""
     refusal = api.rejection(exc)
     return web.json_response(refusal.body, status=refusal.status, headers=refusal.headers)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own refusals (unknown route 404, method 405) in the API's JSON shape."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        response = refuse(api.BadRequest(exc.status, exc.reason))
+        if hdrs.ALLOW in exc.headers:
+            response.headers[hdrs.ALLOW] = exc.headers[hdrs.ALLOW]
+        return response
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -90,7 +105,7 @@ async def health(request: web.Request) -> web.Response:
 
 def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> web.Application:
     """The example application around ``service`` (its engine runs while the app does)."""
-    app = web.Application()
+    app = web.Application(middlewares=[json_errors])
     app[SERVICE] = service
     # setup() drains the registry on shutdown; the engine stops after, in cleanup.
     tether_aiohttp.setup(app, service.registry, drain_timeout=drain_timeout)

@@ -29,6 +29,7 @@ import api
 import cli
 import uvicorn
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
@@ -42,6 +43,14 @@ def refuse(exc: api.BadRequest | tether.TetherError) -> JSONResponse:
     """The JSON error response for a request refused before anything was registered."""
     refusal = api.rejection(exc)
     return JSONResponse(refusal.body, refusal.status, headers=refusal.headers)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (unknown route 404, method 405) in the API's JSON shape."""
+    assert isinstance(exc, HTTPException)  # registered for HTTPException only
+    response = refuse(api.BadRequest(exc.status_code, exc.detail))
+    response.headers.update(exc.headers or {})
+    return response
 
 
 def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette:
@@ -102,6 +111,7 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
             Route("/", index),
         ],
         middleware=[Middleware(TetherMiddleware, registry=service.registry)],
+        exception_handlers={HTTPException: http_error},
         lifespan=lifespan,
     )
 
