@@ -144,9 +144,12 @@ class Server:
     def engine(self) -> Engine:
         return self.service.engine
 
-    async def idle(self) -> None:
-        """Wait (bounded) until nothing is in flight in tether or in the engine, and
-        every handler and connection task has ended (the clients have closed theirs)."""
+    async def idle(self, *, connections_closed: bool = False) -> None:
+        """Wait (bounded) until nothing is in flight in tether or in the engine.
+
+        :param connections_closed: the clients closed every connection: wait too until
+            every handler and connection task has ended.
+        """
         engine, ledger = self.engine, self.ledger
 
         def quiet() -> bool:
@@ -155,7 +158,7 @@ class Server:
                 ledger.in_flight == 0
                 and stats.running == 0
                 and stats.waiting == 0
-                and len(asyncio.all_tasks()) <= self.tasks
+                and (not connections_closed or len(asyncio.all_tasks()) <= self.tasks)
             )
 
         await eventually(quiet)

@@ -92,7 +92,7 @@ async def test_soak_loses_no_output_and_leaks_no_request(
                 objects = live_objects()
                 tracemalloc.start()
             figures = await round_of(server.url, REQUESTS, concurrency=CONCURRENCY, seed=1)
-            await server.idle()
+            await server.idle(connections_closed=True)
             ledger = server.ledger
             problems = figures.errors + ledger.problems() + reconcile(figures, ledger)
             assert not problems, f"{len(problems)} problems, first ones:\n" + "\n".join(
