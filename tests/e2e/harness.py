@@ -18,11 +18,13 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Final
 
 import aiohttp_app
 import api
+import pytest
 import starlette_app
 import uvicorn
 from aiohttp import web
@@ -162,6 +164,14 @@ class Server:
             )
 
         await eventually(quiet)
+
+
+def report(config: pytest.Config, line: str) -> None:
+    """Print one line of figures on the terminal, past pytest's output capture."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        sys.stdout.write(f"\n{line}\n")
+        sys.stdout.flush()
 
 
 async def eventually(predicate: Callable[[], bool], *, timeout: float = BOUND) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import sys
 import time
 import tracemalloc
 from typing import Final
@@ -30,7 +29,7 @@ import pytest
 import tether
 from tether._state import RequestState
 
-from .harness import SERVERS, eventually, running, service
+from .harness import SERVERS, eventually, report, running, service
 from .soak import Figures, reconcile, round_of
 
 REQUESTS: Final = int(os.environ.get("TETHER_SOAK_REQUESTS", "1000"))
@@ -78,47 +77,55 @@ def heap_growth(snapshot: tracemalloc.Snapshot) -> int:
 
 @pytest.mark.parametrize("name", SERVERS)
 async def test_soak_loses_no_output_and_leaks_no_request(
-    name: str, capsys: pytest.CaptureFixture[str]
+    name: str, request: pytest.FixtureRequest
 ) -> None:
     svc = service(fail_fraction=FAIL_FRACTION, seed=7)
     totals = Figures()
     growth = objects = 0
     aborts = 0
     started = time.monotonic()
+    leaks = lost = 0
     async with running(name, svc) as server:
-        for number in range(1, ROUNDS + 1):
-            measured = number == ROUNDS and ROUNDS > 1
-            if measured:
-                objects = live_objects()
-                tracemalloc.start()
-            figures = await round_of(server.url, REQUESTS, concurrency=CONCURRENCY, seed=1)
-            await server.idle(connections_closed=True)
-            ledger = server.ledger
-            problems = figures.errors + ledger.problems() + reconcile(figures, ledger)
-            assert not problems, f"{len(problems)} problems, first ones:\n" + "\n".join(
-                problems[:20]
-            )
-            aborts += sum(ledger.aborts.values())
-            totals.add(figures)
-            ledger.forget()
-            del figures, ledger
-            if measured:
-                objects = await no_more_live_objects_than(objects) - objects
-                growth = heap_growth(tracemalloc.take_snapshot())
-                tracemalloc.stop()
+        try:
+            for number in range(1, ROUNDS + 1):
+                measured = number == ROUNDS and ROUNDS > 1
+                if measured:
+                    objects = live_objects()
+                    tracemalloc.start()
+                figures = await round_of(server.url, REQUESTS, concurrency=CONCURRENCY, seed=1)
+                await server.idle(connections_closed=True)
+                ledger = server.ledger
+                problems = figures.errors + ledger.problems() + reconcile(figures, ledger)
+                leaks += ledger.in_flight
+                lost += len(figures.errors)
+                assert not problems, f"{len(problems)} problems, first ones:\n" + "\n".join(
+                    problems[:20]
+                )
+                aborts += sum(ledger.aborts.values())
+                totals.add(figures)
+                ledger.forget()
+                del figures, ledger
+                if measured:
+                    objects = await no_more_live_objects_than(objects) - objects
+                    growth = heap_growth(tracemalloc.take_snapshot())
+        finally:
+            tracemalloc.stop()
     stats = svc.registry.stats()
     seconds = time.monotonic() - started
-    with capsys.disabled():
-        sys.stdout.write(
-            f"\nsoak[{name}]: {ROUNDS}x{REQUESTS} requests ({totals.sub_requests} sub-requests) "
+    report(
+        request.config,
+        (
+            f"soak[{name}]: {ROUNDS}x{REQUESTS} requests ({totals.sub_requests} sub-requests) "
             f"in {seconds:.1f}s at concurrency {CONCURRENCY}: completed {totals.completed}, "
             f"disconnected {totals.disconnected}, deadline 504 {totals.deadlines}, "
             f"engine failures {totals.engine_failures}; on_abort calls {aborts} "
             f"(registry aborted {dict(stats.aborted)}); tokens verified {totals.tokens}; "
-            f"statuses {dict(sorted(totals.statuses.items()))}; leaks 0, lost outputs 0; "
+            f"statuses {dict(sorted(totals.statuses.items()))}; "
+            f"leaks {leaks}, lost outputs {lost}; "
             f"heap growth over the last round {growth / 1024:.0f} KiB, "
-            f"live tether objects {objects:+d}\n"
-        )
+            f"live tether objects {objects:+d}"
+        ),
+    )
     assert stats.in_flight == 0
     assert totals.disconnected >= REQUESTS * ROUNDS // 8
     assert totals.deadlines > 0
