@@ -13,8 +13,8 @@ from aiohttp import web
 
 import tether
 import tether_aiohttp
+from tests.stalled import http_get, stalled_client
 
-from ..stalled import http_get, stalled_client
 from .conftest import HOLD, Env, StartServer
 
 BOUND: Final = 10.0

@@ -18,6 +18,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Final
@@ -215,34 +216,46 @@ class _Uvicorn(uvicorn.Server):
 
 @contextlib.asynccontextmanager
 async def running(
-    name: str, svc: api.Service, *, drain_timeout: float = 2.0
+    name: str, svc: api.Service, *, drain_timeout: float = 2.0, send_buffer: int | None = None
 ) -> AsyncIterator[Server]:
     """Serve ``svc`` with the example server ``name`` (one of :data:`SERVERS`).
 
     On exit the registry is closed (requests still open end after ``drain_timeout``)
     and the server stops, as the example servers do on SIGINT.
+
+    :param send_buffer: the kernel send buffer of every accepted connection, in
+        bytes (small, so that a client that reads slowly blocks the server's writes
+        soon); the system's default when ``None``.
     """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if send_buffer is not None:
+        # Accepted connections inherit the listening socket's buffer sizes (Linux).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
     if name == "starlette":
-        manager = _starlette(svc, drain_timeout)
+        manager = _starlette(svc, sock, drain_timeout)
     else:
-        manager = _aiohttp(svc, drain_timeout, cancel=name == "aiohttp-cancel")
-    async with manager as port:
-        yield Server(name, f"http://127.0.0.1:{port}", svc, port, len(asyncio.all_tasks()))
+        manager = _aiohttp(svc, sock, drain_timeout, cancel=name == "aiohttp-cancel")
+    with sock:
+        async with manager:
+            yield Server(name, f"http://127.0.0.1:{port}", svc, port, len(asyncio.all_tasks()))
 
 
 @contextlib.asynccontextmanager
-async def _starlette(svc: api.Service, drain_timeout: float) -> AsyncIterator[int]:
+async def _starlette(
+    svc: api.Service, sock: socket.socket, drain_timeout: float
+) -> AsyncIterator[None]:
     app = starlette_app.create_app(svc, drain_timeout=drain_timeout)
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="on"
-    )
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on")
     server = _Uvicorn(config)
-    task = asyncio.create_task(server.serve(), name="uvicorn")
+    task = asyncio.create_task(server.serve(sockets=[sock]), name="uvicorn")
     try:
         async with asyncio.timeout(BOUND):
             await server.ready.wait()
         assert server.started, "uvicorn did not start"
-        yield server.servers[0].sockets[0].getsockname()[1]
+        yield
     finally:
         # uvicorn waits for open connections before its lifespan shutdown: the drain
         # starts first, as in the example's signal hook (docs/starlette.md).
@@ -255,14 +268,15 @@ async def _starlette(svc: api.Service, drain_timeout: float) -> AsyncIterator[in
 
 
 @contextlib.asynccontextmanager
-async def _aiohttp(svc: api.Service, drain_timeout: float, *, cancel: bool) -> AsyncIterator[int]:
+async def _aiohttp(
+    svc: api.Service, sock: socket.socket, drain_timeout: float, *, cancel: bool
+) -> AsyncIterator[None]:
     app = aiohttp_app.create_app(svc, drain_timeout=drain_timeout)
     runner = web.AppRunner(app, handler_cancellation=cancel, access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        yield runner.addresses[0][1]
+        await web.SockSite(runner, sock).start()
+        yield
     finally:
         async with asyncio.timeout(BOUND + drain_timeout):
             await runner.cleanup()

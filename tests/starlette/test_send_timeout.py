@@ -13,9 +13,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 import tether
+from tests.stalled import http_get, stalled_client
 from tether_starlette import respond
 
-from ..stalled import http_get, stalled_client
 from .conftest import BOUND, HANG, Engine, make_app, serve
 
 SEND_TIMEOUT: Final = 0.3
