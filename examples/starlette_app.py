@@ -80,7 +80,7 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
         response = await respond(request, source, streaming=False)
         if response.status_code != 200:
             return response
-        return JSONResponse(api.completion(generation, json.loads(response.body), cid))
+        return JSONResponse(api.completion(generation, json.loads(bytes(response.body)), cid))
 
     async def metrics(request: Request) -> Response:
         return JSONResponse(service.metrics())
