@@ -103,10 +103,10 @@ class Figures:
     outcomes: dict[str, tuple[Plan, str]] = dataclasses.field(default_factory=dict)
 
     def add(self, other: Figures) -> None:
-        for name in ("requests", "sub_requests", "completed", "disconnected", "deadlines"):
+        """Add ``other``'s counts to these (the outcomes are per round: not kept)."""
+        counts = ("requests", "sub_requests", "completed", "disconnected", "deadlines")
+        for name in (*counts, "engine_failures", "tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.engine_failures += other.engine_failures
-        self.tokens += other.tokens
         self.statuses.update(other.statuses)
         self.errors.extend(other.errors)
 
