@@ -23,7 +23,6 @@ import json
 import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
-from types import FrameType
 
 import api
 import cli
@@ -36,7 +35,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 import tether
-from tether_starlette import TetherMiddleware, respond
+from tether_starlette import TetherMiddleware, lifespan, respond
 
 
 def refuse(exc: api.BadRequest | tether.TetherError) -> JSONResponse:
@@ -96,10 +95,9 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
         return HTMLResponse(page)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def engine_running(app: Starlette) -> AsyncIterator[None]:
         async with service.engine.running(service.registry):
             yield
-            await service.registry.close(drain_timeout=drain_timeout)
 
     return Starlette(
         routes=[
@@ -112,7 +110,8 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
         ],
         middleware=[Middleware(TetherMiddleware, registry=service.registry)],
         exception_handlers={HTTPException: http_error},
-        lifespan=lifespan,
+        # The registry drains inside the engine's lifespan: the engine still runs.
+        lifespan=lifespan(service.registry, drain_timeout=drain_timeout, inner=engine_running),
     )
 
 
@@ -120,41 +119,29 @@ class Server(uvicorn.Server):
     """uvicorn's server, announcing its URL once listening and draining tether on exit.
 
     uvicorn waits for open connections *before* the lifespan shutdown runs, so open
-    streams would hold the exit until they finish: the first exit signal starts
-    ``registry.close()`` instead, which ends them (after ``drain_timeout``).
+    streams would hold the exit until they finish: the drain starts as soon as
+    shutdown begins instead (``docs/starlette.md``), and ends them after
+    ``drain_timeout``.
     """
 
-    def __init__(self, config: uvicorn.Config, service: api.Service, options: cli.Options):
+    def __init__(
+        self, config: uvicorn.Config, registry: tether.Registry, drain_timeout: float
+    ) -> None:
         super().__init__(config)
-        self.service = service
-        self.options = options
-        self.port = 0
-        self.drain: asyncio.Task[None] | None = None
+        self.registry = registry
+        self.drain_timeout = drain_timeout
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
-        if self.started:
-            cli.announce("starlette", self.port)
+        if self.started and sockets:
+            cli.announce("starlette", sockets[0].getsockname()[1])
 
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self.drain is None:
-            loop = asyncio.get_running_loop()
-            loop.call_soon_threadsafe(self._start_drain, loop)
-        super().handle_exit(sig, frame)
-
-    def _start_drain(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self.drain is None:
-            close = self.service.registry.close(drain_timeout=self.options.drain_timeout)
-            self.drain = loop.create_task(close)
-
-    async def run_until_exit(self, sock: socket.socket) -> None:
-        """Serve on ``sock`` until a signal, then wait for the drain it started."""
-        self.port = sock.getsockname()[1]
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        drain = asyncio.create_task(self.registry.close(drain_timeout=self.drain_timeout))
         try:
-            await self.serve(sockets=[sock])
+            await super().shutdown(sockets)
         finally:
-            if self.drain is not None:
-                await self.drain
+            await drain
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -166,8 +153,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((cli.HOST, options.port))
-    server = Server(config, service, options)
-    asyncio.run(server.run_until_exit(sock))
+    Server(config, service.registry, options.drain_timeout).run(sockets=[sock])
 
 
 if __name__ == "__main__":

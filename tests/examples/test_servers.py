@@ -119,10 +119,13 @@ async def test_a_live_request_id_cannot_be_reused(http: httpx.AsyncClient) -> No
     body = {"text": "long", "max_tokens": 2000, "stream": True, "rid": "mine"}
     async with http.stream("POST", "/generate", json=body) as response:
         assert response.status_code == 200
-        await anext(response.aiter_lines())
+        # Keep the iterator: dropping it part-way would close the connection.
+        lines = response.aiter_lines()
+        await anext(lines)
         again = await http.post("/generate", json={"text": "x", "rid": "mine"})
         assert again.status_code == 409
         assert "mine" in again.json()["error"]["message"]
+        await lines.aclose()
     await eventually_idle(http)
 
 
@@ -144,7 +147,9 @@ async def test_client_disconnect_aborts_the_work(http: httpx.AsyncClient, stream
     body = {"text": ["a", "b"], "max_tokens": 3000, "stream": stream}
     if stream:
         async with http.stream("POST", "/generate", json=body) as response:
-            await anext(response.aiter_lines())
+            lines = response.aiter_lines()
+            await anext(lines)
+            await lines.aclose()  # and leaving the block closes the connection mid-stream
     else:
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.2):
