@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import api
 import cli
-from aiohttp import hdrs, web
+from aiohttp import web
 from aiohttp.typedefs import Handler
 
 import tether
@@ -44,16 +44,15 @@ def refuse(exc: api.BadRequest | tether.TetherError) -> web.Response:
 
 @web.middleware
 async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """aiohttp's own refusals (unknown route 404, method 405) in the API's JSON shape."""
+    """aiohttp's own errors (unknown route, wrong method) in the same JSON shape."""
     try:
         return await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        response = refuse(api.BadRequest(exc.status, exc.reason))
-        if hdrs.ALLOW in exc.headers:
-            response.headers[hdrs.ALLOW] = exc.headers[hdrs.ALLOW]
-        return response
+        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        refusal = api.http_error(exc.status, exc.reason, headers=allow)
+        return web.json_response(refusal.body, status=refusal.status, headers=refusal.headers)
 
 
 async def generate(request: web.Request) -> web.StreamResponse:

@@ -43,6 +43,7 @@ __all__ = [
     "Service",
     "completion",
     "completion_id",
+    "http_error",
     "page",
     "parse_completions",
     "parse_generate",
@@ -246,9 +247,17 @@ def rejection(exc: BadRequest | tether.TetherError) -> tether.ErrorResponse:
     ``tether.error_response``.
     """
     if isinstance(exc, BadRequest):
-        body = {"error": {"message": exc.message, "type": "BadRequest", "code": exc.status}}
-        return tether.ErrorResponse(exc.status, body, {})
+        return http_error(exc.status, exc.message, kind="BadRequest")
     return tether.error_response(exc)
+
+
+def http_error(
+    status: int, message: str, *, kind: str = "HTTPError", headers: dict[str, str] | None = None
+) -> tether.ErrorResponse:
+    """An error in tether's JSON shape, for the framework's own errors too (404, 405):
+    every error a client of the example servers gets is ``{"error": {...}}``."""
+    body = {"error": {"message": message, "type": kind, "code": status}}
+    return tether.ErrorResponse(status, body, headers or {})
 
 
 REFUSALS: Final = (BadRequest, tether.TetherError)

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 import tether
-from tether_starlette import TetherMiddleware, respond
+from tether_starlette import TetherMiddleware, lifespan, respond
 
 engine = Engine()
 registry = tether.Registry(on_abort=engine.abort, merge=merge_outputs)
@@ -30,7 +30,7 @@ async def generate(request: Request) -> Response:
 
 
 @contextlib.asynccontextmanager
-async def lifespan(app: Starlette) -> AsyncIterator[None]:
+async def engine_running(app: Starlette) -> AsyncIterator[None]:
     async with engine.running(registry):
         yield
 
@@ -38,7 +38,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
 app = Starlette(
     routes=[Route("/generate", generate, methods=["POST"])],
     middleware=[Middleware(TetherMiddleware, registry=registry)],
-    lifespan=lifespan,
+    lifespan=lifespan(registry, inner=engine_running),  # drains tether, then stops the engine
 )
 
 if __name__ == "__main__":

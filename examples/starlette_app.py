@@ -40,16 +40,18 @@ from tether_starlette import TetherMiddleware, lifespan, respond
 
 def refuse(exc: api.BadRequest | tether.TetherError) -> JSONResponse:
     """The JSON error response for a request refused before anything was registered."""
-    refusal = api.rejection(exc)
+    return refuse_with(api.rejection(exc))
+
+
+def refuse_with(refusal: tether.ErrorResponse) -> JSONResponse:
     return JSONResponse(refusal.body, refusal.status, headers=refusal.headers)
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
-    """Starlette's own refusals (unknown route 404, method 405) in the API's JSON shape."""
-    assert isinstance(exc, HTTPException)  # registered for HTTPException only
-    response = refuse(api.BadRequest(exc.status_code, exc.detail))
-    response.headers.update(exc.headers or {})
-    return response
+    """Starlette's own errors (unknown route, wrong method) in the same JSON shape."""
+    if not isinstance(exc, HTTPException):
+        raise exc
+    return refuse_with(api.http_error(exc.status_code, exc.detail, headers=dict(exc.headers or {})))
 
 
 def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette:

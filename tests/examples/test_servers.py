@@ -115,6 +115,18 @@ async def test_bad_requests_get_a_json_error_and_register_nothing(
     assert (after["opened"], after["in_flight"]) == (before, 0)
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [("GET", "/nowhere", 404), ("GET", "/generate", 405), ("DELETE", "/metrics", 405)],
+)
+async def test_unknown_routes_and_methods_get_a_json_error(
+    http: httpx.AsyncClient, method: str, path: str, status: int
+) -> None:
+    response = await http.request(method, path)
+    assert response.status_code == status
+    assert response.json()["error"]["code"] == status
+
+
 async def test_a_live_request_id_cannot_be_reused(http: httpx.AsyncClient) -> None:
     body = {"text": "long", "max_tokens": 2000, "stream": True, "rid": "mine"}
     async with http.stream("POST", "/generate", json=body) as response:
