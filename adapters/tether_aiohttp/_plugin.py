@@ -104,10 +104,16 @@ class _Watcher:
                 wakeup.clear()
                 await wakeup.wait()
             await asyncio.sleep(interval)
-            gone = [scope for scope, transport in active.items() if transport.is_closing()]
-            for scope in gone:
-                del active[scope]
-                scope.disconnect()
+            self._sweep()
+
+    def _sweep(self) -> None:
+        # A function of its own: its locals (the scopes found) die when it returns,
+        # instead of staying alive in the watcher's frame until the next check.
+        active = self._active
+        gone = [scope for scope, transport in active.items() if transport.is_closing()]
+        for scope in gone:
+            del active[scope]
+            scope.disconnect()
 
 
 def setup(

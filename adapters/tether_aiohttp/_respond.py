@@ -5,13 +5,20 @@ event and the terminal frame after the start) is :class:`tether.Exchange`'s; thi
 module only moves its bytes, one ``write()`` per chunk (a chunk already holds every
 output that was ready). A write that fails means the client left: the request's
 scope is told, and the response ends quietly, since nobody reads an error event.
+
+A client that stops reading without closing its connection blocks ``write()``
+(flow control). Each write of a stream is bounded by the exchange's
+``send_timeout``; past it the client counts as gone: the scope is told (the work
+is aborted and freed) and the connection is dropped at once, so that aiohttp
+does not wait on it again when it finishes the response. A plain JSON answer is
+written by aiohttp after its request finished, so nothing waits on it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Final
 
 from aiohttp import hdrs, web
@@ -37,6 +44,7 @@ async def respond(
     encoder: tether.Encoder | type[tether.Encoder] | None = None,
     ping_interval: float = 15.0,
     headers: Mapping[str, str] | None = None,
+    send_timeout: float | None = tether.DEFAULT_SEND_TIMEOUT,
 ) -> web.StreamResponse:
     """Answer ``request`` from ``source`` and close ``source`` when the response ends.
 
@@ -53,13 +61,20 @@ async def respond(
     :param encoder: the streaming framing (an :class:`tether.Encoder` or its class).
     :param ping_interval: seconds of silence after which a keep-alive is sent.
     :param headers: extra response headers; they take precedence over tether's.
+    :param send_timeout: seconds one write of a stream may wait for a client that
+        stopped reading before the request is aborted as if the client had left and
+        its connection dropped; ``None`` waits for ever.
     :raises RuntimeError: ``tether_aiohttp.setup(app, ...)`` was not called.
     :raises TypeError: ``source`` is not a tether Stream or Batch.
-    :raises ValueError: ``ping_interval`` is not positive.
+    :raises ValueError: ``ping_interval`` or ``send_timeout`` is not positive.
     """
     try:
         exchange = tether.Exchange(
-            source, streaming=streaming, encoder=encoder, ping_interval=ping_interval
+            source,
+            streaming=streaming,
+            encoder=encoder,
+            ping_interval=ping_interval,
+            send_timeout=send_timeout,
         )
     except ValueError:
         await source.aclose()
@@ -82,16 +97,40 @@ async def _send(
     if not head.more:
         return web.Response(status=head.status, body=head.body, headers=headers)
     response = web.StreamResponse(status=head.status, headers=headers)
+    limit = exchange.send_timeout
     try:
-        await response.prepare(request)
+        await _within(limit, response.prepare(request))
         chunk: bytes | None = head.body
         while chunk is not None:
-            await response.write(chunk)
+            await _within(limit, response.write(chunk))
             chunk = await exchange.next_chunk()
-        await response.write_eof()
+        await _within(limit, response.write_eof())
     except ConnectionError:  # aiohttp's ClientConnectionResetError among them
         scope.disconnect()
+    except _Stalled:
+        logger.warning(
+            "%r: the client read nothing for %gs; the request is aborted", exchange.source, limit
+        )
+        scope.disconnect()
+        transport = request.transport
+        if transport is not None:
+            transport.abort()
     return response
+
+
+class _Stalled(Exception):
+    """A write waited longer than the send timeout: the client stopped reading."""
+
+
+async def _within(limit: float | None, write: Awaitable[object]) -> None:
+    deadline = asyncio.timeout(limit)
+    try:
+        async with deadline:
+            await write
+    except TimeoutError:
+        if deadline.expired():
+            raise _Stalled from None
+        raise
 
 
 def _headers(base: Mapping[str, str], extra: Mapping[str, str] | None) -> CIMultiDict[str]:

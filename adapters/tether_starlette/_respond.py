@@ -8,6 +8,15 @@ becomes a plain :class:`~starlette.responses.Response`, a stream becomes an
 ``http.response.body`` message. Whatever happens (the end, an error, a client
 disconnect, the task being cancelled) the source is closed explicitly with a
 bounded wait: nothing is left to a generator's finaliser.
+
+A client that stops reading without closing its connection blocks the server's
+writes (flow control). Each ``send`` of a stream is bounded by the exchange's
+``send_timeout``; past it the client counts as gone: the request's scope is
+disconnected (the work is aborted and freed) and the response ends unfinished,
+which makes uvicorn close the connection. (ASGI gives the app no way to drop the
+connection at once: uvicorn's close still waits for the peer to take the bytes
+already queued, or to go.) A plain JSON answer is one ``send`` issued after its
+request finished, so nothing waits on it.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from typing import Final
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 import tether
 
@@ -47,6 +56,7 @@ async def respond(
     encoder: tether.Encoder | type[tether.Encoder] | None = None,
     ping_interval: float = 15.0,
     headers: Mapping[str, str] | None = None,
+    send_timeout: float | None = tether.DEFAULT_SEND_TIMEOUT,
 ) -> Response:
     """Answer ``request`` with ``source``: one JSON body, or a stream of events.
 
@@ -62,10 +72,18 @@ async def respond(
         :class:`tether.NDJSON`, a class or an instance.
     :param ping_interval: seconds of silence after which the stream sends a keep-alive.
     :param headers: extra response headers.
+    :param send_timeout: seconds one write of a stream may wait for a client that
+        stopped reading before the request is aborted as if the client had left;
+        ``None`` waits for ever.
     :raises RuntimeError: :class:`TetherMiddleware` is not installed (``source`` is closed).
+    :raises ValueError: ``ping_interval`` or ``send_timeout`` is not positive.
     """
     exchange = tether.Exchange(
-        source, streaming=streaming, encoder=encoder, ping_interval=ping_interval
+        source,
+        streaming=streaming,
+        encoder=encoder,
+        ping_interval=ping_interval,
+        send_timeout=send_timeout,
     )
     try:
         # The same lookup registry.open() makes to adopt the stream: when it finds the
@@ -114,17 +132,13 @@ class ExchangeResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = self.exchange
         try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": self.status_code,
-                    "headers": self.raw_headers,
-                },
-            )
+            start = {"type": "http.response.start", "status": self.status_code}
+            if not await self._send(send, {**start, "headers": self.raw_headers}):
+                return
             body, more = self._first, self._more
             while True:
-                await send({"type": "http.response.body", "body": body, "more_body": more})
-                if not more:
+                message = {"type": "http.response.body", "body": body, "more_body": more}
+                if not await self._send(send, message) or not more:
                     break
                 chunk = await exchange.next_chunk()
                 body, more = chunk or b"", chunk is not None and not exchange.done
@@ -132,3 +146,25 @@ class ExchangeResponse(Response):
             await _close(exchange)
         if self.background is not None:
             await self.background()
+
+    async def _send(self, send: Send, message: Message) -> bool:
+        """Send ``message`` within the send timeout; ``False`` if the client stopped
+        reading, after telling the request's scope that the client is gone."""
+        limit = self.exchange.send_timeout
+        deadline = asyncio.timeout(limit)
+        try:
+            async with deadline:
+                await send(message)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            logger.warning(
+                "%r: the client read nothing for %gs; the request is aborted",
+                self.exchange.source,
+                limit,
+            )
+            request_scope = tether.RequestScope.current()
+            if request_scope is not None:
+                request_scope.disconnect()
+            return False
+        return True

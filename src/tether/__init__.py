@@ -22,7 +22,15 @@ from ._errors import (
     TetherError,
     UnknownRequest,
 )
-from ._http import CLIENT_CLOSED_REQUEST, ErrorResponse, Exchange, Head, error_body, error_response
+from ._http import (
+    CLIENT_CLOSED_REQUEST,
+    DEFAULT_SEND_TIMEOUT,
+    ErrorResponse,
+    Exchange,
+    Head,
+    error_body,
+    error_response,
+)
 from ._registry import Registry
 from ._scope import RequestScope
 from ._stats import RegistryStats, Summary
@@ -32,6 +40,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CLIENT_CLOSED_REQUEST",
+    "DEFAULT_SEND_TIMEOUT",
     "NDJSON",
     "SSE",
     "AbortReason",

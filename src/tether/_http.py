@@ -35,6 +35,7 @@ from ._stream import Batch, Stream
 
 __all__ = [
     "CLIENT_CLOSED_REQUEST",
+    "DEFAULT_SEND_TIMEOUT",
     "ErrorResponse",
     "Exchange",
     "Head",
@@ -44,6 +45,9 @@ __all__ = [
 
 CLIENT_CLOSED_REQUEST: Final = 499
 """The status logged for a request whose client left (nobody reads it)."""
+
+DEFAULT_SEND_TIMEOUT: Final = 30.0
+"""Seconds one write may wait for a client that stopped reading (see :class:`Exchange`)."""
 
 JSON_HEADERS: Final = {"content-type": "application/json"}
 
@@ -144,9 +148,14 @@ class Exchange:
     :param streaming: stream every output (``True``) or answer with one JSON body.
     :param encoder: the streaming framing; :class:`~tether.SSE` by default.
     :param ping_interval: seconds of silence after which a keep-alive is sent.
+    :param send_timeout: seconds one write of the response may wait for a client
+        that stopped reading (the server's writes blocked by flow control); past it,
+        the adapter treats the client as gone: the request is aborted and freed, the
+        connection closed where the framework allows. ``None`` waits for ever.
+    :raises ValueError: a non-positive ``ping_interval`` or ``send_timeout``.
     """
 
-    __slots__ = ("_done", "encoder", "ping_interval", "source", "streaming")
+    __slots__ = ("_done", "encoder", "ping_interval", "send_timeout", "source", "streaming")
 
     def __init__(
         self,
@@ -155,11 +164,14 @@ class Exchange:
         streaming: bool,
         encoder: Encoder | type[Encoder] | None = None,
         ping_interval: float = 15.0,
+        send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
     ) -> None:
         if not isinstance(source, Stream | Batch):
             raise TypeError(f"expected a tether Stream or Batch, got {type(source).__name__}")
         if not ping_interval > 0:
             raise ValueError(f"ping_interval must be positive, got {ping_interval}")
+        if send_timeout is not None and not send_timeout > 0:
+            raise ValueError(f"send_timeout must be positive or None, got {send_timeout}")
         if encoder is None:
             encoder = SSE()
         elif isinstance(encoder, type):
@@ -168,6 +180,7 @@ class Exchange:
         self.streaming = streaming
         self.encoder: Encoder = encoder
         self.ping_interval = ping_interval
+        self.send_timeout = send_timeout
         self._done = False
 
     @property
