@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Mapping
-from typing import Final
 
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
@@ -31,9 +30,6 @@ from ._plugin import request_scope
 __all__ = ["respond"]
 
 logger = logging.getLogger("tether.aiohttp")
-
-CLOSE_TIMEOUT: Final = 5.0
-"""Bound, in seconds, on closing the source when the response ends."""
 
 
 async def respond(
@@ -82,7 +78,7 @@ async def respond(
     try:
         return await _send(request, exchange, headers)
     finally:
-        await _close(exchange)
+        await exchange.aclose()
 
 
 async def _send(
@@ -138,11 +134,3 @@ def _headers(base: Mapping[str, str], extra: Mapping[str, str] | None) -> CIMult
     if extra:
         merged.update(extra)
     return merged
-
-
-async def _close(exchange: tether.Exchange) -> None:
-    try:
-        async with asyncio.timeout(CLOSE_TIMEOUT):
-            await exchange.aclose()
-    except TimeoutError:
-        logger.error("closing %r took longer than %gs; abandoned", exchange.source, CLOSE_TIMEOUT)

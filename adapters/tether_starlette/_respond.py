@@ -7,7 +7,8 @@ becomes a plain :class:`~starlette.responses.Response`, a stream becomes an
 :class:`ExchangeResponse` that sends every chunk the exchange gives in one
 ``http.response.body`` message. Whatever happens (the end, an error, a client
 disconnect, the task being cancelled) the source is closed explicitly with a
-bounded wait: nothing is left to a generator's finaliser.
+wait that cannot block (``Exchange.aclose``): nothing is left to a generator's
+finaliser.
 
 A client that stops reading without closing its connection blocks the server's
 writes (flow control). Each ``send`` of a stream is bounded by the exchange's
@@ -24,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from typing import Final
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -35,17 +35,6 @@ import tether
 __all__ = ["ExchangeResponse", "respond"]
 
 logger = logging.getLogger("tether")
-
-CLOSE_TIMEOUT: Final = 5.0
-"""Seconds closing a source may take before the response gives up on it."""
-
-
-async def _close(exchange: tether.Exchange) -> None:
-    try:
-        async with asyncio.timeout(CLOSE_TIMEOUT):
-            await exchange.aclose()
-    except TimeoutError:
-        logger.error("closing %r took over %gs; abandoned", exchange.source, CLOSE_TIMEOUT)
 
 
 async def respond(
@@ -97,12 +86,12 @@ async def respond(
         head_only = request.method == "HEAD"
         head = await (exchange.start_head_only() if head_only else exchange.start())
     except BaseException:
-        await _close(exchange)
+        await exchange.aclose()
         raise
     extra = {name.lower(): value for name, value in (headers or {}).items()}
     if head.more or head_only:  # (HEAD: a plain Response would say Content-Length: 0)
         return ExchangeResponse(exchange, head, extra)
-    await _close(exchange)
+    await exchange.aclose()
     return Response(head.body, head.status, headers={**head.headers, **extra})
 
 
@@ -143,7 +132,7 @@ class ExchangeResponse(Response):
                 chunk = await exchange.next_chunk()
                 body, more = chunk or b"", chunk is not None and not exchange.done
         finally:
-            await _close(exchange)
+            await exchange.aclose()
         if self.background is not None:
             await self.background()
 

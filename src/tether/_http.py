@@ -276,6 +276,11 @@ class Exchange:
         return self._encode(items)
 
     async def aclose(self) -> None:
-        """End the response: whatever is unfinished is aborted and freed (idempotent)."""
+        """End the response: whatever is unfinished is aborted and freed (idempotent).
+
+        It never waits: the source is freed synchronously and an asynchronous
+        ``on_abort`` runs as a task the registry owns and bounds. So adapters call it
+        in a ``finally`` even while their task is being cancelled.
+        """
         self._done = True
         await self.source.aclose()
