@@ -29,6 +29,7 @@ import collections
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import random
 import time
 from collections.abc import AsyncIterator
@@ -46,6 +47,8 @@ __all__ = [
     "output",
     "token_at",
 ]
+
+logger = logging.getLogger("tether.examples.engine")
 
 VOCAB = (
     "amber", "bridge", "cedar", "delta", "ember", "fjord", "glade", "harbor",
@@ -267,7 +270,13 @@ class Engine:
                 self._wakeup.clear()
                 await self._wakeup.wait()
             await asyncio.sleep(self.step_interval)
-            self.step()
+            try:
+                self.step()
+            except Exception as exc:
+                # A real engine's step can raise anything; the loop must not die
+                # silently with requests waiting: fail them all and refuse new ones.
+                logger.exception("engine step failed; failing every request in flight")
+                self._fail_everything(self._require_registry(), exc)
 
     def step(self) -> None:
         """One step: free aborted slots, admit waiting requests, emit one token each."""

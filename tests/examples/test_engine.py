@@ -213,3 +213,31 @@ async def test_leaving_the_running_block_stops_the_scheduler() -> None:
         tasks = {task.get_name() for task in asyncio.all_tasks()}
         assert "engine-scheduler" in tasks
     assert "engine-scheduler" not in {task.get_name() for task in asyncio.all_tasks()}
+
+
+class _BrokenStep(Engine):
+    """An engine whose step raises an unexpected error, as a buggy real one might."""
+
+    def step(self) -> None:
+        raise RuntimeError("unexpected bug in the step")
+
+
+async def test_an_unexpected_step_error_fails_every_request_instead_of_killing_the_loop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = _BrokenStep(max_batch=2, step_interval=0.001)
+    registry = tether.Registry(on_abort=engine.abort, merge=merge_outputs)
+    async with engine.running(registry):
+        stream = registry.open()
+        engine.submit(stream.rid, "hello", 5)
+        async with asyncio.timeout(10):
+            with pytest.raises(tether.ProducerError) as caught:
+                await stream.result()
+        assert isinstance(caught.value.__cause__, RuntimeError)
+        assert engine.crashed
+        late = registry.open()
+        engine.submit(late.rid, "again", 3)
+        with pytest.raises(tether.ProducerError):
+            await late.result()
+    assert registry.in_flight == 0
+    assert "engine step failed" in caplog.text
