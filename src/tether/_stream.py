@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
 
 from ._errors import Aborted, AbortReason
-from ._state import NOTHING, Group, RequestState, wake
+from ._state import NOTHING, Group, RequestState
 
 if TYPE_CHECKING:
     from ._registry import Registry
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 __all__ = ["Batch", "Consumer", "Stream"]
 
 _EMPTY: Final[list[Any]] = []
+_CLOCK_SLACK: Final = 1e-3
+"""An idle timer that fires this close to its deadline counts as on time."""
 
 
 def _fold(merge: Merge | None, acc: Any, output: Any) -> Any:
@@ -39,7 +41,16 @@ def _fold(merge: Merge | None, acc: Any, output: Any) -> Any:
 class Consumer:
     """What :class:`Stream` and :class:`Batch` share: closing, cancelling, waiting."""
 
-    __slots__ = ("__weakref__", "_buf", "_closed", "_pos", "_registry", "_states")
+    __slots__ = (
+        "__weakref__",
+        "_buf",
+        "_closed",
+        "_deadline",
+        "_idle_timer",
+        "_pos",
+        "_registry",
+        "_states",
+    )
 
     def __init__(self, registry: Registry, states: Sequence[RequestState]) -> None:
         self._registry = registry
@@ -47,6 +58,9 @@ class Consumer:
         self._buf: list[Any] = _EMPTY
         self._pos = 0
         self._closed = False
+        # The idle timer of timed waits (next_ready(timeout=...)), see _wait().
+        self._deadline: float | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
 
     @property
     def finished(self) -> bool:
@@ -62,14 +76,18 @@ class Consumer:
         :returns: whether anything was still in flight.
         """
         states = self._states
-        error = Aborted(states[0].rid, reason)
-        return self._registry._abort_states(states, error, defer=False)
+        for state in states:
+            if state.live:
+                error = Aborted(states[0].rid, reason)
+                return self._registry._abort_states(states, error, defer=False)
+        return False  # the common case at the end of every response: nothing to build
 
     async def aclose(self) -> None:
         """Close the consumer: unfinished requests are freed and ``on_abort`` is
         called for each, exactly once. Idempotent; later reads end the iteration."""
         self._closed = True
         self._buf = _EMPTY
+        self._stop_idle_timer()
         self.cancel(AbortReason.CANCELLED)
 
     async def __aenter__(self) -> Self:
@@ -115,7 +133,15 @@ class Consumer:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         holder.waiter = waiter
-        handle = None if timeout is None else loop.call_later(timeout, wake, waiter)
+        if timeout is None:
+            self._deadline = None
+        else:
+            # One idle timer per consumer, re-armed only when it fires before the
+            # current deadline: a stream that gets an output every millisecond must
+            # not build, heap-push and cancel a TimerHandle for every output.
+            self._deadline = deadline = loop.time() + timeout
+            if self._idle_timer is None:
+                self._idle_timer = loop.call_at(deadline, self._on_idle, holder)
         try:
             await waiter
         except asyncio.CancelledError:
@@ -123,9 +149,24 @@ class Consumer:
                 holder.waiter = None
             self.cancel(AbortReason.CANCELLED)
             raise
-        finally:
-            if handle is not None:
-                handle.cancel()
+
+    def _on_idle(self, holder: RequestState | Group) -> None:
+        self._idle_timer = None
+        deadline, waiter = self._deadline, holder.waiter
+        if deadline is None or waiter is None or waiter.done():
+            return  # no timed wait now: the next one arms the timer again
+        loop = waiter.get_loop()
+        if loop.time() + _CLOCK_SLACK >= deadline:
+            holder.waiter = None
+            waiter.set_result(None)
+        else:
+            self._idle_timer = loop.call_at(deadline, self._on_idle, holder)
+
+    def _stop_idle_timer(self) -> None:
+        timer = self._idle_timer
+        if timer is not None:
+            self._idle_timer = None
+            timer.cancel()
 
 
 class Stream(Consumer):
@@ -203,9 +244,10 @@ class Stream(Consumer):
                 return pending
             if rest:
                 return rest
-            if state.error is not None:
-                raise state.error.with_traceback(None)
-            if not state.live:
+            if state.error is not None or not state.live:
+                self._stop_idle_timer()
+                if state.error is not None:
+                    raise state.error.with_traceback(None)
                 return None
             if waited:
                 return []
@@ -353,9 +395,10 @@ class Batch(Consumer):
                 return pending
             if rest:
                 return rest
-            if group.error is not None:
-                raise group.error.with_traceback(None)
-            if group.remaining == 0:
+            if group.error is not None or group.remaining == 0:
+                self._stop_idle_timer()
+                if group.error is not None:
+                    raise group.error.with_traceback(None)
                 return None
             if waited:
                 return []
