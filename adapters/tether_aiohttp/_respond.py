@@ -16,9 +16,8 @@ written by aiohttp after its request finished, so nothing waits on it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
@@ -93,40 +92,33 @@ async def _send(
     if not head.more:
         return web.Response(status=head.status, body=head.body, headers=headers)
     response = web.StreamResponse(status=head.status, headers=headers)
-    limit = exchange.send_timeout
     try:
-        await _within(limit, response.prepare(request))
-        chunk: bytes | None = head.body
-        while chunk is not None:
-            await _within(limit, response.write(chunk))
-            chunk = await exchange.next_chunk()
-        await _within(limit, response.write_eof())
+        if await _write_stream(request, response, exchange, head.body):
+            return response
     except ConnectionError:  # aiohttp's ClientConnectionResetError among them
         scope.disconnect()
-    except _Stalled:
-        logger.warning(
-            "%r: the client read nothing for %gs; the request is aborted", exchange.source, limit
-        )
-        scope.disconnect()
-        transport = request.transport
-        if transport is not None:
-            transport.abort()
+        return response
+    # The client stopped reading (the exchange told the scope): drop the connection
+    # so that aiohttp does not wait on it again when it finishes the response.
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
     return response
 
 
-class _Stalled(Exception):
-    """A write waited longer than the send timeout: the client stopped reading."""
-
-
-async def _within(limit: float | None, write: Awaitable[object]) -> None:
-    deadline = asyncio.timeout(limit)
-    try:
-        async with deadline:
-            await write
-    except TimeoutError:
-        if deadline.expired():
-            raise _Stalled from None
-        raise
+async def _write_stream(
+    request: web.Request, response: web.StreamResponse, exchange: tether.Exchange, first: bytes
+) -> bool:
+    """Write the whole stream, each write bounded; ``False`` if the client stalled."""
+    bounded = exchange.bounded
+    if not await bounded(response.prepare(request)):
+        return False
+    chunk: bytes | None = first
+    while chunk is not None:
+        if not await bounded(response.write(chunk)):
+            return False
+        chunk = await exchange.next_chunk()
+    return await bounded(response.write_eof())
 
 
 def _headers(base: Mapping[str, str], extra: Mapping[str, str] | None) -> CIMultiDict[str]:

@@ -22,13 +22,12 @@ request finished, so nothing waits on it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 import tether
 
@@ -122,12 +121,12 @@ class ExchangeResponse(Response):
         exchange = self.exchange
         try:
             start = {"type": "http.response.start", "status": self.status_code}
-            if not await self._send(send, {**start, "headers": self.raw_headers}):
+            if not await exchange.bounded(send({**start, "headers": self.raw_headers})):
                 return
             body, more = self._first, self._more
             while True:
                 message = {"type": "http.response.body", "body": body, "more_body": more}
-                if not await self._send(send, message) or not more:
+                if not await exchange.bounded(send(message)) or not more:
                     break
                 chunk = await exchange.next_chunk()
                 body, more = chunk or b"", chunk is not None and not exchange.done
@@ -135,25 +134,3 @@ class ExchangeResponse(Response):
             await exchange.aclose()
         if self.background is not None:
             await self.background()
-
-    async def _send(self, send: Send, message: Message) -> bool:
-        """Send ``message`` within the send timeout; ``False`` if the client stopped
-        reading, after telling the request's scope that the client is gone."""
-        limit = self.exchange.send_timeout
-        deadline = asyncio.timeout(limit)
-        try:
-            async with deadline:
-                await send(message)
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-            logger.warning(
-                "%r: the client read nothing for %gs; the request is aborted",
-                self.exchange.source,
-                limit,
-            )
-            request_scope = tether.RequestScope.current()
-            if request_scope is not None:
-                request_scope.disconnect()
-            return False
-        return True

@@ -15,7 +15,9 @@ when the client is gone.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+from collections.abc import Awaitable
 from typing import Any, Final
 
 from ._encoders import SSE, Encoder, default_dumps
@@ -31,6 +33,8 @@ from ._errors import (
     TetherError,
     UnknownRequest,
 )
+from ._guard import SendGuard
+from ._scope import current_scope
 from ._stream import Batch, Stream
 
 __all__ = [
@@ -42,6 +46,8 @@ __all__ = [
     "error_body",
     "error_response",
 ]
+
+logger = logging.getLogger("tether")
 
 CLIENT_CLOSED_REQUEST: Final = 499
 """The status logged for a request whose client left (nobody reads it)."""
@@ -155,7 +161,15 @@ class Exchange:
     :raises ValueError: a non-positive ``ping_interval`` or ``send_timeout``.
     """
 
-    __slots__ = ("_done", "encoder", "ping_interval", "send_timeout", "source", "streaming")
+    __slots__ = (
+        "_done",
+        "_guard",
+        "encoder",
+        "ping_interval",
+        "send_timeout",
+        "source",
+        "streaming",
+    )
 
     def __init__(
         self,
@@ -181,6 +195,7 @@ class Exchange:
         self.encoder: Encoder = encoder
         self.ping_interval = ping_interval
         self.send_timeout = send_timeout
+        self._guard = SendGuard(send_timeout)
         self._done = False
 
     @property
@@ -275,6 +290,33 @@ class Exchange:
             return encoder.ping()
         return self._encode(items)
 
+    async def bounded(self, write: Awaitable[object]) -> bool:
+        """Await one write of this response (a send, a flush), bounded by ``send_timeout``.
+
+        A write that waits longer means the client stopped reading without closing
+        its connection: the request's scope is told the client is gone (so the work
+        is aborted and freed, as for a disconnect), the write is abandoned, and the
+        result is ``False``; the adapter then ends the response (and drops the
+        connection where its framework allows). One timer per response, not one per
+        write, so the bound costs next to nothing on the hot path.
+
+        :returns: ``True`` once the write completed.
+        """
+        if await self._guard.write(write):
+            return True
+        logger.warning(
+            "%r: the client read nothing for %gs; the request is aborted",
+            self.source,
+            self.send_timeout,
+        )
+        scope = current_scope()
+        if scope is not None:
+            scope.disconnect()
+        else:
+            self.source.cancel(AbortReason.CLIENT_DISCONNECTED)
+        self._done = True
+        return False
+
     async def aclose(self) -> None:
         """End the response: whatever is unfinished is aborted and freed (idempotent).
 
@@ -283,4 +325,5 @@ class Exchange:
         in a ``finally`` even while their task is being cancelled.
         """
         self._done = True
+        self._guard.close()
         await self.source.aclose()
