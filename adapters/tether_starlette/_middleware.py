@@ -73,14 +73,17 @@ class TetherMiddleware:
     :raises RuntimeError: (when called) the server does not run on asyncio.
     """
 
-    __slots__ = ("app", "registry")
+    __slots__ = ("_on_asyncio", "app", "registry")
 
     def __init__(self, app: ASGIApp, *, registry: tether.Registry) -> None:
         self.app = app
         self.registry = registry
+        self._on_asyncio = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        _require_asyncio()
+        if not self._on_asyncio:  # checked until it holds once: a server keeps its loop kind
+            _require_asyncio()
+            self._on_asyncio = True
         if scope["type"] != "http" or tether.RequestScope.current() is not None:
             await self.app(scope, receive, send)
             return
@@ -96,7 +99,13 @@ class TetherMiddleware:
                 # ASGI 2.4: the client left while the app was answering; nothing to add.
             finally:
                 reader.cancel()
-                await asyncio.wait((reader,))
+                try:
+                    await reader
+                except asyncio.CancelledError:
+                    # The reader's own cancellation ends here; ours (if any) goes on.
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise
 
     async def _answer(self, scope: Scope, channel: _Channel) -> None:
         try:
