@@ -47,6 +47,15 @@ REGISTRY_KEY: Final = "tether.registry"
 
 AppT = TypeVar("AppT")
 
+_NO_INBOX: Final[asyncio.Queue[Message | Exception]] = asyncio.Queue()
+"""Stands for the inbox until the reader starts (never read)."""
+
+
+def _repeat(item: Message | Exception) -> Message:
+    if isinstance(item, Exception):
+        raise item
+    return item
+
 
 def _require_asyncio() -> None:
     try:
@@ -88,9 +97,9 @@ class TetherMiddleware:
             await self.app(scope, receive, send)
             return
         scope[REGISTRY_KEY] = self.registry
-        with tether.RequestScope() as request_scope:
-            channel = _Channel(receive, send, request_scope)
-            reader = asyncio.create_task(channel.read(), name="tether-receive")
+        channel = _Channel(receive, send)
+        with tether.RequestScope(on_first_track=channel.watch) as request_scope:
+            channel.scope = request_scope
             try:
                 await self._answer(scope, channel)
             except OSError as exc:
@@ -98,14 +107,7 @@ class TetherMiddleware:
                     raise
                 # ASGI 2.4: the client left while the app was answering; nothing to add.
             finally:
-                reader.cancel()
-                try:
-                    await reader
-                except asyncio.CancelledError:
-                    # The reader's own cancellation ends here; ours (if any) goes on.
-                    current = asyncio.current_task()
-                    if current is not None and current.cancelling():
-                        raise
+                await channel.stop()
 
     async def _answer(self, scope: Scope, channel: _Channel) -> None:
         try:
@@ -119,33 +121,64 @@ class TetherMiddleware:
 
 
 class _Channel:
-    """One request's link to the server: the single reader of ``receive``, and the
-    watcher of ``send`` that knows whether the response started and completed."""
+    """One request's link to the server: the watcher of ``send``, which knows whether
+    the response started and completed, and, once the request has work to abort,
+    the only reader of ``receive``.
+
+    Until the request's scope adopts its first stream, the app's ``receive`` goes
+    straight to the server: a request with nothing to abort (a health check) costs
+    no task. From then on an owned reader task reads ``receive``, handing body
+    messages to the app through a one-slot inbox (backpressure kept) and catching
+    the ``http.disconnect`` the moment the server reports it.
+    """
 
     __slots__ = (
+        "_in_receive",
         "_inbox",
         "_last",
+        "_reader",
         "_receive",
-        "_scope",
         "_send",
+        "_wanted",
         "complete",
+        "scope",
         "send_error",
         "started",
     )
 
-    def __init__(self, receive: Receive, send: Send, scope: tether.RequestScope) -> None:
+    def __init__(self, receive: Receive, send: Send) -> None:
         self._receive = receive
         self._send = send
-        self._scope = scope
+        self.scope: tether.RequestScope | None = None
+        self._reader: asyncio.Task[None] | None = None
         # One slot: the reader waits for the app to take each body message.
-        self._inbox: asyncio.Queue[Message | Exception] = asyncio.Queue(maxsize=1)
+        self._inbox: asyncio.Queue[Message | Exception] = _NO_INBOX
         self._last: Message | Exception | None = None
+        self._in_receive = False  # the app is in a direct receive() now
+        self._wanted = False
         self.started = False
         self.complete = False
         self.send_error: OSError | None = None
 
-    async def read(self) -> None:
-        """The reader task: forward the body, then wait for the disconnect."""
+    def watch(self) -> None:
+        """Start reading ``receive`` (the scope adopted its first stream)."""
+        self._wanted = True
+        if not self._in_receive:  # else the app's receive() starts it when it returns
+            self._start()
+
+    def _start(self) -> None:
+        if self._reader is None and self._last is None:
+            self._inbox = asyncio.Queue(maxsize=1)
+            self._reader = asyncio.get_running_loop().create_task(
+                self._read(), name="tether-receive"
+            )
+
+    def _gone(self) -> None:
+        if not self.complete and self.scope is not None:
+            self.scope.disconnect()
+
+    async def _read(self) -> None:
+        """The reader task: forward the rest of the body, then wait for the disconnect."""
         receive, inbox = self._receive, self._inbox
         while True:
             try:
@@ -157,19 +190,45 @@ class _Channel:
                 last = message
                 break
             await inbox.put(message)
-        if not self.complete:
-            self._scope.disconnect()
+        self._gone()
         self._last = last
         await inbox.put(last)
 
+    async def stop(self) -> None:
+        """End the reader, if it started (the request is over)."""
+        reader = self._reader
+        if reader is None:
+            return
+        reader.cancel()
+        try:
+            await reader
+        except asyncio.CancelledError:
+            # The reader's own cancellation ends here; ours (if any) goes on.
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+
     async def receive(self) -> Message:
         """The app's ``receive``: body messages in order, then the disconnect, forever."""
+        if self._reader is None:
+            last = self._last
+            if last is not None:
+                return _repeat(last)
+            self._in_receive = True
+            try:
+                message = await self._receive()
+            finally:
+                self._in_receive = False
+            if message["type"] == "http.disconnect":
+                self._last = message
+                self._gone()
+            elif self._wanted:
+                self._start()
+            return message
         item = self._last
         if item is None or not self._inbox.empty():
             item = await self._inbox.get()
-        if isinstance(item, Exception):
-            raise item
-        return item
+        return _repeat(item)
 
     async def send(self, message: Message) -> None:
         """The app's ``send``: tracks the response, and turns ``OSError`` into a disconnect."""
@@ -184,7 +243,8 @@ class _Channel:
             await self._send(message)
         except OSError as exc:
             self.send_error = exc
-            self._scope.disconnect()
+            if self.scope is not None:
+                self.scope.disconnect()
             raise
 
 

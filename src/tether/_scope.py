@@ -10,6 +10,7 @@ whatever the handler left open, so no path leaves a request behind.
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
@@ -38,10 +39,14 @@ class RequestScope:
     exit close the rest.
     """
 
-    __slots__ = ("_consumers", "_reason", "_token")
+    __slots__ = ("_consumers", "_on_first_track", "_reason", "_token")
 
-    def __init__(self) -> None:
+    def __init__(self, *, on_first_track: Callable[[], object] | None = None) -> None:
+        """:param on_first_track: called once, when the scope adopts its first stream
+        or batch: an adapter can start watching the client only for requests that
+        have work to abort (the Starlette adapter starts its ``receive`` reader)."""
         self._consumers: list[Consumer] = []
+        self._on_first_track = on_first_track
         self._reason: AbortReason | None = None
         self._token: contextvars.Token[RequestScope | None] | None = None
 
@@ -85,6 +90,10 @@ class RequestScope:
     def track(self, consumer: Consumer) -> None:
         """Adopt a stream or batch (``Registry.open`` does this for the current scope)."""
         self._consumers.append(consumer)
+        hook = self._on_first_track
+        if hook is not None:
+            self._on_first_track = None
+            hook()
 
     def check(self) -> None:
         """Raise :class:`~tether.Aborted` if the client already disconnected."""

@@ -143,12 +143,16 @@ async def test_body_reaches_the_app_in_order_one_message_at_a_time() -> None:
     chunks = [b"a" * 10, b"b" * 20, b"c" * 30, b"d" * 40, b""]
     received: list[Message] = []
     violations: list[tuple[int, int]] = []
+    registry = tether.Registry()
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        # A stream opened before the body is read: the reader takes receive over.
+        stream = registry.open()
         while not received or received[-1].get("more_body", False):
             # Give the reader every chance to read ahead before taking the next one.
             await server.until(lambda: server.pulled >= min(len(received) + 2, len(chunks)))
             received.append(await receive())
+        await stream.aclose()
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
@@ -162,10 +166,33 @@ async def test_body_reaches_the_app_in_order_one_message_at_a_time() -> None:
         return message
 
     server.receive = receive  # type: ignore[method-assign]
-    await server.run(TetherMiddleware(app, registry=tether.Registry()))
+    await server.run(TetherMiddleware(app, registry=registry))
 
     assert [message["body"] for message in received] == chunks
     assert violations == []
+
+
+async def test_a_request_that_opens_no_stream_reads_receive_directly_with_no_reader() -> None:
+    chunks = [b"a" * 10, b"b" * 20, b""]
+    received: list[Message] = []
+    reader_tasks: list[str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        while not received or received[-1].get("more_body", False):
+            received.append(await receive())
+            # Nothing reads ahead of the app: it pulled exactly what it received.
+            assert server.pulled == len(received)
+        reader_tasks.extend(
+            task.get_name() for task in asyncio.all_tasks() if task.get_name() == "tether-receive"
+        )
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    server = FakeServer(method="POST", body=chunks)
+    await server.run(TetherMiddleware(app, registry=tether.Registry()))
+
+    assert [message["body"] for message in received] == chunks
+    assert reader_tasks == []
 
 
 async def test_installed_twice_one_reader_one_scope_one_answer(engine: Engine) -> None:
