@@ -347,8 +347,8 @@ class Registry:
             self._late += 1
             return False
         self._aborted[reason] += 1
-        self._notify(rid, defer=False)
         self._end(state, Aborted(rid, reason), AbortReason.FAILED_SIBLING, defer=False)
+        self._notify(rid, defer=False)  # after the entry is freed: on_abort may re-enter
         return True
 
     def fail_all(self, exc: BaseException) -> int:
@@ -414,20 +414,23 @@ class Registry:
         """
         self._closed = True
         if self._table and drain_timeout > 0:
-            self._idle = idle = asyncio.Event()
+            if self._idle is None:
+                self._idle = asyncio.Event()
+            idle = self._idle
             try:
                 async with asyncio.timeout(drain_timeout):
                     await idle.wait()
             except TimeoutError:
                 pass
             finally:
-                self._idle = None
+                if not self._table:
+                    self._idle = None
         for state in list(self._table.values()):
             if state.live:
                 self._aborted[AbortReason.SERVER] += 1
-                self._notify(state.rid, defer=False)
                 error = Aborted(state.rid, AbortReason.SERVER, "the server is shutting down")
                 self._end(state, error, AbortReason.SERVER, defer=False)
+                self._notify(state.rid, defer=False)
         if self._abort_tasks:
             await asyncio.wait(set(self._abort_tasks), timeout=self._abort_timeout)
 
@@ -443,9 +446,13 @@ class Registry:
         group = state.group
         if group is not None:
             group.remaining -= 1
-            if group.remaining == 0 and group.timer is not None:
-                group.timer.cancel()
-                group.timer = None
+            if group.remaining == 0:
+                # Break the group <-> states cycle: a finished batch is freed by
+                # reference counting, not left to the cyclic garbage collector.
+                group.states = ()
+                if group.timer is not None:
+                    group.timer.cancel()
+                    group.timer = None
         if self._idle is not None and not self._table:
             self._idle.set()
 
@@ -482,8 +489,11 @@ class Registry:
             elif group.error is None:
                 group.error = error
         else:
+            if group.split:  # its own earlier outputs stay readable, as for a Stream
+                state.error = error
+                if isinstance(error, Aborted):
+                    state.pending = []
             self._abort_group(group, error, sibling_reason, defer=defer)
-            return
         wake_consumer(state)
 
     def _abort_group(
@@ -493,12 +503,12 @@ class Registry:
         group.pending = []
         group.gen += 1
         for sibling in group.states:
-            if group.split:
-                sibling.error = error
-                sibling.pending = []
             if sibling.live:
                 self._aborted[reason] += 1
                 self._release(sibling)
+                if group.split:  # only the ones aborted now lose what they had not read
+                    sibling.error = error
+                    sibling.pending = []
                 self._notify(sibling.rid, defer=defer)
             wake(sibling.waiter)
             sibling.waiter = None

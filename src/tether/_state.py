@@ -17,6 +17,7 @@ These are internal: only the registry and the consumers touch them.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
@@ -66,7 +67,8 @@ class Group:
     )
 
     def __init__(self, states: list[RequestState], *, keep_going: bool) -> None:
-        self.states = states
+        # Emptied once every sub-request ended (see Registry._release).
+        self.states: Sequence[RequestState] = states
         self.keep_going = keep_going
         self.pending: list[tuple[int, Any]] = []
         self.gen = 0

@@ -306,14 +306,14 @@ class Batch(Consumer):
     @property
     def rids(self) -> tuple[str, ...]:
         """The sub-requests' ids, in index order."""
-        return tuple(state.rid for state in self._group.states)
+        return tuple(state.rid for state in self._states)
 
     def __len__(self) -> int:
-        return len(self._group.states)
+        return len(self._states)
 
     def __repr__(self) -> str:
         group = self._group
-        return f"<Batch of {len(group.states)} remaining={group.remaining}>"
+        return f"<Batch of {len(self._states)} remaining={group.remaining}>"
 
     @property
     def streams(self) -> tuple[Stream, ...]:
@@ -328,7 +328,7 @@ class Batch(Consumer):
             if self._started:
                 raise RuntimeError("this batch is already being read; take .streams before reading")
             group = self._group
-            states = group.states
+            states = self._states
             errors = group.errors or {}
             for index, output in group.take():
                 if errors.get(index) is not output:
@@ -416,7 +416,7 @@ class Batch(Consumer):
         """
         group = self._start()
         merge = self._registry.merge
-        states = group.states
+        states = self._states
         accs: list[Any] = [NOTHING] * len(states)
         errors = group.errors or {}
         for index, output in (self._take_buffered() or _EMPTY) + group.take():
