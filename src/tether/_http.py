@@ -163,7 +163,9 @@ class Exchange:
 
     __slots__ = (
         "_done",
+        "_errors_inline",
         "_guard",
+        "_indexed",
         "encoder",
         "ping_interval",
         "send_timeout",
@@ -196,6 +198,8 @@ class Exchange:
         self.ping_interval = ping_interval
         self.send_timeout = send_timeout
         self._guard = SendGuard(send_timeout)
+        self._indexed = isinstance(source, Batch)
+        self._errors_inline = isinstance(source, Batch) and source.keep_going
         self._done = False
 
     @property
@@ -214,17 +218,23 @@ class Exchange:
 
         Non-streaming: waits for the result. Streaming: waits for the first outputs,
         or the ping interval, whichever comes first. Errors raised by the source
-        before that become an error status with a JSON body.
+        before that become an error status with a JSON body; so does an output the
+        encoder cannot serialise (500, and the work is aborted). A stream that is
+        already over is answered whole, terminal frame included (``more`` false).
         """
         if not self.streaming:
             try:
                 result = await self.source.result()
             except TetherError as exc:
                 return self._error_head(exc)
-            self._done = True
             if isinstance(result, list):
                 result = [_jsonable(item) for item in result]
-            return Head(200, self._success_headers(), default_dumps(result), False)
+            try:
+                body = self.encoder.dumps(result)
+            except Exception as exc:
+                return self._unencodable_head(exc)
+            self._done = True
+            return Head(200, self._success_headers(), body, False)
         try:
             items = await self.source.next_ready(timeout=self.ping_interval)
         except TetherError as exc:
@@ -234,7 +244,26 @@ class Exchange:
         if items is None:
             self._done = True
             return Head(200, headers, encoder.terminal(), False)
-        return Head(200, headers, self._encode(items) if items else encoder.ping(), True)
+        if not items:
+            return Head(200, headers, encoder.ping(), True)
+        try:
+            chunk = self._encode(items)
+        except Exception as exc:
+            return self._unencodable_head(exc)
+        if self.source._exhausted():
+            self._done = True
+            return Head(200, headers, chunk + encoder.terminal(), False)
+        return Head(200, headers, chunk, True)
+
+    def _unencodable(self, exc: Exception) -> None:
+        logger.error(
+            "%r: an output could not be encoded; the request is aborted", self.source, exc_info=exc
+        )
+        self.source.cancel(AbortReason.SERVER)
+
+    def _unencodable_head(self, exc: Exception) -> Head:
+        self._unencodable(exc)
+        return self._error_head(exc)
 
     def _success_headers(self) -> dict[str, str]:
         if not self.streaming:
@@ -256,11 +285,11 @@ class Exchange:
         return Head(200, self._success_headers(), b"", False)
 
     def _encode(self, items: list[Any]) -> bytes:
-        if isinstance(self.source, Batch):
-            # a keep-going batch yields a failed sub-request's error in its place
-            return self.encoder.encode_indexed(
-                [(index, _jsonable(output)) for index, output in items]
-            )
+        if self._indexed:
+            if self._errors_inline:
+                # a keep-going batch yields a failed sub-request's error in its place
+                items = [(index, _jsonable(output)) for index, output in items]
+            return self.encoder.encode_indexed(items)
         return self.encoder.encode_many(items)
 
     async def next_chunk(self) -> bytes | None:
@@ -288,7 +317,17 @@ class Exchange:
             return encoder.terminal() or None
         if not items:
             return encoder.ping()
-        return self._encode(items)
+        try:
+            chunk = self._encode(items)
+        except Exception as exc:
+            self._unencodable(exc)
+            self._done = True
+            return encoder.error(error_response(exc).body) + encoder.terminal()
+        if self.source._exhausted():
+            # The last outputs and the terminal frame go out in one write.
+            self._done = True
+            return chunk + encoder.terminal()
+        return chunk
 
     async def bounded(self, write: Awaitable[object]) -> bool:
         """Await one write of this response (a send, a flush), bounded by ``send_timeout``.

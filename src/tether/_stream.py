@@ -191,6 +191,16 @@ class Stream(Consumer):
     def __repr__(self) -> str:
         return f"<Stream {self._state.rid!r} live={self._state.live}>"
 
+    def _exhausted(self) -> bool:
+        """Finished cleanly and everything was read (the next read would end)."""
+        state = self._state
+        return (
+            not state.live
+            and state.error is None
+            and not state.pending
+            and self._pos >= len(self._buf)
+        )
+
     def __aiter__(self) -> Self:
         return self
 
@@ -310,6 +320,21 @@ class Batch(Consumer):
 
     def __len__(self) -> int:
         return len(self._states)
+
+    @property
+    def keep_going(self) -> bool:
+        """Whether a failed sub-request leaves the others running (``open_batch``)."""
+        return self._group.keep_going
+
+    def _exhausted(self) -> bool:
+        """Every sub-request finished, no error, everything read."""
+        group = self._group
+        return (
+            group.remaining == 0
+            and group.error is None
+            and not group.pending
+            and self._pos >= len(self._buf)
+        )
 
     def __repr__(self) -> str:
         group = self._group

@@ -73,8 +73,9 @@ async def test_streaming_head_carries_the_first_outputs_and_chunks_coalesce_the_
         assert _sse_values(head.body) == [1]
         registry.deliver(stream.rid, 2)
         registry.deliver(stream.rid, 3, finished=True)
-        assert _sse_values(await exchange.next_chunk() or b"") == [2, 3]  # one write
-        assert await exchange.next_chunk() == b"data: [DONE]\n\n"
+        # one write: the ready outputs and, the request being over, the terminal frame
+        assert _sse_values(await exchange.next_chunk() or b"") == [2, 3, "[DONE]"]
+        assert exchange.done
         assert await exchange.next_chunk() is None
     assert exchange.done
 
@@ -149,8 +150,8 @@ async def test_idle_stream_pings_before_the_first_output_and_between_outputs(
         assert (head.status, head.body, head.more) == (200, b": ping\n\n", True)
         assert await exchange.next_chunk() == b": ping\n\n"
         registry.deliver(stream.rid, "x", finished=True)
-        assert _sse_values(await exchange.next_chunk() or b"") == ["x"]
-        assert await exchange.next_chunk() == b"data: [DONE]\n\n"
+        assert _sse_values(await exchange.next_chunk() or b"") == ["x", "[DONE]"]
+        assert await exchange.next_chunk() is None
 
 
 async def test_streaming_a_request_finished_without_output_sends_only_the_end(
@@ -171,7 +172,12 @@ async def test_streaming_batch_tags_outputs_with_their_index(registry: tether.Re
     registry.deliver(batch.rids[0], {"text": "a"}, finished=True)
     async with asyncio.timeout(10):
         head = await tether.Exchange(batch, streaming=True).start()
-    assert _sse_values(head.body) == [{"index": 1, "output": "b"}, {"index": 0, "text": "a"}]
+    assert _sse_values(head.body) == [
+        {"index": 1, "output": "b"},
+        {"index": 0, "text": "a"},
+        "[DONE]",
+    ]
+    assert not head.more  # a batch already over is answered whole
 
 
 async def test_exchange_aclose_aborts_the_unfinished_source(
@@ -204,7 +210,55 @@ async def test_streaming_keep_going_batch_sends_a_failed_sub_request_as_an_error
     registry.deliver(batch.rids[1], "ok", finished=True)
     async with asyncio.timeout(10):
         head = await tether.Exchange(batch, streaming=True).start()
-    failed, ok = _sse_values(head.body)
+    failed, ok, end = _sse_values(head.body)
+    assert end == "[DONE]"
     assert failed["index"] == 0  # type: ignore[index]
     assert failed["error"]["type"] == "ProducerError"  # type: ignore[index]
     assert ok == {"index": 1, "output": "ok"}
+
+
+async def test_an_output_the_encoder_cannot_serialise_after_the_start_ends_with_an_error_event(
+    registry: tether.Registry, aborts: AbortLog
+) -> None:
+    stream = registry.open()
+    exchange = tether.Exchange(stream, streaming=True)
+    registry.deliver(stream.rid, "fine")
+    async with asyncio.timeout(10):
+        head = await exchange.start()
+        registry.deliver(stream.rid, object())  # not JSON
+        chunk = await exchange.next_chunk() or b""
+    error, end = _sse_values(chunk)
+    assert error["error"]["code"] == 500  # type: ignore[index]
+    assert end == "[DONE]"
+    assert head.more
+    assert exchange.done
+    assert aborts.calls == {stream.rid: 1}
+    assert registry.in_flight == 0
+
+
+async def test_an_output_the_encoder_cannot_serialise_before_the_start_is_a_500(
+    registry: tether.Registry, aborts: AbortLog
+) -> None:
+    stream = registry.open()
+    registry.deliver(stream.rid, object())
+    async with asyncio.timeout(10):
+        head = await tether.Exchange(stream, streaming=True).start()
+    assert (head.status, head.more) == (500, False)
+    assert json.loads(head.body)["error"]["code"] == 500
+    assert aborts.calls == {stream.rid: 1}
+
+
+async def test_a_json_result_uses_the_encoders_dumps_and_a_bad_one_is_a_500(
+    registry: tether.Registry,
+) -> None:
+    stream = registry.open()
+    registry.deliver(stream.rid, {"n": 1}, finished=True)
+    encoder = tether.SSE(dumps=lambda value: b"custom")
+    async with asyncio.timeout(10):
+        head = await tether.Exchange(stream, streaming=False, encoder=encoder).start()
+    assert (head.status, head.body) == (200, b"custom")
+    broken = registry.open()
+    registry.deliver(broken.rid, object(), finished=True)
+    async with asyncio.timeout(10):
+        head = await tether.Exchange(broken, streaming=False).start()
+    assert head.status == 500

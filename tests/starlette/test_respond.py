@@ -75,7 +75,7 @@ async def test_extra_headers_are_added_and_may_override(engine: Engine) -> None:
     headers = server.sent[0]["headers"]
     assert (b"x-request-id", b"r-1") in headers
     assert [value for name, value in headers if name == b"cache-control"] == [b"no-store"]
-    assert server.bodies == [(b'data: {"n":1}\n\n', True), (b"data: [DONE]\n\n", False)]
+    assert server.bodies == [(b'data: {"n":1}\n\ndata: [DONE]\n\n', False)]
 
 
 async def test_a_stream_that_ends_before_its_first_output_is_a_complete_answer(
