@@ -189,7 +189,10 @@ class _Channel:
             if message["type"] == "http.disconnect":
                 last = message
                 break
-            await inbox.put(message)
+            if not self.started:
+                await inbox.put(message)
+            # else: the app answered without reading its whole body; drop the rest, as
+            # Starlette's own responses do, so that the disconnect is still seen.
         self._gone()
         self._last = last
         await inbox.put(last)
@@ -235,6 +238,8 @@ class _Channel:
         kind = message["type"]
         if kind == "http.response.start":
             self.started = True
+            if self._inbox.full():  # free a reader blocked on a body nobody will read
+                self._inbox.get_nowait()
         elif kind == "http.response.body" and not message.get("more_body", False):
             # Marked before sending: the server may report its own end-of-response
             # disconnect before this coroutine resumes.

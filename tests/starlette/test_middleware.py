@@ -78,6 +78,24 @@ async def test_disconnect_mid_stream_aborts_every_rid_at_once(
     assert len(server.sent) == 2
 
 
+async def test_disconnect_mid_stream_is_seen_even_when_the_body_was_never_read(
+    engine: Engine,
+) -> None:
+    engine.script = None
+    # A body of several messages the streaming endpoint never reads.
+    server = FakeServer(method="POST", body=[b"a" * 10, b"b" * 10, b"c" * 10])
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(server.run(make_app(engine)))
+        await engine.until(lambda: len(engine.submitted) == 1)
+        engine.registry.deliver(engine.submitted[0], {"n": 1})
+        await server.until(lambda: len(server.sent) == 2)
+        server.disconnect()
+        await engine.until(lambda: len(engine.aborted_at) == 1)
+
+    assert engine.registry.in_flight == 0
+    assert engine.registry.stats().aborted == {"client_disconnected": 1}
+
+
 async def test_send_raising_oserror_is_a_disconnect_on_asgi_2_4(engine: Engine) -> None:
     engine.script = None
     server = FakeServer(spec_version="2.4")
