@@ -151,9 +151,9 @@ def setup(
 
     @web.middleware
     async def tether_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        scope = tether.RequestScope()
-        request[SCOPE_KEY] = scope
         transport = request.transport
+        scope = tether.RequestScope(client_gone=lambda: transport is None or transport.is_closing())
+        request[SCOPE_KEY] = scope
         watcher.watch(scope, transport)
         with scope:
             try:

@@ -39,14 +39,24 @@ class RequestScope:
     exit close the rest.
     """
 
-    __slots__ = ("_consumers", "_on_first_track", "_reason", "_token")
+    __slots__ = ("_client_gone", "_consumers", "_on_first_track", "_reason", "_token")
 
-    def __init__(self, *, on_first_track: Callable[[], object] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        on_first_track: Callable[[], object] | None = None,
+        client_gone: Callable[[], bool] | None = None,
+    ) -> None:
         """:param on_first_track: called once, when the scope adopts its first stream
-        or batch: an adapter can start watching the client only for requests that
-        have work to abort (the Starlette adapter starts its ``receive`` reader)."""
+            or batch: an adapter can start watching the client only for requests that
+            have work to abort (the Starlette adapter starts its ``receive`` reader).
+        :param client_gone: tells whether the client has left; asked when a task
+            waiting on one of the scope's streams is cancelled, so that a framework
+            that cancels handlers on disconnect (aiohttp's ``handler_cancellation``)
+            records a client disconnect rather than a plain cancellation."""
         self._consumers: list[Consumer] = []
         self._on_first_track = on_first_track
+        self._client_gone = client_gone
         self._reason: AbortReason | None = None
         self._token: contextvars.Token[RequestScope | None] | None = None
 
@@ -99,6 +109,13 @@ class RequestScope:
         """Raise :class:`~tether.Aborted` if the client already disconnected."""
         if self._reason is not None:
             raise Aborted("-", self._reason, "the client disconnected before the request opened")
+
+    def cancelled(self) -> None:
+        """A task waiting on one of this scope's streams is being cancelled: if the
+        client has left (``client_gone``), that is a disconnect of the whole scope."""
+        client_gone = self._client_gone
+        if client_gone is not None and self._reason is None and client_gone():
+            self.disconnect()
 
     def disconnect(self, reason: AbortReason = AbortReason.CLIENT_DISCONNECTED) -> int:
         """Cancel every open stream of this request now; returns how many were live.

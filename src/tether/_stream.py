@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
 
 from ._errors import Aborted, AbortReason
+from ._scope import current_scope
 from ._state import NOTHING, Group, RequestState
 
 if TYPE_CHECKING:
@@ -147,6 +148,9 @@ class Consumer:
         except asyncio.CancelledError:
             if holder.waiter is waiter:
                 holder.waiter = None
+            scope = current_scope()
+            if scope is not None:
+                scope.cancelled()  # the framework may be cancelling because the client left
             self.cancel(AbortReason.CANCELLED)
             raise
 

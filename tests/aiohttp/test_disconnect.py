@@ -47,6 +47,8 @@ async def test_client_disconnect_aborts_every_open_request_and_frees_it(
     assert env.registry.in_flight == 0
     assert tracker.aborted.keys() == rids
     assert max(tracker.aborted.values()) - closed_at <= LATENCY
+    # Counted as the client leaving in both modes, also when aiohttp cancels the handler.
+    assert dict(env.registry.stats().aborted) == {"client_disconnected": len(rids)}
 
 
 async def test_many_disconnects_on_the_default_server_are_each_noticed_within_the_bound(

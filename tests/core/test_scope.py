@@ -89,3 +89,32 @@ async def test_close_counts_what_was_still_live(registry: tether.Registry) -> No
     assert scope.close() == 2
     assert scope.close() == 0
     assert registry.in_flight == 0
+
+
+async def test_cancelling_a_wait_when_the_client_is_gone_counts_as_a_disconnect() -> None:
+    registry = tether.Registry()
+    gone = False
+    with tether.RequestScope(client_gone=lambda: gone) as scope:
+        first, second = registry.open(), registry.open()
+        waiter = asyncio.ensure_future(first.result())
+        await asyncio.sleep(0)  # the waiter parks
+        gone = True
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+    assert scope.disconnected
+    assert second.finished  # the whole scope was disconnected, not just the waiter's stream
+    assert registry.stats().aborted == {"client_disconnected": 2}
+
+
+async def test_cancelling_a_wait_while_the_client_is_there_is_a_plain_cancellation() -> None:
+    registry = tether.Registry()
+    with tether.RequestScope(client_gone=lambda: False) as scope:
+        stream = registry.open()
+        waiter = asyncio.ensure_future(stream.result())
+        await asyncio.sleep(0)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+    assert not scope.disconnected
+    assert registry.stats().aborted == {"cancelled": 1}
