@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import math
 import sys
 import time
@@ -96,8 +95,13 @@ async def drive(name: str, *, seconds: float, clients: int) -> bool:
                         group.create_task(load.run(started + seconds))
             finally:
                 shower.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
+                try:
                     await shower
+                except asyncio.CancelledError:
+                    # The progress task's own cancellation ends here; ours goes on.
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise
             elapsed = time.monotonic() - started
             if sys.stdout.isatty():
                 print("\r" + " " * 100 + "\r", end="")

@@ -66,13 +66,17 @@ async def respond(
     :raises RuntimeError: :class:`TetherMiddleware` is not installed (``source`` is closed).
     :raises ValueError: ``ping_interval`` or ``send_timeout`` is not positive.
     """
-    exchange = tether.Exchange(
-        source,
-        streaming=streaming,
-        encoder=encoder,
-        ping_interval=ping_interval,
-        send_timeout=send_timeout,
-    )
+    try:
+        exchange = tether.Exchange(
+            source,
+            streaming=streaming,
+            encoder=encoder,
+            ping_interval=ping_interval,
+            send_timeout=send_timeout,
+        )
+    except ValueError:  # bad options: the response owned the source all the same
+        await source.aclose()
+        raise
     try:
         # The same lookup registry.open() makes to adopt the stream: when it finds the
         # middleware's scope, that scope owns the stream and watches the client.

@@ -4,7 +4,7 @@ Every error the core raises derives from :class:`TetherError`::
 
     TetherError
     ├── DuplicateRequest (KeyError)   open() with a rid that is still live
-    ├── UnknownRequest (KeyError)     an operation that needs a live rid got another
+    ├── UnknownRequest (KeyError)     a server's own lookup by id found no live rid
     ├── Overloaded                    open() beyond ``max_in_flight``
     ├── RegistryClosed                open() after ``Registry.close()`` began
     ├── Aborted                       the request was closed before it finished;
@@ -69,7 +69,12 @@ class DuplicateRequest(TetherError, KeyError):
 
 
 class UnknownRequest(TetherError, KeyError):
-    """Raised where an operation needs a live rid (``Registry.state_of``) and got another."""
+    """For a server's own lookups by id: raise it when a client names a rid that is not
+    in flight (an abort endpoint, say); ``error_response`` maps it to 404.
+
+    tether's producer-side methods never raise it: they return ``False`` and count a
+    late output instead.
+    """
 
     def __init__(self, rid: str) -> None:
         super().__init__(f"request id {rid!r} is not in flight (finished, aborted or never opened)")

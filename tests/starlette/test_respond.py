@@ -32,6 +32,17 @@ async def test_respond_without_the_middleware_names_it_and_closes_the_source(
     assert engine.registry.in_flight == 0
 
 
+async def test_respond_with_bad_options_raises_and_still_closes_the_source(
+    engine: Engine,
+) -> None:
+    server = FakeServer()
+    stream = engine.registry.open()
+    with tether.RequestScope(), pytest.raises(ValueError, match="ping_interval"):
+        await respond(Request(server.scope), stream, streaming=True, ping_interval=0)
+    assert stream.finished
+    assert engine.registry.in_flight == 0
+
+
 async def test_response_closes_its_source_when_its_task_is_cancelled_in_a_write(
     engine: Engine,
 ) -> None:
