@@ -38,6 +38,14 @@ PORT ?= 8000
 serve: venv
 	$(PY) examples/$(SERVER)_app.py --port $(PORT)
 
+# Every benchmark, about eight minutes on 2 cores: the core microbenchmark, then
+# the HTTP ones (servers and load client as subprocesses on 127.0.0.1), which
+# rewrite their section of bench/README.md.
+bench: venv
+	@if [ -f bench/core.py ]; then $(PY) bench/core.py; \
+	else echo "bench/core.py not found: core benchmark skipped"; fi
+	$(PY) -m bench.run
+
 wheel: venv
 	$(PY) -m build --wheel --outdir dist .
 

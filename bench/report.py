@@ -1,0 +1,333 @@
+"""Turns the HTTP benchmark results into the tables of ``bench/README.md``.
+
+Every figure is a median over the repetitions with its min-max; a ratio is
+tether's median over the baseline's, with the range of the per-repetition
+ratios (raw and tether ran back to back in each repetition, so those pairs saw
+the same neighbours). Targets are checked here, and the misses listed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import os
+import platform
+import statistics
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .stats import percentile
+
+__all__ = ["BEGIN", "END", "environment", "render", "rewrite_readme"]
+
+BEGIN = "<!-- http:begin -->"
+END = "<!-- http:end -->"
+PACKAGES = ("tether", "starlette", "uvicorn", "httptools", "h11", "aiohttp", "orjson")
+
+Runs = list[dict[str, Any]]
+
+
+def environment(**extra: Any) -> dict[str, Any]:
+    """Versions and machine facts to print beside the numbers."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    cpu = "unknown"
+    with open("/proc/cpuinfo") as file:
+        for line in file:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "cpu": f"{cpu}, {os.cpu_count()} cores",
+        "load": os.getloadavg()[0],
+        "versions": versions,
+        **extra,
+    }
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def _spread(values: Sequence[float | None], digits: int = 0) -> str:
+    """``median (min-max)``."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return "-"
+    median = statistics.median(present)
+    if len(present) == 1:
+        return _num(median, digits)
+    return f"{_num(median, digits)} ({_num(min(present), digits)}-{_num(max(present), digits)})"
+
+
+def _median(runs: Runs, field: str) -> float | None:
+    values = [run[field] for run in runs if run.get(field) is not None]
+    return statistics.median(values) if values else None
+
+
+def _ratio(ours: Runs, theirs: Runs, field: str) -> tuple[float | None, str]:
+    """tether's median over the baseline's, and the range of per-rep ratios."""
+    top, bottom = _median(ours, field), _median(theirs, field)
+    if top is None or not bottom:
+        return None, "-"
+    pairs = [
+        a[field] / b[field]
+        for a, b in zip(ours, theirs, strict=False)
+        if a.get(field) and b.get(field)
+    ]
+    text = f"**{top / bottom:.2f}**"
+    if len(pairs) > 1:
+        text += f" ({min(pairs):.2f}-{max(pairs):.2f})"
+    return top / bottom, text
+
+
+def _verdict(ok: bool | None) -> str:
+    return "-" if ok is None else "met" if ok else "**missed**"
+
+
+class _Doc:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.misses: list[str] = []
+
+    def table(self, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+        self.lines.append("| " + " | ".join(header) + " |")
+        self.lines.append("|" + "---|" * len(header))
+        self.lines.extend("| " + " | ".join(row) + " |" for row in rows)
+        self.lines.append("")
+
+    def check(self, ok: bool | None, what: str) -> str:
+        if ok is False:
+            self.misses.append(what)
+        return _verdict(ok)
+
+
+def _keys(section: dict[str, Runs]) -> list[tuple[str, int]]:
+    seen = {(key.split("/")[0], int(key.split("/")[2])) for key in section}
+    return sorted(seen, key=lambda k: (k[0] != "starlette", k[1]))
+
+
+def _compare(
+    doc: _Doc,
+    section: dict[str, Runs],
+    *,
+    field: str,
+    label: str,
+    target: float,
+    name: str,
+    extra: Callable[[Runs, Runs], list[str]],
+    extra_header: Sequence[str],
+) -> None:
+    rows = []
+    for framework, conc in _keys(section):
+        raw = section.get(f"{framework}/raw/{conc}", [])
+        ours = section.get(f"{framework}/tether/{conc}", [])
+        ratio, text = _ratio(ours, raw, field)
+        ok = None if ratio is None else ratio >= target
+        verdict = doc.check(ok, f"{name}, {framework}, {conc} clients: {text} (target ≥ {target})")
+        rows.append(
+            [
+                framework,
+                str(conc),
+                _spread([r.get(field) for r in raw]),
+                _spread([r.get(field) for r in ours]),
+                text,
+                verdict,
+                *extra(raw, ours),
+            ]
+        )
+    header = ["framework", "clients", f"raw {label}", f"tether {label}", "ratio", f"≥ {target}x"]
+    doc.table([*header, *extra_header], rows)
+
+
+def _pair(raw: Runs, ours: Runs, field: str, digits: int = 0) -> str:
+    return f"{_num(_median(raw, field), digits)} / {_num(_median(ours, field), digits)}"
+
+
+def _disconnect(doc: _Doc, section: dict[str, Runs]) -> None:
+    rows = []
+    for key, runs in section.items():
+        label, mode = key.rsplit("/", 1)
+        pooled = [ms for run in runs for ms in run["latencies_ms"]]
+        p50, p99 = percentile(pooled, 50), percentile(pooled, 99)
+        tries = sum(run["tries"] for run in runs)
+        missed = sum(run["missed"] for run in runs)
+        ok: bool | None = None
+        target = "baseline"
+        if "tether" in label and "handler_cancellation=False" in label:
+            target = "p99 ≤ 100 ms"
+            ok = p99 is not None and p99 <= 100 and not missed
+        elif "tether" in label:
+            target = "p50 ≤ 5 ms"
+            ok = p50 is not None and p50 <= 5 and not missed
+        what = f"disconnect, {label}, {mode}: p50 {_num(p50, 2)} ms, p99 {_num(p99, 2)} ms"
+        rows.append(
+            [
+                label,
+                "streaming" if mode == "stream" else "non-streaming",
+                _num(p50, 2),
+                _num(p99, 2),
+                _spread([run["p50_ms"] for run in runs], 2),
+                f"{missed}/{tries}",
+                target,
+                doc.check(ok, what + (f", {missed} never aborted" if missed else "")),
+            ]
+        )
+    header = ["setup", "endpoint", "p50 ms", "p99 ms", "per-rep p50 ms", "missed", "target", ""]
+    doc.table(header, rows)
+
+
+def _memory(doc: _Doc, section: dict[str, Runs]) -> None:
+    rows = []
+    for framework in ("starlette", "aiohttp"):
+        raw, ours = section.get(f"{framework}/raw", []), section.get(f"{framework}/tether", [])
+        if not raw and not ours:
+            continue
+        ratio, text = _ratio(ours, raw, "bytes_per_stream")
+        ok = None if ratio is None else ratio <= 1.25
+        streams = raw[0]["streams"] if raw else ours[0]["streams"]
+        rows.append(
+            [
+                framework,
+                str(streams),
+                _spread([r["bytes_per_stream"] / 1024 for r in raw], 1),
+                _spread([r["bytes_per_stream"] / 1024 for r in ours], 1),
+                text,
+                doc.check(ok, f"memory, {framework}: {text} (target ≤ 1.25)"),
+            ]
+        )
+    doc.table(
+        ["framework", "open streams", "raw KiB/stream", "tether KiB/stream", "ratio", "≤ 1.25x"],
+        rows,
+    )
+
+
+def render(out: dict[str, Any]) -> str:
+    """The Markdown that goes between the README's markers."""
+    meta = out["meta"]
+    doc = _Doc()
+    add = doc.lines.append
+    add("## HTTP benchmarks")
+    add("")
+    add(
+        f"Recorded {meta['date']} with `make bench` (`{meta['command']}`), in "
+        f"{meta['seconds']:.0f} s, on {meta['cpu']}, Python {meta['python']}; "
+        f"load average {meta['load']:.2f} at the end."
+    )
+    add("Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + ".")
+    profile = meta["profile"]
+    add(
+        f"Each figure is the median of {profile['reps']} repetitions (min-max in brackets); "
+        f"throughput windows last {profile['duration']} s after a warm-up. **The ratios come "
+        "from one run on a shared 2-core machine** (server and load client each take a core, "
+        "other jobs may run beside them): read them, not the absolute numbers."
+    )
+    add("")
+    if out["stream"]:
+        add("### 1. Streaming throughput: 64 SSE events per request")
+        add("")
+        _compare(
+            doc,
+            out["stream"],
+            field="events_per_s",
+            label="events/s",
+            target=0.9,
+            name="streaming",
+            extra=lambda raw, ours: [
+                _pair(raw, ours, "requests_per_s"),
+                _pair(raw, ours, "ttfe_p50_ms", 2),
+                _pair(raw, ours, "ttfe_p99_ms", 2),
+                _pair(raw, ours, "server_cpu_us_per_event", 1),
+            ],
+            extra_header=[
+                "req/s raw / tether",
+                "TTFE p50 ms",
+                "TTFE p99 ms",
+                "server CPU µs/event",
+            ],
+        )
+    if out["json"]:
+        add("### 2. Non-streaming: one JSON body once the request finished (64 outputs)")
+        add("")
+        _compare(
+            doc,
+            out["json"],
+            field="requests_per_s",
+            label="req/s",
+            target=0.9,
+            name="non-streaming",
+            extra=lambda raw, ours: [
+                _pair(raw, ours, "ttfe_p50_ms", 2),
+                _pair(raw, ours, "ttfe_p99_ms", 2),
+                _pair(raw, ours, "server_cpu_us_per_request", 0),
+            ],
+            extra_header=["latency p50 ms raw / tether", "p99 ms", "server CPU µs/request"],
+        )
+    if out["batch"]:
+        add("### 3. Batch streaming: 64 sub-requests x 64 outputs in one request")
+        add("")
+        add("Baseline (`raw`): a task per sub-request `__anext__`, re-armed after each output, ")
+        add("multiplexed with `asyncio.wait(FIRST_COMPLETED)`; tether: `Registry.open_batch`.")
+        add("")
+        _compare(
+            doc,
+            out["batch"],
+            field="events_per_s",
+            label="outputs/s",
+            target=3.0,
+            name="batch",
+            extra=lambda raw, ours: [_pair(raw, ours, "server_cpu_us_per_event", 1)],
+            extra_header=["server CPU µs/output"],
+        )
+    if out["disconnect"]:
+        add("### 4. Disconnect to abort: client close → producer's `on_abort`")
+        add("")
+        add(
+            f"{profile['tries']} tries per repetition, pooled; each closes at a random moment "
+            "(streaming: after the first event; the polling baseline's non-streaming closes "
+            "spread over its 4 s period). Both clocks are `time.monotonic()` (system-wide)."
+        )
+        add("")
+        _disconnect(doc, out["disconnect"])
+    if out["memory"]:
+        add("### 5. Memory: idle open streams")
+        add("")
+        add(
+            "Server RSS growth (`VmRSS`) per stream held open after its first event, "
+            "a fresh server each time."
+        )
+        add("")
+        _memory(doc, out["memory"])
+    add("### Targets")
+    add("")
+    if doc.misses:
+        add("Missed in this run (causes in *Findings* below):")
+        add("")
+        doc.lines.extend(f"- {miss}" for miss in doc.misses)
+    else:
+        add("Every target was met in this run.")
+    add("")
+    return "\n".join(doc.lines)
+
+
+def rewrite_readme(path: Path, text: str) -> None:
+    """Replace what lies between the markers (appending them if absent)."""
+    block = f"{BEGIN}\n{text}\n{END}"
+    if not path.exists():
+        path.write_text(f"# Benchmarks\n\n{block}\n")
+        return
+    current = path.read_text()
+    start, end = current.find(BEGIN), current.find(END)
+    if start < 0 or end < start:
+        path.write_text(current.rstrip("\n") + f"\n\n{block}\n")
+        return
+    path.write_text(current[:start] + block + current[end + len(END) :])

@@ -1,0 +1,133 @@
+"""What the Starlette and aiohttp benchmark servers share: the command line, the
+backend (producer, hand-written table, tether registry, abort log), the
+hand-written batch interleave, and the loopback socket whose port is printed.
+
+Every server exposes the same routes, whatever its framework and variant:
+
+* ``/stream?n=64[&rid=]``: ``n`` SSE events, then ``data: [DONE]``.
+* ``/json?n=64[&rid=]``: waits for the request's final output, answers it as JSON.
+* ``/batch?b=64&n=64``: ``b`` sub-requests of ``n`` outputs in one SSE stream,
+  each event tagged with its ``index``.
+* ``/idle``: one event, then an open, silent stream until the client leaves.
+* ``/_bench/aborts``: ``{rid: time.monotonic() of its abort}`` since the last call.
+
+Variants: ``raw`` (the framework's own streaming response over :class:`RawTable`),
+``tether`` (the adapter), ``poll`` (the polling baseline for disconnects:
+``wait_for(event.wait(), timeout=4)`` then a disconnect check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+
+import tether
+
+from .producer import SSE_DONE, AbortLog, Box, Producer, RawTable, sse_many
+
+__all__ = ["POLL_TIMEOUT", "Backend", "interleave", "listen", "parse_args"]
+
+POLL_TIMEOUT = 4.0
+"""The polling baseline's wait before it asks whether the client is still there."""
+
+
+def parse_args(description: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--variant", choices=["raw", "tether", "poll"], required=True)
+    parser.add_argument("--tick", type=float, default=0.0, help="seconds between producer steps")
+    parser.add_argument(
+        "--handler-cancellation",
+        action="store_true",
+        help="aiohttp only: cancel handlers whose client left",
+    )
+    return parser.parse_args()
+
+
+def listen() -> socket.socket:
+    """A listening socket on 127.0.0.1, on a port the OS picks, printed as ``PORT <n>``."""
+    # proto must say TCP: asyncio sets TCP_NODELAY on accepted sockets only then, and
+    # without it Nagle holds each response's last write for a delayed ACK (40 ms).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(4096)
+    sock.setblocking(False)
+    print(f"PORT {sock.getsockname()[1]}", flush=True)
+    return sock
+
+
+class Backend:
+    """The producer and the two tables a server may read it through.
+
+    :param variant: ``tether`` feeds the registry; ``raw`` and ``poll`` the raw table.
+    :param tick: seconds between producer steps.
+    """
+
+    def __init__(self, variant: str, tick: float) -> None:
+        self.variant = variant
+        self.aborts = AbortLog()
+        self.producer = Producer(tick=tick)
+        self.raw = RawTable(self.aborted)
+        self.registry = tether.Registry(self.aborted)
+        self.producer.sink = self.registry.deliver if variant == "tether" else self.raw.deliver
+
+    def aborted(self, rid: str) -> None:
+        """``on_abort`` of both tables: stop the work and note when."""
+        self.producer.cancel(rid)
+        self.aborts.record(rid)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Run the producer for the server's lifetime (its owner cancels it)."""
+        task = asyncio.create_task(self.producer.run())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await self.registry.close(drain_timeout=0)
+
+
+async def _outputs(box: Box) -> AsyncIterator[object]:
+    """One sub-request's outputs, one per ``__anext__`` (the hand-written waiter)."""
+    while (items := await box.next_ready()) is not None:
+        for item in items:
+            yield item
+
+
+async def interleave(raw: RawTable, boxes: list[Box]) -> AsyncIterator[bytes]:
+    """The common hand-written batch stream: a task per sub-request ``__anext__``,
+    re-armed after each output, multiplexed with ``asyncio.wait(FIRST_COMPLETED)``.
+
+    It is generous to itself: all outputs of one wake-up go out in one chunk.
+    """
+    iterators = [_outputs(box) for box in boxes]
+    pending: dict[asyncio.Future[object], int] = {
+        asyncio.ensure_future(it.__anext__()): index for index, it in enumerate(iterators)
+    }
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            ready = []
+            for task in done:
+                index = pending.pop(task)
+                try:
+                    output = task.result()
+                except StopAsyncIteration:
+                    continue
+                ready.append({"index": index, **output})  # type: ignore[dict-item]
+                pending[asyncio.ensure_future(iterators[index].__anext__())] = index
+            if ready:
+                yield sse_many(ready)
+        yield SSE_DONE
+    finally:
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+        for box in boxes:
+            raw.close(box)

@@ -1,0 +1,183 @@
+"""The in-process producer every benchmark server shares, and the hand-written
+request table the raw servers read it through.
+
+:class:`Producer` stands in for an inference engine: one loop step hands the next
+small JSON output to every live request, then yields to the event loop. The raw
+and tether variants of a server run this same loop; only its ``sink`` differs
+(``Registry.deliver`` for tether, :meth:`RawTable.deliver` for raw), so a
+benchmark compares what sits between the producer and the socket, nothing else.
+
+:class:`RawTable` is the lean table a careful engineer writes by hand: a dict of
+mailboxes, a future created only when a reader has to wait, every ready output
+handed over at once. It has none of tether's guarantees, which is the point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+__all__ = ["AbortLog", "Box", "Producer", "RawTable", "sse_many"]
+
+Sink = Callable[..., object]
+"""``sink(rid, output, finished=...)``: ``Registry.deliver`` or :meth:`RawTable.deliver`."""
+
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse_many(outputs: list[Any]) -> bytes:
+    """Frame outputs as SSE events exactly as ``tether.SSE`` does, for one write."""
+    dumps = orjson.dumps
+    return b"".join([b"data: " + dumps(output) + b"\n\n" for output in outputs])
+
+
+class AbortLog:
+    """When each request was aborted, on the system-wide monotonic clock.
+
+    The load client reads it back to measure the time from its close to the abort.
+    """
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+
+    def record(self, rid: str) -> None:
+        self.times.setdefault(rid, time.monotonic())
+
+    def take(self) -> dict[str, float]:
+        """Every recorded abort since the last call."""
+        times, self.times = self.times, {}
+        return times
+
+
+class Producer:
+    """A shared loop that emits one output per live request per step.
+
+    :param tick: seconds to sleep between steps (0: yield to the loop only).
+    """
+
+    def __init__(self, *, tick: float = 0.0) -> None:
+        self.tick = tick
+        self.sink: Sink | None = None
+        self._live: dict[str, list[int]] = {}
+        self._holding: set[str] = set()
+        self._wake = asyncio.Event()
+
+    def add(self, rid: str, total: int, *, hold: bool = False) -> None:
+        """Start a request of ``total`` outputs; with ``hold``, the last one does not
+        finish it: the request then stays open, silent, until it is cancelled."""
+        self._live[rid] = [0, total]
+        if hold:
+            self._holding.add(rid)
+        self._wake.set()
+
+    def cancel(self, rid: str) -> None:
+        """Stop working on ``rid`` (the client left); unknown rids are ignored."""
+        self._live.pop(rid, None)
+        self._holding.discard(rid)
+
+    async def run(self) -> None:
+        """Step forever; the server's lifespan owns the task and cancels it."""
+        sink = self.sink
+        if sink is None:
+            raise RuntimeError("Producer.sink must be set before run()")
+        live, holding = self._live, self._holding
+        while True:
+            if not live:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            done: list[str] = []
+            for rid, progress in list(live.items()):
+                sent, total = progress
+                progress[0] = last = sent + 1
+                final = last >= total
+                sink(rid, {"n": sent, "delta": "lorem"}, finished=final and rid not in holding)
+                if final:
+                    done.append(rid)
+            for rid in done:
+                live.pop(rid, None)
+            await asyncio.sleep(self.tick)
+
+
+class Box:
+    """One request's mailbox in the hand-written table."""
+
+    __slots__ = ("collect", "event", "finished", "items", "last", "rid", "waiter")
+
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+        self.items: list[Any] = []
+        self.last: Any = None
+        self.collect = False
+        self.finished = False
+        self.waiter: asyncio.Future[None] | None = None
+        self.event: asyncio.Event | None = None  # set only by the polling handlers
+
+    async def next_ready(self) -> list[Any] | None:
+        """Every ready output, waiting for one; ``None`` at the end."""
+        while True:
+            items = self.items
+            if items:
+                self.items = []
+                return items
+            if self.finished:
+                return None
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+
+    async def result(self) -> Any:
+        """The last output, once the request finished."""
+        self.collect = True
+        while not self.finished:
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+        return self.last
+
+
+class RawTable:
+    """``rid -> Box``, fed by the producer; closing an unfinished box aborts it.
+
+    :param on_abort: called with the rid of a request closed before it finished.
+    """
+
+    def __init__(self, on_abort: Callable[[str], None]) -> None:
+        self._boxes: dict[str, Box] = {}
+        self._on_abort = on_abort
+        self._ids = 0
+
+    def open(self, rid: str | None = None) -> Box:
+        if rid is None:
+            self._ids += 1
+            rid = f"raw-{self._ids}"
+        box = self._boxes[rid] = Box(rid)
+        return box
+
+    def deliver(self, rid: str, output: Any, *, finished: bool = False) -> None:
+        box = self._boxes.get(rid)
+        if box is None:
+            return
+        if box.collect:
+            box.last = output
+        else:
+            box.items.append(output)
+        if finished:
+            box.finished = True
+            del self._boxes[rid]
+        waiter = box.waiter
+        if waiter is not None:
+            box.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+        # A polling handler waiting for a final result is woken by the finish only.
+        if box.event is not None and (finished or not box.collect):
+            box.event.set()
+
+    def close(self, box: Box) -> None:
+        """The handler is done with ``box``: abort it unless it finished."""
+        if self._boxes.pop(box.rid, None) is not None:
+            self._on_abort(box.rid)

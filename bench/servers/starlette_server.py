@@ -1,0 +1,192 @@
+"""A Starlette benchmark server under uvicorn, in its raw, tether or polling variant.
+
+Run ``python -m bench.servers.starlette_server --variant tether``: it binds
+127.0.0.1 on a free port, prints ``PORT <n>``, and serves the routes listed in
+:mod:`bench.servers.common` until it gets SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from .common import POLL_TIMEOUT, Backend, interleave, listen, parse_args
+from .producer import SSE_DONE, SSE_HEADERS, Box, sse_many
+
+__all__ = ["build"]
+
+
+def _int(request: Request, name: str, default: int) -> int:
+    return int(request.query_params.get(name, default))
+
+
+def _raw_routes(backend: Backend) -> list[Route]:
+    raw, producer = backend.raw, backend.producer
+
+    async def body(box: Box) -> AsyncIterator[bytes]:
+        try:
+            while (items := await box.next_ready()) is not None:
+                yield sse_many(items)
+            yield SSE_DONE
+        finally:
+            raw.close(box)
+
+    def sse(chunks: AsyncIterator[bytes]) -> Response:
+        return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def stream(request: Request) -> Response:
+        box = raw.open(request.query_params.get("rid"))
+        producer.add(box.rid, _int(request, "n", 64))
+        return sse(body(box))
+
+    async def idle(request: Request) -> Response:
+        box = raw.open()
+        producer.add(box.rid, 1, hold=True)
+        return sse(body(box))
+
+    async def json(request: Request) -> Response:
+        box = raw.open(request.query_params.get("rid"))
+        producer.add(box.rid, _int(request, "n", 64))
+        try:
+            result = await box.result()
+        finally:
+            raw.close(box)
+        return Response(orjson.dumps(result), media_type="application/json")
+
+    async def batch(request: Request) -> Response:
+        boxes = [raw.open() for _ in range(_int(request, "b", 64))]
+        for box in boxes:
+            producer.add(box.rid, _int(request, "n", 64))
+        return sse(interleave(raw, boxes))
+
+    return [
+        Route("/stream", stream),
+        Route("/idle", idle),
+        Route("/json", json),
+        Route("/batch", batch),
+    ]
+
+
+def _poll_routes(backend: Backend) -> list[Route]:
+    raw, producer = backend.raw, backend.producer
+
+    async def woken(request: Request, event: asyncio.Event) -> bool:
+        """Wait for the producer or the poll timeout; ``False`` if the client is gone."""
+        try:
+            await asyncio.wait_for(event.wait(), timeout=POLL_TIMEOUT)
+        except TimeoutError:
+            pass
+        event.clear()
+        return not await request.is_disconnected()
+
+    async def stream(request: Request) -> Response:
+        await request.body()  # else the first is_disconnected() eats the body message
+        box = raw.open(request.query_params.get("rid"))
+        box.event = event = asyncio.Event()
+        producer.add(box.rid, _int(request, "n", 64))
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                while not box.finished or box.items:
+                    if box.items:
+                        items, box.items = box.items, []
+                        yield sse_many(items)
+                    elif not await woken(request, event):
+                        return
+                yield SSE_DONE
+            finally:
+                raw.close(box)
+
+        return StreamingResponse(body(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def json(request: Request) -> Response:
+        await request.body()
+        box = raw.open(request.query_params.get("rid"))
+        box.event = event = asyncio.Event()
+        box.collect = True
+        producer.add(box.rid, _int(request, "n", 64))
+        try:
+            while not box.finished:
+                if not await woken(request, event):
+                    return Response(status_code=499)
+            return Response(orjson.dumps(box.last), media_type="application/json")
+        finally:
+            raw.close(box)
+
+    return [Route("/stream", stream), Route("/json", json)]
+
+
+def _tether_routes(backend: Backend) -> list[Route]:
+    import tether_starlette
+
+    registry, producer = backend.registry, backend.producer
+
+    async def stream(request: Request) -> Response:
+        source = registry.open(request.query_params.get("rid"))
+        producer.add(source.rid, _int(request, "n", 64))
+        return await tether_starlette.respond(request, source, streaming=True)
+
+    async def idle(request: Request) -> Response:
+        source = registry.open()
+        producer.add(source.rid, 1, hold=True)
+        return await tether_starlette.respond(request, source, streaming=True)
+
+    async def json(request: Request) -> Response:
+        source = registry.open(request.query_params.get("rid"))
+        producer.add(source.rid, _int(request, "n", 64))
+        return await tether_starlette.respond(request, source, streaming=False)
+
+    async def batch(request: Request) -> Response:
+        source = registry.open_batch(_int(request, "b", 64))
+        for rid in source.rids:
+            producer.add(rid, _int(request, "n", 64))
+        return await tether_starlette.respond(request, source, streaming=True)
+
+    return [
+        Route("/stream", stream),
+        Route("/idle", idle),
+        Route("/json", json),
+        Route("/batch", batch),
+    ]
+
+
+def build(backend: Backend) -> ASGIApp:
+    """The ASGI app of ``backend.variant``, with the abort log at ``/_bench/aborts``."""
+
+    async def aborts(request: Request) -> Response:
+        return Response(orjson.dumps(backend.aborts.take()), media_type="application/json")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with backend.running():
+            yield
+
+    routes = {"raw": _raw_routes, "poll": _poll_routes, "tether": _tether_routes}[backend.variant]
+    app = Starlette(routes=[*routes(backend), Route("/_bench/aborts", aborts)], lifespan=lifespan)
+    if backend.variant == "tether":
+        import tether_starlette
+
+        return tether_starlette.TetherMiddleware(app, registry=backend.registry)
+    return app
+
+
+def main() -> None:
+    args = parse_args(__doc__ or "")
+    app = build(Backend(args.variant, args.tick))
+    config = uvicorn.Config(
+        app, lifespan="on", loop="asyncio", log_level="warning", access_log=False
+    )
+    asyncio.run(uvicorn.Server(config).serve(sockets=[listen()]))
+
+
+if __name__ == "__main__":
+    main()
