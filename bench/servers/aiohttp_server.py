@@ -205,14 +205,20 @@ def build(backend: Backend) -> web.Application:
 
 async def serve(app: web.Application, *, handler_cancellation: bool) -> None:
     """Serve on the printed loopback port until SIGTERM or SIGINT."""
-    runner = web.AppRunner(app, handler_cancellation=handler_cancellation, access_log=None)
+    # A short shutdown: raw idle handlers never notice their client left (no write,
+    # no cancellation), and would hold the default 60 s drain.
+    runner = web.AppRunner(
+        app, handler_cancellation=handler_cancellation, access_log=None, shutdown_timeout=1.0
+    )
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:
-        await web.SockSite(runner, listen()).start()
+        # SockSite listens again with its own backlog (128 by default): 512 clients
+        # connecting at once would overflow it into one-second SYN retries.
+        await web.SockSite(runner, listen(), backlog=4096, shutdown_timeout=1.0).start()
         await stop.wait()
     finally:
         await runner.cleanup()
