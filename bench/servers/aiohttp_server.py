@@ -30,8 +30,8 @@ def _int(request: web.Request, name: str, default: int) -> int:
 async def _write_all(request: web.Request, chunks: AsyncIterator[bytes]) -> web.StreamResponse:
     """Stream ``chunks`` as the framework's own ``StreamResponse``; a gone client ends it."""
     response = web.StreamResponse(headers=_SSE)
-    await response.prepare(request)
     try:
+        await response.prepare(request)
         async for chunk in chunks:
             await response.write(chunk)
         await response.write_eof()
