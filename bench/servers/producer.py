@@ -163,6 +163,8 @@ class RawTable:
             return
         if box.collect:
             box.last = output
+            if not finished:
+                return  # a reader waiting for the result wakes once, at the end
         else:
             box.items.append(output)
         if finished:
@@ -173,8 +175,7 @@ class RawTable:
             box.waiter = None
             if not waiter.done():
                 waiter.set_result(None)
-        # A polling handler waiting for a final result is woken by the finish only.
-        if box.event is not None and (finished or not box.collect):
+        if box.event is not None:
             box.event.set()
 
     def close(self, box: Box) -> None:
