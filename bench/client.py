@@ -26,6 +26,7 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -52,6 +53,8 @@ class Connection(asyncio.Protocol):
         self.closed = self._loop.create_future()
         self._done: asyncio.Future[None] | None = None
         self.first_event: asyncio.Future[None] | None = None
+        self.on_first: Callable[[float], None] | None = None
+        """Called with the time to first event (to the whole body, for JSON)."""
         self._reset()
 
     def _reset(self) -> None:
@@ -100,21 +103,26 @@ class Connection(asyncio.Protocol):
         if self._length is not None:
             self.body += data
             if len(self.body) >= self._length:
-                self.first_at = time.perf_counter()
+                self._first()
                 self._finish()
             return
         chunk = self._tail + data
         found = chunk.count(EVENT, 1)
         if found:
             if not self.events:
-                self.first_at = time.perf_counter()
-                if self.first_event is not None and not self.first_event.done():
-                    self.first_event.set_result(None)
+                self._first()
             self.events += found
             self._counter[0] += found
         if chunk.endswith(CHUNKED_END):
             self._finish()
         self._tail = chunk[-len(CHUNKED_END) :]
+
+    def _first(self) -> None:
+        self.first_at = time.perf_counter()
+        if self.on_first is not None:
+            self.on_first(self.first_at - self.sent_at)
+        if self.first_event is not None and not self.first_event.done():
+            self.first_event.set_result(None)
 
     def _parse_head(self, head: bytes) -> None:
         lines = head.split(b"\r\n")
@@ -156,18 +164,22 @@ async def load(args: argparse.Namespace) -> dict[str, Any]:
     tally = {"requests": 0, "bad": 0}
     stop = asyncio.Event()
 
+    def noted(latency: float) -> None:
+        if "start" in window and not stop.is_set():
+            latencies.append(latency)
+
     async def client() -> None:
         connection = await connect(args.url, counter)
         try:
             while not stop.is_set():
                 await connection.get(path)
+                # Latencies leave out each client's first request (all clients send it
+                # at once, in one wave) and count when the first event lands in the
+                # window; requests count in the window they end in.
+                connection.on_first = noted
                 if "start" not in window or stop.is_set():
                     continue
-                # completions count in the window they end in; latencies only for
-                # requests sent inside it (a warm-up wave would skew them)
                 tally["requests"] += 1
-                if connection.sent_at >= window["start"]:
-                    latencies.append(connection.first_at - connection.sent_at)
                 if connection.status != 200 or (args.expect and connection.events != args.expect):
                     tally["bad"] += 1
         finally:
