@@ -1,0 +1,1 @@
+"""The HTTP benchmark servers: Starlette and aiohttp, each raw, with tether, or polling."""
