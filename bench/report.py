@@ -149,8 +149,13 @@ def _compare(
     doc.table([*header, *extra_header], rows)
 
 
-def _pair(raw: Runs, ours: Runs, field: str, digits: int = 0) -> str:
-    return f"{_num(_median(raw, field), digits)} / {_num(_median(ours, field), digits)}"
+def _pair(raw: Runs, ours: Runs, field: str, digits: int = 0, *, ratio: bool = False) -> str:
+    """``raw / tether`` medians, with tether's ratio when asked."""
+    a, b = _median(raw, field), _median(ours, field)
+    text = f"{_num(a, digits)} / {_num(b, digits)}"
+    if ratio and a and b is not None:
+        text += f" ({b / a:.2f}x)"
+    return text
 
 
 def _disconnect(doc: _Doc, section: dict[str, Runs]) -> None:
@@ -246,7 +251,7 @@ def render(out: dict[str, Any]) -> str:
                 _pair(raw, ours, "requests_per_s"),
                 _pair(raw, ours, "ttfe_p50_ms", 2),
                 _pair(raw, ours, "ttfe_p99_ms", 2),
-                _pair(raw, ours, "server_cpu_us_per_event", 1),
+                _pair(raw, ours, "server_cpu_us_per_event", 1, ratio=True),
             ],
             extra_header=[
                 "req/s raw / tether",
@@ -268,7 +273,7 @@ def render(out: dict[str, Any]) -> str:
             extra=lambda raw, ours: [
                 _pair(raw, ours, "ttfe_p50_ms", 2),
                 _pair(raw, ours, "ttfe_p99_ms", 2),
-                _pair(raw, ours, "server_cpu_us_per_request", 0),
+                _pair(raw, ours, "server_cpu_us_per_request", 0, ratio=True),
             ],
             extra_header=["latency p50 ms raw / tether", "p99 ms", "server CPU µs/request"],
         )
@@ -285,7 +290,7 @@ def render(out: dict[str, Any]) -> str:
             label="outputs/s",
             target=3.0,
             name="batch",
-            extra=lambda raw, ours: [_pair(raw, ours, "server_cpu_us_per_event", 1)],
+            extra=lambda raw, ours: [_pair(raw, ours, "server_cpu_us_per_event", 1, ratio=True)],
             extra_header=["server CPU µs/output"],
         )
     if out["disconnect"]:
