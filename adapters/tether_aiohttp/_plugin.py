@@ -152,7 +152,8 @@ def setup(
     @web.middleware
     async def tether_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         transport = request.transport
-        scope = tether.RequestScope(client_gone=lambda: transport is None or transport.is_closing())
+        # (no transport: the watcher disconnects the scope at once)
+        scope = tether.RequestScope(client_gone=None if transport is None else transport.is_closing)
         request[SCOPE_KEY] = scope
         watcher.watch(scope, transport)
         with scope:
