@@ -32,6 +32,7 @@ from aiohttp import web
 from engine import Engine, merge_outputs
 
 import tether
+from tests.ready_server import ReadyServer
 
 BOUND: Final = 10.0
 """A generous bound on any single wait in the suite."""
@@ -200,20 +201,6 @@ def service(
     return api.Service(engine, Ledger(engine, **registry_options))
 
 
-class _Uvicorn(uvicorn.Server):
-    """uvicorn's server, saying when its start-up is over."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.ready = asyncio.Event()
-
-    async def startup(self, sockets: Any = None) -> None:
-        try:
-            await super().startup(sockets)
-        finally:
-            self.ready.set()
-
-
 @contextlib.asynccontextmanager
 async def running(
     name: str, svc: api.Service, *, drain_timeout: float = 2.0, send_buffer: int | None = None
@@ -249,7 +236,7 @@ async def _starlette(
 ) -> AsyncIterator[None]:
     app = starlette_app.create_app(svc, drain_timeout=drain_timeout)
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on")
-    server = _Uvicorn(config)
+    server = ReadyServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]), name="uvicorn")
     try:
         async with asyncio.timeout(BOUND):

@@ -20,6 +20,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Scope
 
 import tether
+from tests.ready_server import ReadyServer
 from tether_starlette import TetherMiddleware, respond
 
 BOUND: Final = 10.0
@@ -243,20 +244,6 @@ class FakeServer(Changes):
         """Call ``app`` for this request (bounded)."""
         async with asyncio.timeout(BOUND):
             await app(self.scope, self.receive, self.send)
-
-
-class ReadyServer(uvicorn.Server):
-    """A uvicorn server that says when its start-up is over."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.ready = asyncio.Event()
-
-    async def startup(self, sockets: Any = None) -> None:
-        try:
-            await super().startup(sockets)
-        finally:
-            self.ready.set()
 
 
 @contextlib.asynccontextmanager
