@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 import orjson
 from aiohttp import web
 
-from .common import POLL_TIMEOUT, Backend, interleave, listen, parse_args
-from .producer import SSE_DONE, SSE_HEADERS, Box, sse_many
+from .common import POLL_TIMEOUT, Backend, interleave, listen, parse_args, raw_sse
+from .producer import SSE_DONE, SSE_HEADERS, sse_many
 
 __all__ = ["build"]
 
@@ -43,18 +43,10 @@ async def _write_all(request: web.Request, chunks: AsyncIterator[bytes]) -> web.
 def _raw_routes(backend: Backend) -> list[web.RouteDef]:
     raw, producer = backend.raw, backend.producer
 
-    async def body(box: Box) -> AsyncIterator[bytes]:
-        try:
-            while (items := await box.next_ready()) is not None:
-                yield sse_many(items)
-            yield SSE_DONE
-        finally:
-            raw.close(box)
-
     async def stream(request: web.Request) -> web.StreamResponse:
         box = raw.open(request.query.get("rid"))
         producer.add(box.rid, _int(request, "n", 64))
-        chunks = body(box)
+        chunks = raw_sse(raw, box)
         try:
             return await _write_all(request, chunks)
         finally:
@@ -63,7 +55,7 @@ def _raw_routes(backend: Backend) -> list[web.RouteDef]:
     async def idle(request: web.Request) -> web.StreamResponse:
         box = raw.open()
         producer.add(box.rid, 1, hold=True)
-        chunks = body(box)
+        chunks = raw_sse(raw, box)
         try:
             return await _write_all(request, chunks)
         finally:

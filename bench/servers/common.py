@@ -92,6 +92,16 @@ class Backend:
             await self.registry.close(drain_timeout=0)
 
 
+async def raw_sse(raw: RawTable, box: Box) -> AsyncIterator[bytes]:
+    """The raw baseline's SSE body for one request: every ready output in one chunk."""
+    try:
+        while (items := await box.next_ready()) is not None:
+            yield sse_many(items)
+        yield SSE_DONE
+    finally:
+        raw.close(box)
+
+
 async def _outputs(box: Box) -> AsyncIterator[object]:
     """One sub-request's outputs, one per ``__anext__`` (the hand-written waiter)."""
     while (items := await box.next_ready()) is not None:

@@ -19,8 +19,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from .common import POLL_TIMEOUT, Backend, interleave, listen, parse_args
-from .producer import SSE_DONE, SSE_HEADERS, Box, sse_many
+from .common import POLL_TIMEOUT, Backend, interleave, listen, parse_args, raw_sse
+from .producer import SSE_DONE, SSE_HEADERS, sse_many
 
 __all__ = ["build"]
 
@@ -32,26 +32,18 @@ def _int(request: Request, name: str, default: int) -> int:
 def _raw_routes(backend: Backend) -> list[Route]:
     raw, producer = backend.raw, backend.producer
 
-    async def body(box: Box) -> AsyncIterator[bytes]:
-        try:
-            while (items := await box.next_ready()) is not None:
-                yield sse_many(items)
-            yield SSE_DONE
-        finally:
-            raw.close(box)
-
     def sse(chunks: AsyncIterator[bytes]) -> Response:
         return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
 
     async def stream(request: Request) -> Response:
         box = raw.open(request.query_params.get("rid"))
         producer.add(box.rid, _int(request, "n", 64))
-        return sse(body(box))
+        return sse(raw_sse(raw, box))
 
     async def idle(request: Request) -> Response:
         box = raw.open()
         producer.add(box.rid, 1, hold=True)
-        return sse(body(box))
+        return sse(raw_sse(raw, box))
 
     async def json(request: Request) -> Response:
         box = raw.open(request.query_params.get("rid"))
