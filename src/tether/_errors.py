@@ -5,6 +5,9 @@ Every error the core raises derives from :class:`TetherError`::
     TetherError
     ├── DuplicateRequest (KeyError)   open() with a rid that is still live
     ├── UnknownRequest (KeyError)     a server's own lookup by id found no live rid
+    ├── InvalidRequestId (ValueError) open() with a rid that is no valid id
+    ├── BatchTooLarge (ValueError)    open_batch() larger than ``max_in_flight``:
+    │                                 it could never be admitted, so no retry helps
     ├── Overloaded                    open() beyond ``max_in_flight``
     ├── RegistryClosed                open() after ``Registry.close()`` began
     ├── Aborted                       the request was closed before it finished;
@@ -21,12 +24,16 @@ unknown rid (they return ``False`` and count a late output instead).
 from __future__ import annotations
 
 import enum
+from typing import Final
 
 __all__ = [
+    "MAX_RID_LENGTH",
     "AbortReason",
     "Aborted",
+    "BatchTooLarge",
     "ConsumerTooSlow",
     "DuplicateRequest",
+    "InvalidRequestId",
     "Overloaded",
     "ProducerError",
     "RegistryClosed",
@@ -82,6 +89,38 @@ class UnknownRequest(TetherError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+MAX_RID_LENGTH: Final = 256
+"""The longest request id ``Registry.open()`` accepts, in characters."""
+
+
+class InvalidRequestId(TetherError, ValueError):
+    """Raised by ``Registry.open()``/``open_batch()`` for a rid that is not a valid id:
+    not a string, empty, longer than :data:`MAX_RID_LENGTH`, or holding a control
+    character or a lone surrogate (which no JSON encoder or log line takes safely).
+    ``error_response`` maps it to 422: a rid usually comes from the client.
+    """
+
+    def __init__(self, rid: object, why: str) -> None:
+        shown = repr(rid) if len(repr(rid)) <= 80 else repr(rid)[:77] + "..."
+        super().__init__(f"invalid request id {shown}: {why}; pass rid=None for a fresh id")
+        self.rid = rid
+
+
+class BatchTooLarge(TetherError, ValueError):
+    """Raised by ``Registry.open_batch()`` for a batch of more sub-requests than
+    ``max_in_flight``: it could never be admitted, however long the client waits.
+    ``error_response`` maps it to 413 (no ``Retry-After``: a retry cannot help).
+    """
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"a batch of {size} sub-requests can never be admitted: max_in_flight={limit}; "
+            "split it into batches of at most that size"
+        )
+        self.size = size
+        self.limit = limit
 
 
 class Overloaded(TetherError):
@@ -142,10 +181,25 @@ class ConsumerTooSlow(Aborted):
 class ProducerError(TetherError):
     """Raised to the consumer when the producer called ``Registry.fail(rid, exc)``.
 
-    The producer's exception is ``__cause__``.
+    The producer's exception is ``__cause__``. Its text is *not* part of this error's
+    message, which clients may see (``tether.error_response``): a producer's exception
+    can hold database URLs, paths or secrets. A cause that declares itself
+    client-facing, with an ``int`` ``status_code`` from 400 to 499 (a prompt too long,
+    say), lends its text to the message; any other stays in ``__cause__``, for logs.
     """
 
     def __init__(self, rid: str, cause: BaseException) -> None:
-        super().__init__(f"request {rid!r} failed in the producer: {cause}")
+        if client_facing(cause):
+            message = f"request {rid!r} was refused by the producer: {cause}"
+        else:
+            message = f"request {rid!r} failed in the producer"
+        super().__init__(message)
         self.rid = rid
         self.__cause__ = cause
+
+
+def client_facing(cause: BaseException) -> bool:
+    """Whether ``cause`` declares itself the client's fault (a 4xx ``status_code``),
+    so that its text may be shown to the client."""
+    status = getattr(cause, "status_code", None)
+    return isinstance(status, int) and not isinstance(status, bool) and 400 <= status <= 499

@@ -24,8 +24,10 @@ from ._encoders import SSE, Encoder, default_dumps
 from ._errors import (
     Aborted,
     AbortReason,
+    BatchTooLarge,
     ConsumerTooSlow,
     DuplicateRequest,
+    InvalidRequestId,
     Overloaded,
     ProducerError,
     RegistryClosed,
@@ -89,6 +91,10 @@ def _status_of(exc: BaseException) -> tuple[int, dict[str, str]]:
         return 409, {}
     if isinstance(exc, UnknownRequest):
         return 404, {}
+    if isinstance(exc, BatchTooLarge):
+        return 413, {}
+    if isinstance(exc, InvalidRequestId):
+        return 422, {}
     if isinstance(exc, ProducerError):
         # A producer may reject a request for the client's fault (a prompt too
         # long, say) by failing it with an exception carrying a 4xx status_code.
@@ -103,7 +109,9 @@ def error_body(exc: BaseException, status: int) -> dict[str, Any]:
     """The JSON error body for ``exc``: ``{"error": {"message", "type", "code"}}``.
 
     Exceptions outside tether's tree are reported as an internal error without
-    their message, which may hold server details.
+    their message, which may hold server details; so is a producer's exception
+    behind a :class:`~tether.ProducerError`, unless it declares itself client-facing
+    (see :class:`~tether.ProducerError`).
     """
     if isinstance(exc, TetherError):
         message, kind = str(exc), type(exc).__name__
@@ -119,9 +127,14 @@ def error_response(exc: BaseException) -> ErrorResponse:
     ``RequestTimeout`` → 504; ``ConsumerTooSlow`` and server aborts → 503;
     client disconnects → 499; ``DuplicateRequest`` → 409; ``UnknownRequest`` → 404;
     ``ProducerError`` → 500, or its cause's ``status_code`` when that is 4xx/5xx;
-    anything else → 500.
+    ``BatchTooLarge`` → 413; ``InvalidRequestId`` → 422; anything else → 500.
+
+    A producer's exception that the body does not show is logged here (``tether``
+    logger, with its traceback), so that the detail the client is spared is not lost.
     """
     status, headers = _status_of(exc)
+    if isinstance(exc, ProducerError) and status >= 500:
+        logger.error("%s (the client sees no detail)", exc, exc_info=exc.__cause__)
     return ErrorResponse(status, error_body(exc, status), headers)
 
 

@@ -19,6 +19,7 @@ import inspect
 import itertools
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Awaitable, Iterable, Sequence
@@ -26,10 +27,13 @@ from types import MappingProxyType
 from typing import Any
 
 from ._errors import (
+    MAX_RID_LENGTH,
     Aborted,
     AbortReason,
+    BatchTooLarge,
     ConsumerTooSlow,
     DuplicateRequest,
+    InvalidRequestId,
     Overloaded,
     ProducerError,
     RegistryClosed,
@@ -47,6 +51,25 @@ __all__ = ["Registry"]
 logger = logging.getLogger("tether")
 
 _now = time.monotonic
+
+_UNSAFE_IN_RID = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+"""Control characters (log and header injection) and lone surrogates (no encoder takes them)."""
+
+
+def check_rid(rid: object) -> None:
+    """Refuse a client-chosen request id that is not a valid id.
+
+    :raises InvalidRequestId: ``rid`` is not a ``str``, is empty, is longer than
+        ``MAX_RID_LENGTH``, or holds a control character or a lone surrogate.
+    """
+    if not isinstance(rid, str):
+        raise InvalidRequestId(rid, f"a request id is a str, not {type(rid).__name__}")
+    if not rid:
+        raise InvalidRequestId(rid, "a request id cannot be empty")
+    if len(rid) > MAX_RID_LENGTH:
+        raise InvalidRequestId(rid, f"a request id has at most {MAX_RID_LENGTH} characters")
+    if _UNSAFE_IN_RID.search(rid) is not None:
+        raise InvalidRequestId(rid, "a control character or a lone surrogate is not allowed")
 
 
 class Registry:
@@ -150,20 +173,26 @@ class Registry:
         can be lost. Inside a :class:`~tether.RequestScope` the stream is tracked by
         that scope and closed when the HTTP request ends.
 
-        :param rid: the request id; ``None`` (the default) makes a fresh unique one.
+        :param rid: the request id; ``None`` (the default) makes a fresh one, never
+            equal to a live rid. A client-chosen id shares the table with fresh ones
+            but can never take a live entry's place: a live id is refused, and a fresh
+            id skips whatever a client chose.
         :param timeout: a deadline in seconds; when it passes the request is aborted
             and its consumer gets :class:`~tether.RequestTimeout`.
+        :raises InvalidRequestId: ``rid`` is not a valid id (see ``InvalidRequestId``).
         :raises DuplicateRequest: ``rid`` is already in flight.
         :raises Overloaded: ``max_in_flight`` requests are already in flight.
         :raises RegistryClosed: :meth:`close` has begun.
         :raises Aborted: the current request scope's client already disconnected.
         """
+        if rid is not None:
+            check_rid(rid)
         loop = self._admit(1, timeout)
         scope = current_scope()
         if scope is not None:
             scope.check()
         if rid is None:
-            rid = f"{self._prefix}-{next(self._ids)}"
+            rid = self._fresh_rid()
         elif rid in self._table:
             raise DuplicateRequest(rid)
         state = RequestState(self, rid, 0, None, _now())
@@ -192,8 +221,11 @@ class Registry:
             consumer; when ``True``, the others go on and the error takes that
             sub-request's place in the results.
         :raises ValueError: an empty batch, or the same id twice.
+        :raises InvalidRequestId: an id is not a valid id (nothing is registered).
         :raises DuplicateRequest: an id is already in flight (nothing is registered).
-        :raises Overloaded: the batch does not fit under ``max_in_flight``.
+        :raises BatchTooLarge: the batch is larger than ``max_in_flight``: it could never
+            be admitted.
+        :raises Overloaded: the batch does not fit under ``max_in_flight`` now.
         :raises RegistryClosed: :meth:`close` has begun.
         """
         if isinstance(n_or_rids, int):
@@ -206,8 +238,13 @@ class Registry:
             count = len(rids)
             if count == 0:
                 raise ValueError("a batch needs at least one sub-request, got no ids")
+            for rid in rids:
+                check_rid(rid)
             if len(set(rids)) != count:
                 raise ValueError(f"a batch's ids must be distinct, got {rids!r}")
+        limit = self._max_in_flight
+        if limit is not None and count > limit:
+            raise BatchTooLarge(count, limit)
         loop = self._admit(count, timeout)
         if rids is not None:
             for rid in rids:
@@ -217,7 +254,7 @@ class Registry:
         if scope is not None:
             scope.check()
         if rids is None:
-            rids = [f"{self._prefix}-{next(self._ids)}" for _ in range(count)]
+            rids = [self._fresh_rid() for _ in range(count)]
         states: list[RequestState] = []
         group = Group(states, keep_going=keep_going)
         opened_at = _now()
@@ -225,7 +262,7 @@ class Registry:
         for index, rid in enumerate(rids):
             state = RequestState(self, rid, index, group, opened_at)
             states.append(state)
-            table[rid] = state
+            table[rid] = state  # every rid was checked absent above: nothing is overwritten
         group.remaining = count
         self._opened += count
         if timeout is not None:
@@ -234,6 +271,15 @@ class Registry:
         if scope is not None:
             scope.track(batch)
         return batch
+
+    def _fresh_rid(self) -> str:
+        # A client may have chosen the next fresh id already (the prefix is visible
+        # in every rid handed out): skip it rather than take its entry.
+        table = self._table
+        while True:
+            rid = f"{self._prefix}-{next(self._ids)}"
+            if rid not in table:
+                return rid
 
     def _admit(self, count: int, timeout: float | None) -> asyncio.AbstractEventLoop:
         if timeout is not None and not timeout > 0:
@@ -264,54 +310,58 @@ class Registry:
         if not state.first_at:
             state.first_at = now = _now()
             self._ttfo.append(now - state.opened_at)
-        if state.collect:
-            if self._merge is None or state.acc is NOTHING:
-                state.acc = output
-            else:
-                state.acc = self._merge(state.acc, output)
-            if finished:
-                self._finish(state)
-            return True
-        group = state.group
         merge = self._merge
-        if group is None or group.split:
-            pending = state.pending
-            if not pending:
-                pending.append(output)
-            elif merge is not None:
-                pending[-1] = merge(pending[-1], output)
-            elif len(pending) < self._max_pending:
-                pending.append(output)
+        # Only merge() can raise below (a try costs nothing until it catches): it fails
+        # that one request, and the producer's step goes on.
+        try:
+            if state.collect:
+                acc = state.acc
+                state.acc = output if merge is None or acc is NOTHING else merge(acc, output)
+                if finished:
+                    self._finish(state)
+                return True
+            group = state.group
+            if group is None or group.split:
+                pending = state.pending
+                if not pending:
+                    pending.append(output)
+                elif merge is not None:
+                    pending[-1] = merge(pending[-1], output)
+                elif len(pending) < self._max_pending:
+                    pending.append(output)
+                else:
+                    self._too_slow(state, finished)
+                    return True
+                if finished:
+                    self._finish(state)
+                waiter = state.waiter
+                if waiter is not None:
+                    state.waiter = None
+                    wake(waiter)
+                if group is None:
+                    return True
             else:
-                self._too_slow(state)
-                return True
-            if finished:
-                self._finish(state)
-            waiter = state.waiter
-            if waiter is not None:
-                state.waiter = None
-                wake(waiter)
-            if group is None:
-                return True
-        else:
-            pending_pairs = group.pending
-            if state.gen != group.gen:
-                state.gen = group.gen
-                state.npending = 1
-                state.pos = len(pending_pairs)
-                pending_pairs.append((state.index, output))
-            elif merge is not None:
-                pos = state.pos
-                pending_pairs[pos] = (state.index, merge(pending_pairs[pos][1], output))
-            elif state.npending < self._max_pending:
-                state.npending += 1
-                state.pos = len(pending_pairs)
-                pending_pairs.append((state.index, output))
-            else:
-                self._too_slow(state)
-                return True
-            if finished:
-                self._finish(state)
+                pending_pairs = group.pending
+                if state.gen != group.gen:
+                    state.gen = group.gen
+                    state.npending = 1
+                    state.pos = len(pending_pairs)
+                    pending_pairs.append((state.index, output))
+                elif merge is not None:
+                    pos = state.pos
+                    pending_pairs[pos] = (state.index, merge(pending_pairs[pos][1], output))
+                elif state.npending < self._max_pending:
+                    state.npending += 1
+                    state.pos = len(pending_pairs)
+                    pending_pairs.append((state.index, output))
+                else:
+                    self._too_slow(state, finished)
+                    return True
+                if finished:
+                    self._finish(state)
+        except Exception as exc:
+            self._merge_failed(state, exc, finished)
+            return True
         waiter = group.waiter
         if waiter is not None:
             group.waiter = None
@@ -470,48 +520,65 @@ class Registry:
         *,
         defer: bool,
     ) -> None:
-        """End one live request with an error; in a batch, apply the batch's rule."""
+        """End one live request with an error; in a batch, apply the batch's rule.
+
+        Every sub-request records how it ended (``state.error``) whether or not its
+        batch was split, so that a batch read through its sub-streams later reports
+        the same failure as one read whole.
+        """
         self._release(state)
+        state.error = error
+        if isinstance(error, Aborted):
+            state.pending = []  # an aborted request's unread outputs are dropped
         group = state.group
         if group is None:
-            state.error = error
-            if isinstance(error, Aborted):
-                state.pending = []
+            pass
         elif group.keep_going or sibling_reason is None:
             if group.errors is None:
                 group.errors = {}
             group.errors[state.index] = error
             if group.split:
-                state.error = error
+                pass
             elif group.keep_going:
                 # the error takes the sub-request's place in arrival order
                 group.pending.append((state.index, error))
             elif group.error is None:
                 group.error = error
         else:
-            if group.split:  # its own earlier outputs stay readable, as for a Stream
-                state.error = error
-                if isinstance(error, Aborted):
-                    state.pending = []
-            self._abort_group(group, error, sibling_reason, defer=defer)
+            self._abort_group(group, error, sibling_reason, defer=defer, ended=state)
         wake_consumer(state)
 
     def _abort_group(
-        self, group: Group, error: TetherError, reason: AbortReason, *, defer: bool
+        self,
+        group: Group,
+        error: TetherError,
+        reason: AbortReason,
+        *,
+        defer: bool,
+        ended: RequestState | None = None,
     ) -> None:
+        """Abort every live sub-request of ``group`` with ``error`` (the batch failed).
+
+        What the ones that ended before delivered stays readable (the failing one's,
+        if it failed rather than was aborted, and the finished ones'); the outputs of
+        the ones aborted now are dropped, as an aborted stream's are.
+        """
         group.error = error
-        group.pending = []
-        group.gen += 1
+        dropped: set[int] = set()
+        if ended is not None and isinstance(ended.error, Aborted):
+            dropped.add(ended.index)
         for sibling in group.states:
             if sibling.live:
                 self._aborted[reason] += 1
                 self._release(sibling)
-                if group.split:  # only the ones aborted now lose what they had not read
-                    sibling.error = error
-                    sibling.pending = []
+                sibling.error = error
+                sibling.pending = []
+                dropped.add(sibling.index)
                 self._notify(sibling.rid, defer=defer)
             wake(sibling.waiter)
             sibling.waiter = None
+        if dropped and group.pending:
+            group.drop(dropped)
         wake(group.waiter)
         group.waiter = None
 
@@ -536,11 +603,37 @@ class Registry:
             wake_consumer(state)
         return True
 
-    def _too_slow(self, state: RequestState) -> None:
+    def _too_slow(self, state: RequestState, finished: bool) -> None:
+        # Called from inside deliver(): on_abort must not re-enter the producer.
+        error = ConsumerTooSlow(state.rid, self._max_pending)
+        if finished:
+            # The producer is done with this rid and has forgotten it: the request ends
+            # with the error, but it is no abort to report (on_abort never hears of a
+            # finished request); in a batch, the batch's rule applies to the others.
+            self._aborted[AbortReason.CONSUMER_TOO_SLOW] += 1
+            self._end(state, error, AbortReason.CONSUMER_TOO_SLOW, defer=True)
+            return
         group = state.group
         states = group.states if group is not None and not group.split else (state,)
-        # Called from inside deliver(): on_abort must not re-enter the producer.
-        self._abort_states(states, ConsumerTooSlow(state.rid, self._max_pending), defer=True)
+        self._abort_states(states, error, defer=True)
+
+    def _merge_failed(self, state: RequestState, exc: Exception, finished: bool) -> None:
+        """``merge()`` raised while delivering to ``state``: fail that request alone.
+
+        The producer does not know (it did not fail the request), so unless that was its
+        last output, ``on_abort`` tells it to stop; a batch applies its rule to the rest.
+        """
+        if not state.live:
+            return
+        logger.error(
+            "merge() raised for request %r; the request fails, the producer goes on",
+            state.rid,
+            exc_info=exc,
+        )
+        self._failed += 1
+        self._end(state, ProducerError(state.rid, exc), AbortReason.FAILED_SIBLING, defer=True)
+        if not finished:
+            self._notify(state.rid, defer=True)
 
     def _expire(self, states: tuple[RequestState, ...], timeout: float) -> None:
         live = [state for state in states if state.live]

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 __all__ = ["RequestScope", "current_scope"]
 
+_PRUNE_FLOOR = 64
+"""Below this many adopted consumers a scope never looks for finished ones."""
+
 _current: contextvars.ContextVar[RequestScope | None] = contextvars.ContextVar(
     "tether_request_scope", default=None
 )
@@ -39,7 +42,14 @@ class RequestScope:
     exit close the rest.
     """
 
-    __slots__ = ("_client_gone", "_consumers", "_on_first_track", "_reason", "_token")
+    __slots__ = (
+        "_client_gone",
+        "_consumers",
+        "_on_first_track",
+        "_prune_at",
+        "_reason",
+        "_token",
+    )
 
     def __init__(
         self,
@@ -55,6 +65,7 @@ class RequestScope:
             that cancels handlers on disconnect (aiohttp's ``handler_cancellation``)
             records a client disconnect rather than a plain cancellation."""
         self._consumers: list[Consumer] = []
+        self._prune_at = _PRUNE_FLOOR
         self._on_first_track = on_first_track
         self._client_gone = client_gone
         self._reason: AbortReason | None = None
@@ -98,8 +109,18 @@ class RequestScope:
         self.__exit__(exc_type, exc, tb)
 
     def track(self, consumer: Consumer) -> None:
-        """Adopt a stream or batch (``Registry.open`` does this for the current scope)."""
-        self._consumers.append(consumer)
+        """Adopt a stream or batch (``Registry.open`` does this for the current scope).
+
+        The scope holds a consumer only while it may have work to cancel: a scope
+        that lives long (a WebSocket handler, an agent loop opening stream after
+        stream) lets go of the finished ones, so it holds at most about twice as
+        many consumers as are live, never every stream it ever adopted.
+        """
+        consumers = self._consumers
+        consumers.append(consumer)
+        if len(consumers) >= self._prune_at:
+            consumers[:] = [kept for kept in consumers if not kept.finished]
+            self._prune_at = max(_PRUNE_FLOOR, 2 * len(consumers))
         hook = self._on_first_track
         if hook is not None:
             self._on_first_track = None

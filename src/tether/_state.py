@@ -48,8 +48,9 @@ class Group:
 
     ``pending`` holds ``(index, output)`` pairs. ``gen`` counts how often the
     consumer took ``pending``: a state whose ``gen`` differs has nothing in the
-    current list. ``split`` is set once the batch handed out per-sub-request
-    streams, after which each state keeps its own outputs.
+    current list. The batch is read one way or the other, decided by the first
+    read: ``whole`` once the batch itself was read; ``split`` once one of its
+    sub-streams was, after which each state keeps its own outputs.
     """
 
     __slots__ = (
@@ -64,6 +65,7 @@ class Group:
         "states",
         "timer",
         "waiter",
+        "whole",
     )
 
     def __init__(self, states: list[RequestState], *, keep_going: bool) -> None:
@@ -78,6 +80,7 @@ class Group:
         self.errors: dict[int, TetherError] | None = None
         self.collect = False
         self.split = False
+        self.whole = False
         self.waiter: asyncio.Future[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
 
@@ -88,6 +91,23 @@ class Group:
             self.pending = []
             self.gen += 1
         return pending
+
+    def drop(self, indices: set[int]) -> None:
+        """Forget the waiting outputs of the sub-requests at ``indices`` (aborted ones)."""
+        self.pending = [pair for pair in self.pending if pair[0] not in indices]
+        self.gen += 1
+
+    def split_up(self, states: Sequence[RequestState]) -> None:
+        """Give each sub-request its own mailbox: from now on each state keeps its
+        outputs, and a sub-request's error (``state.error``) ends its own stream.
+
+        :param states: every sub-request's state, in index order.
+        """
+        errors = self.errors or {}
+        for index, output in self.take():
+            if errors.get(index) is not output:  # (a keep-going batch's errors stand inline)
+                states[index].pending.append(output)
+        self.split = True
 
 
 class RequestState:

@@ -139,9 +139,13 @@ class Consumer:
         else:
             # One idle timer per consumer, re-armed only when it fires before the
             # current deadline: a stream that gets an output every millisecond must
-            # not build, heap-push and cancel a TimerHandle for every output.
+            # not build, heap-push and cancel a TimerHandle for every output. A timer
+            # armed for a later deadline (an earlier, longer timeout) is replaced.
             self._deadline = deadline = loop.time() + timeout
-            if self._idle_timer is None:
+            timer = self._idle_timer
+            if timer is None or timer.when() > deadline + _CLOCK_SLACK:
+                if timer is not None:
+                    timer.cancel()
                 self._idle_timer = loop.call_at(deadline, self._on_idle, holder)
         try:
             await waiter
@@ -181,11 +185,27 @@ class Stream(Consumer):
     ``await stream.next_ready()``. Close it with ``aclose()`` or ``async with``.
     """
 
-    __slots__ = ("_state",)
+    __slots__ = ("_siblings", "_state")
 
-    def __init__(self, state: RequestState) -> None:
+    def __init__(
+        self, state: RequestState, *, siblings: Sequence[RequestState] | None = None
+    ) -> None:
         super().__init__(state.registry, (state,))
         self._state = state
+        # A batch's sub-stream: every sub-request's state, to split the batch's shared
+        # mailbox when this stream is first read (see Batch.streams); else None.
+        self._siblings = siblings
+
+    def _claim(self, siblings: Sequence[RequestState]) -> None:
+        """First read of a batch's sub-stream: commit the batch to per-sub-request reading."""
+        group = self._state.group
+        if group is not None and not group.split:
+            if group.whole:
+                raise RuntimeError(
+                    "this batch is already being read as a whole; read the batch, not its .streams"
+                )
+            group.split_up(siblings)
+        self._siblings = None
 
     @property
     def rid(self) -> str:
@@ -218,6 +238,8 @@ class Stream(Consumer):
         if pos < len(buf):
             self._pos = pos + 1
             return buf[pos]
+        if self._siblings is not None:
+            self._claim(self._siblings)
         state = self._state
         while True:
             if self._closed:
@@ -243,6 +265,8 @@ class Stream(Consumer):
         :raises ProducerError: as for ``__anext__``.
         :raises Aborted: as for ``__anext__``.
         """
+        if self._siblings is not None:
+            self._claim(self._siblings)
         rest = self._take_buffered()
         state = self._state
         waited = False
@@ -279,6 +303,8 @@ class Stream(Consumer):
         :raises ProducerError: the producer failed the request.
         :raises Aborted: the request was aborted.
         """
+        if self._siblings is not None:
+            self._claim(self._siblings)
         state = self._state
         merge = self._registry.merge
         acc = NOTHING
@@ -300,16 +326,15 @@ class Batch(Consumer):
 
     Built by :meth:`Registry.open_batch`. ``async for index, output in batch``
     yields outputs in arrival order; ``await batch.result()`` returns every
-    sub-request's result in order. Alternatively, take :attr:`streams` to read
-    each sub-request on its own (then not the batch itself).
+    sub-request's result in order. Alternatively, read each sub-request on its own
+    through :attr:`streams`; the first read decides which way the batch is read.
     """
 
-    __slots__ = ("_group", "_started", "_streams")
+    __slots__ = ("_group", "_streams")
 
     def __init__(self, registry: Registry, group: Group) -> None:
         super().__init__(registry, group.states)
         self._group = group
-        self._started = False
         self._streams: tuple[Stream, ...] | None = None
 
     def __del__(self) -> None:
@@ -348,31 +373,26 @@ class Batch(Consumer):
     def streams(self) -> tuple[Stream, ...]:
         """One :class:`Stream` per sub-request, for reading them separately.
 
-        Taking them hands every output to the sub-streams; from then on read those,
-        not the batch (the batch's ``aclose()`` and ``cancel()`` still apply to all).
-
-        :raises RuntimeError: the batch itself was already read.
+        Reading the property changes nothing (log the rids at will). Reading one of
+        the sub-streams commits the batch to per-sub-request reading: each gets its
+        outputs and its own ending (a failed or aborted sub-request raises its error,
+        after what it delivered before, as a :class:`Stream` does), and the batch
+        itself can no longer be read; its ``aclose()`` and ``cancel()`` still apply
+        to all. The sub-streams cannot be read once the batch itself was.
         """
         if self._streams is None:
-            if self._started:
-                raise RuntimeError("this batch is already being read; take .streams before reading")
-            group = self._group
             states = self._states
-            errors = group.errors or {}
-            for index, output in group.take():
-                if errors.get(index) is not output:
-                    states[index].pending.append(output)
-            for index, error in errors.items():
-                states[index].error = error
-            group.split = True
-            self._streams = tuple(Stream(state) for state in states)
+            self._streams = tuple(Stream(state, siblings=states) for state in states)
         return self._streams
 
     def _start(self) -> Group:
-        if self._streams is not None:
-            raise RuntimeError("this batch was split into .streams; read those instead")
-        self._started = True
-        return self._group
+        group = self._group
+        if group.split:
+            raise RuntimeError(
+                "this batch's sub-streams are being read (.streams); read those instead"
+            )
+        group.whole = True
+        return group
 
     def __aiter__(self) -> Self:
         return self

@@ -106,3 +106,23 @@ async def test_result_folds_while_the_consumer_sleeps_without_hitting_max_pendin
     registry.deliver(stream.rid, 50, finished=True)
     async with asyncio.timeout(10):
         assert await waiting == 50
+
+
+async def test_a_finished_request_whose_consumer_lags_ends_with_the_error_but_is_no_abort(
+    aborts: AbortLog,
+) -> None:
+    registry = tether.Registry(aborts, max_pending=2)
+    stream = registry.open()
+    batch = registry.open_batch(2)
+    for rid in (stream.rid, batch.rids[0]):
+        registry.deliver(rid, 1)
+        registry.deliver(rid, 2)
+        assert registry.deliver(rid, 3, finished=True) is True  # the producer is done with it
+    with pytest.raises(tether.ConsumerTooSlow):
+        await stream.result()
+    with pytest.raises(tether.ConsumerTooSlow):
+        await batch.result()
+    assert registry.in_flight == 0
+    await aborts.wait_for(1)
+    # Only the sibling that was still running hears of it; the finished ones never do.
+    assert aborts.calls == {batch.rids[1]: 1}

@@ -73,10 +73,26 @@ async def test_open_batch_registers_all_sub_requests_or_none(
     assert registry.in_flight == 1
     assert "free-1" not in registry
     limited = tether.Registry(max_in_flight=2)
+    one = limited.open()
     with pytest.raises(tether.Overloaded):
-        limited.open_batch(3)
-    assert limited.in_flight == 0
+        limited.open_batch(2)
+    assert limited.in_flight == 1
+    await one.aclose()
     await live.aclose()
+
+
+@pytest.mark.parametrize("rids", [3, ["a", "b", "c"]], ids=["count", "ids"])
+async def test_batch_that_could_never_be_admitted_is_refused_as_too_large_not_overloaded(
+    rids: int | list[str],
+) -> None:
+    limited = tether.Registry(max_in_flight=2)
+    with pytest.raises(tether.BatchTooLarge) as caught:
+        limited.open_batch(rids)  # on an idle registry: no retry could ever help
+    assert isinstance(caught.value, ValueError)
+    assert not isinstance(caught.value, tether.Overloaded)
+    assert (caught.value.size, caught.value.limit) == (3, 2)
+    assert limited.in_flight == 0
+    assert limited.stats().opened == 0
 
 
 @pytest.mark.parametrize(
@@ -165,14 +181,15 @@ async def test_batch_streams_split_each_sub_request_with_outputs_delivered_befor
         await batch.result()
 
 
-async def test_batch_streams_cannot_be_taken_once_the_batch_is_read(
+async def test_batch_sub_streams_cannot_be_read_once_the_batch_is_read(
     registry: tether.Registry,
 ) -> None:
     batch = registry.open_batch(1)
     registry.deliver(batch.rids[0], "x")
     assert await batch.next_ready() == [(0, "x")]
+    (only,) = batch.streams  # taking them is only a look
     with pytest.raises(RuntimeError, match="already being read"):
-        _ = batch.streams
+        await anext(only)
     await batch.aclose()
 
 
@@ -231,3 +248,59 @@ async def test_split_streams_keep_their_requests_when_the_batch_is_dropped(
     assert [output async for output in first] == ["x"]
     await second.aclose()
     assert aborts.calls == {second.rid: 1}
+
+
+async def test_reading_the_streams_property_leaves_the_batch_readable_as_a_whole(
+    registry: tether.Registry,
+) -> None:
+    batch = registry.open_batch(2)
+    logged = [stream.rid for stream in batch.streams]  # say, to log the rids
+    assert logged == list(batch.rids)
+    for rid in batch.rids:
+        registry.deliver(rid, rid, finished=True)
+    assert await batch.result() == logged
+
+
+@pytest.mark.parametrize(
+    "ending",
+    ["fail", "abort", "deadline"],
+)
+async def test_a_failed_batch_read_through_its_sub_streams_still_reports_the_failure(
+    registry: tether.Registry, aborts: AbortLog, ending: str
+) -> None:
+    batch = registry.open_batch(3, timeout=0.05 if ending == "deadline" else None)
+    finished, failing, _running = batch.rids
+    registry.deliver(finished, "done", finished=True)
+    registry.deliver(failing, "partial")
+    if ending == "fail":
+        registry.fail(failing, RuntimeError("bad prompt"))
+    elif ending == "abort":
+        registry.abort(failing)
+    else:
+        await aborts.wait_for(2)  # the deadline passed: both unfinished ones were aborted
+    done, failed, aborted = batch.streams  # split only now, after the failure
+    # The sibling that finished before the failure keeps its output, and ends cleanly.
+    assert [output async for output in done] == ["done"]
+    # The failing one: what it delivered before a failure (not before an abort), then its error.
+    if ending == "fail":
+        assert await anext(failed) == "partial"
+    with pytest.raises(tether.TetherError):
+        await anext(failed)
+    # The sibling aborted because of it never ends as if it had finished.
+    with pytest.raises(tether.TetherError):
+        await anext(aborted)
+    with pytest.raises(tether.TetherError):
+        await anext(aborted)  # and again: an ending does not wear off
+    await batch.aclose()
+    assert registry.in_flight == 0
+
+
+async def test_a_failed_batch_read_whole_yields_what_finished_before_then_raises(
+    registry: tether.Registry,
+) -> None:
+    batch = registry.open_batch(2)
+    registry.deliver(batch.rids[0], "done", finished=True)
+    registry.fail(batch.rids[1], RuntimeError("bad"))
+    assert await anext(batch) == (0, "done")
+    with pytest.raises(tether.ProducerError):
+        await anext(batch)

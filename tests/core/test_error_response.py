@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import logging
+
 import pytest
 
 import tether
@@ -40,6 +43,8 @@ class _Rejected(Exception):
         pytest.param(tether.UnknownRequest("r"), 404, {}, id="unknown"),
         pytest.param(tether.ProducerError("r", RuntimeError("x")), 500, {}, id="producer"),
         pytest.param(tether.ProducerError("r", _Rejected("too long")), 422, {}, id="producer-4xx"),
+        pytest.param(tether.BatchTooLarge(9, 4), 413, {}, id="batch-too-large"),
+        pytest.param(tether.InvalidRequestId("\ud800", "bad"), 422, {}, id="invalid-rid"),
     ],
 )
 def test_every_tether_error_maps_to_its_status_and_json_body(
@@ -73,3 +78,47 @@ def test_every_error_is_a_tether_error_with_a_message_naming_the_rid() -> None:
     for error in errors:
         assert isinstance(error, tether.TetherError)
         assert "rid-7" in str(error)
+
+
+class _Unavailable(RuntimeError):
+    status_code = 503
+
+
+@pytest.mark.parametrize(
+    "cause",
+    [
+        pytest.param(RuntimeError("postgres://admin:hunter2@db/prod"), id="plain"),
+        pytest.param(_Unavailable("/srv/models/secret.bin missing"), id="5xx-status"),
+    ],
+)
+async def test_a_producer_exception_text_reaches_the_log_never_the_client(
+    cause: Exception, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry = tether.Registry()
+    stream = registry.open()
+    registry.fail(stream.rid, cause)
+    with pytest.raises(tether.ProducerError) as caught:
+        await stream.result()
+    with caplog.at_level(logging.ERROR, logger="tether"):
+        response = tether.error_response(caught.value)
+    wire = json.dumps(response.body)
+    assert str(cause) not in wire
+    assert stream.rid in response.body["error"]["message"]
+    assert response.status == getattr(cause, "status_code", 500)
+    exchange = tether.Exchange(registry.open_batch(1), streaming=True, ping_interval=5)
+    registry.fail(exchange.source.rids[0], cause)  # type: ignore[union-attr]
+    head = await exchange.start()
+    assert str(cause).encode() not in head.body
+    # ... and the operator still has the detail, with its traceback.
+    assert any(record.exc_info and record.exc_info[1] is cause for record in caplog.records)
+
+
+async def test_a_client_facing_producer_refusal_keeps_its_message() -> None:
+    registry = tether.Registry()
+    stream = registry.open()
+    registry.fail(stream.rid, _Rejected("the prompt is longer than 4096 tokens"))
+    with pytest.raises(tether.ProducerError) as caught:
+        await stream.result()
+    response = tether.error_response(caught.value)
+    assert response.status == 422
+    assert "longer than 4096 tokens" in response.body["error"]["message"]

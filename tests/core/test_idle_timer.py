@@ -76,3 +76,18 @@ async def test_aclose_stops_the_idle_timer() -> None:
         await stream.aclose()
         assert await reader is None
     assert stream._idle_timer is None
+
+
+async def test_a_short_timed_wait_after_a_longer_one_returns_on_its_own_deadline() -> None:
+    registry = tether.Registry()
+    stream = registry.open()
+    loop = asyncio.get_running_loop()
+    long_wait = asyncio.ensure_future(stream.next_ready(timeout=30))
+    await asyncio.sleep(0)  # the long wait parks and arms the idle timer (a yield)
+    registry.deliver(stream.rid, "x")
+    assert await long_wait == ["x"]
+    started = loop.time()
+    async with asyncio.timeout(10):
+        assert await stream.next_ready(timeout=0.05) == []
+    assert loop.time() - started < 5  # its own 0.05 s, not what is left of the 30 s
+    await stream.aclose()

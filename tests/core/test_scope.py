@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import weakref
 
 import pytest
 
@@ -118,3 +119,24 @@ async def test_cancelling_a_wait_while_the_client_is_there_is_a_plain_cancellati
             await waiter
     assert not scope.disconnected
     assert registry.stats().aborted == {"cancelled": 1}
+
+
+async def test_a_long_lived_scope_lets_go_of_the_streams_that_ended(
+    registry: tether.Registry,
+) -> None:
+    kept: list[weakref.ref[tether.Stream]] = []
+    with tether.RequestScope() as scope:
+        live = registry.open()
+        for _ in range(2_000):  # an agent loop or a WebSocket handler, one stream after another
+            stream = registry.open()
+            kept.append(weakref.ref(stream))
+            registry.deliver(stream.rid, "x", finished=True)
+            assert await stream.result() == "x"
+            await stream.aclose()
+            del stream
+        gone = sum(ref() is None for ref in kept)
+        assert gone >= 1_800  # the scope held on to at most a bounded tail of them
+        assert scope.disconnect() == 1  # and still cancels what is live
+    assert registry.in_flight == 0
+    with pytest.raises(tether.Aborted):
+        await live.result()
