@@ -36,6 +36,7 @@ from ._http import (
 )
 from ._registry import Registry
 from ._scope import RequestScope
+from ._state import DEFAULT_MAX_PENDING_BYTES, approximate_size
 from ._stats import RegistryStats, Summary
 from ._stream import Batch, Stream
 
@@ -43,6 +44,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CLIENT_CLOSED_REQUEST",
+    "DEFAULT_MAX_PENDING_BYTES",
     "DEFAULT_SEND_TIMEOUT",
     "MAX_RID_LENGTH",
     "NDJSON",
@@ -69,6 +71,7 @@ __all__ = [
     "Summary",
     "TetherError",
     "UnknownRequest",
+    "approximate_size",
     "error_body",
     "error_response",
 ]

@@ -13,7 +13,8 @@ Every error the core raises derives from :class:`TetherError`::
     ├── Aborted                       the request was closed before it finished;
     │   │                             ``reason`` says why (an :class:`AbortReason`)
     │   ├── RequestTimeout (TimeoutError)  its deadline passed
-    │   └── ConsumerTooSlow               more than ``max_pending`` outputs waited
+    │   └── ConsumerTooSlow               more than ``max_pending`` outputs (or
+    │                                     ``max_pending_bytes``) waited
     └── ProducerError                 the producer called ``Registry.fail()``
 
 Consumers (``Stream``/``Batch``) raise these from ``__anext__``, ``result()`` and
@@ -163,19 +164,26 @@ class RequestTimeout(Aborted, TimeoutError):
 
 
 class ConsumerTooSlow(Aborted):
-    """Raised to a consumer that let more than ``max_pending`` outputs wait.
+    """Raised to a consumer that let more than ``max_pending`` outputs, or more than
+    ``max_pending_bytes`` bytes of them, wait (``max_bytes`` says which).
 
     Pass ``merge=`` to the ``Registry`` to combine waiting outputs instead.
     """
 
-    def __init__(self, rid: str, max_pending: int) -> None:
-        super().__init__(
-            rid,
-            AbortReason.CONSUMER_TOO_SLOW,
-            f"request {rid!r}: more than max_pending={max_pending} outputs waited for the "
-            "consumer; read faster, raise max_pending or give the Registry a merge function",
-        )
+    def __init__(self, rid: str, max_pending: int, *, max_bytes: int | None = None) -> None:
+        if max_bytes is None:
+            message = (
+                f"request {rid!r}: more than max_pending={max_pending} outputs waited for the "
+                "consumer; read faster, raise max_pending or give the Registry a merge function"
+            )
+        else:
+            message = (
+                f"request {rid!r}: more than max_pending_bytes={max_bytes} bytes of outputs "
+                "waited for the consumer; read faster or raise max_pending_bytes"
+            )
+        super().__init__(rid, AbortReason.CONSUMER_TOO_SLOW, message)
         self.max_pending = max_pending
+        self.max_bytes = max_bytes
 
 
 class ProducerError(TetherError):

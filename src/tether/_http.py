@@ -134,7 +134,8 @@ def error_response(exc: BaseException) -> ErrorResponse:
     """
     status, headers = _status_of(exc)
     if isinstance(exc, ProducerError) and status >= 500:
-        logger.error("%s (the client sees no detail)", exc, exc_info=exc.__cause__)
+        # The text, not the error: a kept log record must not keep its traceback's frames.
+        logger.error("%s (the client sees no detail)", str(exc), exc_info=exc.__cause__)
     return ErrorResponse(status, error_body(exc, status), headers)
 
 

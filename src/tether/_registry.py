@@ -41,10 +41,17 @@ from ._errors import (
     TetherError,
 )
 from ._scope import current_scope
-from ._state import NOTHING, Group, RequestState, wake
+from ._state import (
+    DEFAULT_MAX_PENDING_BYTES,
+    NOTHING,
+    Group,
+    RequestState,
+    approximate_size,
+    wake,
+)
 from ._stats import RegistryStats, Summary, sample_buffer
 from ._stream import Batch, Stream
-from .types import Merge, OnAbort
+from .types import Merge, OnAbort, SizeOf
 
 __all__ = ["Registry"]
 
@@ -85,6 +92,15 @@ class Registry:
     :param max_pending: how many outputs may wait for a consumer that falls behind
         before the request ends with :class:`~tether.ConsumerTooSlow`. Ignored when
         ``merge`` is given.
+    :param max_pending_bytes: how many bytes of outputs may wait for a consumer that
+        falls behind (beyond the oldest waiting output; with ``merge``, the size of the
+        merged output) before the request ends with :class:`~tether.ConsumerTooSlow`:
+        a count alone lets a few large outputs hold gigabytes. ``None`` lifts the bound.
+        Sizes are measured only while a backlog exists, never for a consumer that keeps
+        up, and not for ``result()``, which keeps the whole result by design.
+    :param sizeof: how many bytes an output weighs; by default
+        :func:`~tether.approximate_size` (string and bytes lengths, summed through
+        dicts, lists and tuples).
     :param merge: ``merge(older, newer) -> combined``: folds waiting outputs together
         so that at most one waits per request, and folds deltas into the result of
         ``result()``. Without it, ``result()`` returns the last output.
@@ -97,6 +113,8 @@ class Registry:
         *,
         max_in_flight: int | None = None,
         max_pending: int = 1024,
+        max_pending_bytes: int | None = DEFAULT_MAX_PENDING_BYTES,
+        sizeof: SizeOf | None = None,
         merge: Merge | None = None,
         abort_timeout: float = 5.0,
     ) -> None:
@@ -104,6 +122,12 @@ class Registry:
             raise ValueError(f"max_in_flight must be at least 1 or None, got {max_in_flight}")
         if max_pending < 1:
             raise ValueError(f"max_pending must be at least 1, got {max_pending}")
+        if max_pending_bytes is not None and max_pending_bytes < 1:
+            raise ValueError(
+                f"max_pending_bytes must be at least 1 or None, got {max_pending_bytes}"
+            )
+        self._max_pending_bytes = max_pending_bytes
+        self._sizeof: SizeOf = sizeof or approximate_size
         self._on_abort = on_abort
         self._max_in_flight = max_in_flight
         self._max_pending = max_pending
@@ -326,9 +350,15 @@ class Registry:
                 if not pending:
                     pending.append(output)
                 elif merge is not None:
-                    pending[-1] = merge(pending[-1], output)
+                    pending[-1] = merged = merge(pending[-1], output)
+                    if self._over_budget(state, merged, merged=True):
+                        self._too_slow(state, finished)
+                        return True
                 elif len(pending) < self._max_pending:
                     pending.append(output)
+                    if self._over_budget(state, output, merged=False):
+                        self._too_slow(state, finished)
+                        return True
                 else:
                     self._too_slow(state, finished)
                     return True
@@ -345,15 +375,23 @@ class Registry:
                 if state.gen != group.gen:
                     state.gen = group.gen
                     state.npending = 1
+                    state.nbytes = 0
                     state.pos = len(pending_pairs)
                     pending_pairs.append((state.index, output))
                 elif merge is not None:
                     pos = state.pos
-                    pending_pairs[pos] = (state.index, merge(pending_pairs[pos][1], output))
+                    merged = merge(pending_pairs[pos][1], output)
+                    pending_pairs[pos] = (state.index, merged)
+                    if self._over_budget(state, merged, merged=True):
+                        self._too_slow(state, finished)
+                        return True
                 elif state.npending < self._max_pending:
                     state.npending += 1
                     state.pos = len(pending_pairs)
                     pending_pairs.append((state.index, output))
+                    if self._over_budget(state, output, merged=False):
+                        self._too_slow(state, finished)
+                        return True
                 else:
                     self._too_slow(state, finished)
                     return True
@@ -603,9 +641,23 @@ class Registry:
             wake_consumer(state)
         return True
 
+    def _over_budget(self, state: RequestState, output: Any, *, merged: bool) -> bool:
+        """Count ``output`` against the request's byte budget (only called while a
+        backlog exists); whether the backlog is now over it."""
+        budget = self._max_pending_bytes
+        if budget is None:
+            return False
+        size = self._sizeof(output)
+        state.nbytes = size if merged else state.nbytes + size
+        return state.nbytes > budget
+
     def _too_slow(self, state: RequestState, finished: bool) -> None:
         # Called from inside deliver(): on_abort must not re-enter the producer.
-        error = ConsumerTooSlow(state.rid, self._max_pending)
+        budget = self._max_pending_bytes
+        if budget is not None and state.nbytes > budget:
+            error = ConsumerTooSlow(state.rid, self._max_pending, max_bytes=budget)
+        else:
+            error = ConsumerTooSlow(state.rid, self._max_pending)
         if finished:
             # The producer is done with this rid and has forgotten it: the request ends
             # with the error, but it is no abort to report (on_abort never hears of a

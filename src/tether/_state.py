@@ -17,6 +17,7 @@ These are internal: only the registry and the consumers touch them.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from ._errors import TetherError
     from ._registry import Registry
 
-__all__ = ["NOTHING", "Group", "RequestState"]
+__all__ = ["DEFAULT_MAX_PENDING_BYTES", "NOTHING", "Group", "RequestState", "approximate_size"]
 
 
 class _Nothing:
@@ -36,6 +37,34 @@ class _Nothing:
 
 NOTHING: Final[Any] = _Nothing()
 """Marks "no output yet" where ``None`` is a valid output."""
+
+
+DEFAULT_MAX_PENDING_BYTES: Final = 16 * 1024 * 1024
+"""The default byte budget of one request's backlog (``Registry(max_pending_bytes=)``)."""
+
+_SIZE_DEPTH: Final = 4
+
+
+def approximate_size(output: Any, _depth: int = 0) -> int:
+    """About how many bytes ``output`` holds: the length of strings and bytes, summed
+    through dicts (keys and values), lists and tuples down to a few levels; anything
+    else weighs what ``sys.getsizeof`` says. Cheap for the outputs of a token stream,
+    and it sees the megabyte string inside an output dict."""
+    if isinstance(output, str | bytes | bytearray):
+        return len(output)
+    if _depth < _SIZE_DEPTH:
+        if isinstance(output, dict):
+            depth = _depth + 1
+            return sum(
+                approximate_size(key, depth) + approximate_size(value, depth)
+                for key, value in output.items()
+            )
+        if isinstance(output, list | tuple):
+            depth = _depth + 1
+            return sum(approximate_size(item, depth) for item in output)
+    if isinstance(output, memoryview):
+        return output.nbytes
+    return sys.getsizeof(output)
 
 
 def wake(waiter: asyncio.Future[None] | None) -> None:
@@ -107,6 +136,8 @@ class Group:
         for index, output in self.take():
             if errors.get(index) is not output:  # (a keep-going batch's errors stand inline)
                 states[index].pending.append(output)
+        for state in states:
+            state.nbytes = 0
         self.split = True
 
 
@@ -122,6 +153,7 @@ class RequestState:
         "group",
         "index",
         "live",
+        "nbytes",
         "npending",
         "opened_at",
         "pending",
@@ -151,6 +183,8 @@ class RequestState:
         self.gen = -1
         self.pos = 0
         self.npending = 0
+        # Bytes waiting behind the oldest output, counted only while a backlog exists.
+        self.nbytes = 0
         # collect mode (result() is waiting): the producer folds into acc and
         # wakes the consumer only when the request ends.
         self.collect = False

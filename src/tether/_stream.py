@@ -247,6 +247,7 @@ class Stream(Consumer):
             pending = state.pending
             if pending:
                 state.pending = []
+                state.nbytes = 0
                 self._buf = pending
                 self._pos = 1
                 return pending[0]
@@ -276,6 +277,7 @@ class Stream(Consumer):
             pending = state.pending
             if pending:
                 state.pending = []
+                state.nbytes = 0
                 if rest:
                     rest.extend(pending)
                     return rest
@@ -311,6 +313,7 @@ class Stream(Consumer):
         for output in (self._take_buffered() or _EMPTY) + state.pending:
             acc = _fold(merge, acc, output)
         state.pending = []
+        state.nbytes = 0
         if state.live and not self._closed:
             state.acc = acc
             state.collect = True

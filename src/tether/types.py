@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
-__all__ = ["Dumps", "Merge", "OnAbort"]
+__all__ = ["Dumps", "Merge", "OnAbort", "SizeOf"]
 
 Merge: TypeAlias = Callable[[Any, Any], Any]
 """``merge(older, newer) -> combined``: folds two outputs of one request into one."""
@@ -15,3 +15,6 @@ OnAbort: TypeAlias = Callable[[str], object]
 
 Dumps: TypeAlias = Callable[[Any], bytes]
 """Serialises one JSON value to UTF-8 bytes."""
+
+SizeOf: TypeAlias = Callable[[Any], int]
+"""``sizeof(output) -> bytes``: what one output weighs against ``max_pending_bytes``."""

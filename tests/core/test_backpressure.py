@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
+from typing import Any
 
 import pytest
 
@@ -126,3 +127,56 @@ async def test_a_finished_request_whose_consumer_lags_ends_with_the_error_but_is
     await aborts.wait_for(1)
     # Only the sibling that was still running hears of it; the finished ones never do.
     assert aborts.calls == {batch.rids[1]: 1}
+
+
+MIB = 1024 * 1024
+
+
+@pytest.mark.parametrize("merge", [None, operator.add], ids=["no-merge", "merge"])
+async def test_large_outputs_for_a_consumer_that_never_reads_end_at_the_byte_budget(
+    aborts: AbortLog, merge: Any
+) -> None:
+    registry = tether.Registry(aborts, merge=merge, max_pending_bytes=4 * MIB)
+    stream = registry.open()
+    delivered = 0
+    while stream.rid in registry and delivered < 100:  # 1,024 outputs would be allowed by count
+        registry.deliver(stream.rid, "x" * MIB)
+        delivered += 1
+    assert delivered <= 6  # the budget, not max_pending, ended it: about 4 MiB were held
+    with pytest.raises(tether.ConsumerTooSlow, match="max_pending_bytes") as caught:
+        await stream.next_ready()
+    assert caught.value.max_bytes == 4 * MIB
+    await aborts.wait_for(1)
+    assert aborts.calls == {stream.rid: 1}
+    assert registry.stats().aborted == {"consumer_too_slow": 1}
+
+
+async def test_large_outputs_for_a_batch_that_never_reads_end_at_the_byte_budget(
+    aborts: AbortLog,
+) -> None:
+    registry = tether.Registry(aborts, max_pending_bytes=4 * MIB)
+    batch = registry.open_batch(2)
+    for _ in range(8):
+        registry.deliver(batch.rids[0], {"text": "y" * MIB, "meta": {"n": 1}})
+    with pytest.raises(tether.ConsumerTooSlow):
+        await batch.result()
+    assert registry.in_flight == 0
+
+
+async def test_a_consumer_that_keeps_up_with_large_outputs_never_hits_the_byte_budget() -> None:
+    registry = tether.Registry(max_pending_bytes=2 * MIB)
+    stream = registry.open()
+    for _ in range(50):
+        registry.deliver(stream.rid, b"z" * MIB)
+        assert await stream.next_ready() == [b"z" * MIB]
+    registry.deliver(stream.rid, b"", finished=True)
+    assert await stream.next_ready() == [b""]
+    assert await stream.next_ready() is None
+
+
+def test_approximate_size_sees_the_bytes_inside_an_output() -> None:
+    output = {"text": "x" * 1000, "meta_info": {"id": "r-1", "tokens": [1, 2, 3]}}
+    assert 1000 < tether.approximate_size(output) < 1200
+    assert tether.approximate_size(b"abc") == 3
+    assert tether.approximate_size(memoryview(b"abcd")) == 4
+    assert tether.approximate_size(["a" * 10, ("b" * 10,)]) == 20
