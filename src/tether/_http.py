@@ -59,6 +59,14 @@ DEFAULT_SEND_TIMEOUT: Final = 30.0
 
 JSON_HEADERS: Final = {"content-type": "application/json"}
 
+WRITE_BYTES: Final = 256 * 1024
+"""About how many bytes one chunk of a stream carries when a backlog is ready: ready
+outputs are coalesced into one write up to this, and a larger backlog goes out over
+several writes, so that it is never copied whole into one buffer."""
+
+_FIRST_SLICE: Final = 4
+"""How many outputs are encoded before their size is known."""
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ErrorResponse:
@@ -176,8 +184,10 @@ class Exchange:
     """
 
     __slots__ = (
+        "_carry",
         "_done",
         "_errors_inline",
+        "_frame_bytes",
         "_guard",
         "_indexed",
         "encoder",
@@ -215,6 +225,10 @@ class Exchange:
         self._indexed = isinstance(source, Batch)
         self._errors_inline = isinstance(source, Batch) and source.keep_going
         self._done = False
+        # Ready outputs not written yet (a backlog larger than WRITE_BYTES), and the
+        # last chunk's bytes per output, to size the next one before encoding it.
+        self._carry: list[Any] | None = None
+        self._frame_bytes = 0
 
     @property
     def done(self) -> bool:
@@ -261,10 +275,10 @@ class Exchange:
         if not items:
             return Head(200, headers, encoder.ping(), True)
         try:
-            chunk = self._encode(items)
+            chunk = self._encode_some(items)
         except Exception as exc:
             return self._unencodable_head(exc)
-        if self.source._exhausted():
+        if self._carry is None and self.source._exhausted():
             self._done = True
             return Head(200, headers, chunk + encoder.terminal(), False)
         return Head(200, headers, chunk, True)
@@ -298,6 +312,36 @@ class Exchange:
         await self.aclose()
         return Head(200, self._success_headers(), b"", False)
 
+    def _encode_some(self, items: list[Any]) -> bytes:
+        """Encode the ready ``items`` into one chunk of about :data:`WRITE_BYTES` at most
+        (at least one output); what does not fit waits in ``_carry`` for the next chunk.
+
+        Outputs are encoded slice by slice, each slice sized from the bytes per output
+        measured last, so a backlog is never encoded or joined whole. The usual case
+        (small outputs, sizes known) is one slice and no copy of the list.
+        """
+        count = len(items)
+        per_frame = self._frame_bytes
+        if per_frame and per_frame * count <= WRITE_BYTES:
+            chunk = self._encode(items)
+            self._frame_bytes = len(chunk) // count or 1
+            return chunk
+        parts: list[bytes] = []
+        size = done = 0
+        while done < count and size < WRITE_BYTES:
+            # Before anything was measured, a few outputs tell the size of the rest.
+            take = max(1, (WRITE_BYTES - size) // per_frame) if per_frame else _FIRST_SLICE
+            part = self._encode(items[done : done + take])
+            taken = min(take, count - done)
+            per_frame = len(part) // taken or 1
+            parts.append(part)
+            size += len(part)
+            done += taken
+        self._frame_bytes = per_frame
+        if done < count:
+            self._carry = items[done:]
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
     def _encode(self, items: list[Any]) -> bytes:
         if self._indexed:
             if self._errors_inline:
@@ -316,8 +360,13 @@ class Exchange:
         if self._done:
             return None
         encoder = self.encoder
+        carry = self._carry
         try:
-            items = await self.source.next_ready(timeout=self.ping_interval)
+            if carry is not None:
+                self._carry = None
+                items: list[Any] | None = carry
+            else:
+                items = await self.source.next_ready(timeout=self.ping_interval)
         except Aborted as exc:
             self._done = True
             if exc.reason in (AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED):
@@ -332,12 +381,12 @@ class Exchange:
         if not items:
             return encoder.ping()
         try:
-            chunk = self._encode(items)
+            chunk = self._encode_some(items)
         except Exception as exc:
             self._unencodable(exc)
             self._done = True
             return encoder.error(error_response(exc).body) + encoder.terminal()
-        if self.source._exhausted():
+        if self._carry is None and self.source._exhausted():
             # The last outputs and the terminal frame go out in one write.
             self._done = True
             return chunk + encoder.terminal()

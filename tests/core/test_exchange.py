@@ -262,3 +262,28 @@ async def test_a_json_result_uses_the_encoders_dumps_and_a_bad_one_is_a_500(
     async with asyncio.timeout(10):
         head = await tether.Exchange(broken, streaming=False).start()
     assert head.status == 500
+
+
+@pytest.mark.parametrize("ready_at_start", [True, False], ids=["backlog-at-start", "backlog-later"])
+async def test_a_large_backlog_goes_out_in_bounded_chunks_in_order_never_copied_whole(
+    registry: tether.Registry, ready_at_start: bool
+) -> None:
+    stream = registry.open()
+    exchange = tether.Exchange(stream, streaming=True, ping_interval=5)
+    outputs = [{"n": n, "text": "x" * 100_000} for n in range(40)]  # 4 MB ready at once
+    if not ready_at_start:
+        registry.deliver(stream.rid, {"n": -1, "text": ""})
+    for output in outputs[:-1]:
+        registry.deliver(stream.rid, output)
+    registry.deliver(stream.rid, outputs[-1], finished=True)
+    async with asyncio.timeout(10):
+        head = await exchange.start()
+        chunks = [head.body]
+        while (chunk := await exchange.next_chunk()) is not None:
+            chunks.append(chunk)
+    values = _sse_values(b"".join(chunks))
+    assert values[-1] == "[DONE]"
+    assert [value["n"] for value in values[:-1] if value["n"] >= 0] == list(range(40))  # type: ignore[index]
+    largest = max(len(chunk) for chunk in chunks)
+    assert largest <= 512 * 1024  # the 4 MB backlog was never joined into one buffer
+    assert len(chunks) >= 8
