@@ -9,6 +9,7 @@ framework.
 
 from __future__ import annotations
 
+from ._batch import Batch
 from ._encoders import NDJSON, SSE, Encoder
 from ._errors import (
     MAX_RID_LENGTH,
@@ -38,7 +39,7 @@ from ._registry import Registry
 from ._scope import RequestScope
 from ._state import DEFAULT_MAX_PENDING_BYTES, approximate_size
 from ._stats import RegistryStats, Summary
-from ._stream import Batch, Stream
+from ._stream import Stream
 
 __version__ = "0.1.0"
 

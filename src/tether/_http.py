@@ -20,6 +20,7 @@ import math
 from collections.abc import Awaitable
 from typing import Any, Final
 
+from ._batch import Batch
 from ._encoders import SSE, Encoder, default_dumps
 from ._errors import (
     Aborted,
@@ -37,7 +38,7 @@ from ._errors import (
 )
 from ._guard import SendGuard
 from ._scope import current_scope
-from ._stream import Batch, Stream
+from ._stream import Stream
 
 __all__ = [
     "CLIENT_CLOSED_REQUEST",
@@ -278,7 +279,7 @@ class Exchange:
             chunk = self._encode_some(items)
         except Exception as exc:
             return self._unencodable_head(exc)
-        if self._carry is None and self.source._exhausted():
+        if self._carry is None and self.source.exhausted:
             self._done = True
             return Head(200, headers, chunk + encoder.terminal(), False)
         return Head(200, headers, chunk, True)
@@ -386,7 +387,7 @@ class Exchange:
             self._unencodable(exc)
             self._done = True
             return encoder.error(error_response(exc).body) + encoder.terminal()
-        if self._carry is None and self.source._exhausted():
+        if self._carry is None and self.source.exhausted:
             # The last outputs and the terminal frame go out in one write.
             self._done = True
             return chunk + encoder.terminal()

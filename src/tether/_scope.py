@@ -12,12 +12,9 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import Protocol, Self
 
 from ._errors import Aborted, AbortReason
-
-if TYPE_CHECKING:
-    from ._stream import Consumer
 
 __all__ = ["RequestScope", "current_scope"]
 
@@ -27,6 +24,19 @@ _PRUNE_FLOOR = 64
 _current: contextvars.ContextVar[RequestScope | None] = contextvars.ContextVar(
     "tether_request_scope", default=None
 )
+
+
+class Consumer(Protocol):
+    """What a scope needs of what it tracks (a ``Stream`` or ``Batch``)."""
+
+    @property
+    def finished(self) -> bool:
+        """Whether none of its requests is in flight any more."""
+        ...
+
+    def cancel(self, reason: AbortReason = ...) -> bool:
+        """Abort whatever is unfinished; whether anything was."""
+        ...
 
 
 def current_scope() -> RequestScope | None:

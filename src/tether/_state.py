@@ -1,17 +1,20 @@
-"""Per-request state: the entry the registry routes outputs to.
+"""Mailboxes: where a request's outputs wait for its consumer.
 
-A :class:`RequestState` is both a rid's table entry and, for a single request,
-the mailbox its consumer reads from. The sub-requests of a batch share one
-:class:`Group` instead: their outputs wait in the group's list as
-``(index, output)`` pairs, in arrival order, and one future wakes the batch.
+A :class:`RequestState` is a rid's table entry and, for a single request, the
+mailbox its consumer reads. The sub-requests of a batch share one :class:`Group`
+instead: their outputs wait there as ``(index, output)`` pairs, in arrival order,
+and one future wakes the batch. Each mailbox owns what is done to it: ``put`` (the
+producer's output, folded by ``merge`` or bounded by the :class:`Limits`),
+``take`` (everything ready, for the consumer) and ``end`` (the request's error).
+The consumer loop reads both kinds alike: ``pending``, ``take()``, ``error``,
+``live`` and a ``waiter`` future, made only when the consumer has to wait.
 
-Neither object refers to the ``Stream``/``Batch`` that reads it, so a consumer
-dropped without being closed is freed by reference counting and its
-``__del__`` can clean up. Both use ``__slots__`` and make no reference cycle
-with the consumer: the cyclic garbage collector is a large share of the cost at
-ten thousand live requests.
-
-These are internal: only the registry and the consumers touch them.
+Neither mailbox refers to the consumer that reads it or to the table, so a
+consumer dropped without being closed is freed by reference counting and its
+``__del__`` can clean up. Both use ``__slots__`` and make no reference cycle: the
+cyclic garbage collector is a large share of the cost at ten thousand live
+requests. (A group and its states do refer to each other while the batch runs;
+the table breaks that cycle when the last sub-request ends.)
 """
 
 from __future__ import annotations
@@ -19,13 +22,19 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
-if TYPE_CHECKING:
-    from ._errors import TetherError
-    from ._registry import Registry
+from ._errors import TetherError
+from .types import Merge, SizeOf
 
-__all__ = ["DEFAULT_MAX_PENDING_BYTES", "NOTHING", "Group", "RequestState", "approximate_size"]
+__all__ = [
+    "DEFAULT_MAX_PENDING_BYTES",
+    "NOTHING",
+    "Group",
+    "Limits",
+    "RequestState",
+    "approximate_size",
+]
 
 
 class _Nothing:
@@ -37,7 +46,6 @@ class _Nothing:
 
 NOTHING: Final[Any] = _Nothing()
 """Marks "no output yet" where ``None`` is a valid output."""
-
 
 DEFAULT_MAX_PENDING_BYTES: Final = 16 * 1024 * 1024
 """The default byte budget of one request's backlog (``Registry(max_pending_bytes=)``)."""
@@ -68,8 +76,30 @@ def approximate_size(output: Any, _depth: int = 0) -> int:
 
 
 def wake(waiter: asyncio.Future[None] | None) -> None:
+    """Resolve ``waiter`` if it is still pending (its consumer may have been cancelled)."""
     if waiter is not None and not waiter.done():
         waiter.set_result(None)
+
+
+class Limits:
+    """How much may wait for a consumer that falls behind (one per registry).
+
+    :param merge: folds a waiting output and a newer one into one, or ``None``.
+    :param max_pending: how many outputs may wait without ``merge``.
+    :param max_bytes: how many bytes may wait beyond the oldest output (with
+        ``merge``: the merged output's size), or ``None``.
+    :param sizeof: what one output weighs.
+    """
+
+    __slots__ = ("max_bytes", "max_pending", "merge", "sizeof")
+
+    def __init__(
+        self, merge: Merge | None, max_pending: int, max_bytes: int | None, sizeof: SizeOf
+    ) -> None:
+        self.merge = merge
+        self.max_pending = max_pending
+        self.max_bytes = max_bytes
+        self.sizeof = sizeof
 
 
 class Group:
@@ -79,15 +109,15 @@ class Group:
     consumer took ``pending``: a state whose ``gen`` differs has nothing in the
     current list. The batch is read one way or the other, decided by the first
     read: ``whole`` once the batch itself was read; ``split`` once one of its
-    sub-streams was, after which each state keeps its own outputs.
+    sub-streams was, after which each state is its own mailbox.
     """
 
     __slots__ = (
-        "collect",
         "error",
         "errors",
         "gen",
         "keep_going",
+        "live",
         "pending",
         "remaining",
         "split",
@@ -98,20 +128,49 @@ class Group:
     )
 
     def __init__(self, states: list[RequestState], *, keep_going: bool) -> None:
-        # Emptied once every sub-request ended (see Registry._release).
+        # Emptied once every sub-request ended (see Table.release).
         self.states: Sequence[RequestState] = states
         self.keep_going = keep_going
         self.pending: list[tuple[int, Any]] = []
         self.gen = 0
-        self.remaining = len(states)
+        self.remaining = 0
+        self.live = True
         self.error: TetherError | None = None
-        # Per-index errors of a keep-going batch, created on the first one.
+        # Per-index errors, created on the first one.
         self.errors: dict[int, TetherError] | None = None
-        self.collect = False
         self.split = False
         self.whole = False
         self.waiter: asyncio.Future[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
+
+    def put(self, state: RequestState, output: Any, limits: Limits) -> bool:
+        """Append (or fold) one of ``state``'s outputs; ``False`` if over a limit."""
+        pairs = self.pending
+        if state.gen != self.gen:
+            state.gen = self.gen
+            state.npending = 1
+            state.nbytes = 0
+            state.pos = len(pairs)
+            pairs.append((state.index, output))
+        elif limits.merge is not None:
+            pos = state.pos
+            merged = limits.merge(pairs[pos][1], output)
+            pairs[pos] = (state.index, merged)
+            if not state.weigh(merged, limits, merged=True):
+                return False
+        elif state.npending < limits.max_pending:
+            state.npending += 1
+            state.pos = len(pairs)
+            pairs.append((state.index, output))
+            if not state.weigh(output, limits, merged=False):
+                return False
+        else:
+            return False
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            wake(waiter)
+        return True
 
     def take(self) -> list[tuple[int, Any]]:
         """Hand every waiting pair to the consumer, oldest first."""
@@ -121,14 +180,29 @@ class Group:
             self.gen += 1
         return pending
 
+    def record(self, state: RequestState) -> None:
+        """A sub-request ended with ``state.error``: note it where the batch reads it."""
+        error = state.error
+        if error is None or self.split:
+            return  # a split batch's sub-streams read each state's own error
+        if self.errors is None:
+            self.errors = {}
+        self.errors[state.index] = error
+        if self.keep_going:
+            # the error takes the sub-request's place in arrival order
+            self.pending.append((state.index, error))
+        elif self.error is None:
+            self.error = error
+
     def drop(self, indices: set[int]) -> None:
         """Forget the waiting outputs of the sub-requests at ``indices`` (aborted ones)."""
-        self.pending = [pair for pair in self.pending if pair[0] not in indices]
-        self.gen += 1
+        if self.pending:
+            self.pending = [pair for pair in self.pending if pair[0] not in indices]
+            self.gen += 1
 
     def split_up(self, states: Sequence[RequestState]) -> None:
-        """Give each sub-request its own mailbox: from now on each state keeps its
-        outputs, and a sub-request's error (``state.error``) ends its own stream.
+        """Make each sub-request its own mailbox: from now on each state keeps its
+        outputs, and a sub-request's ``state.error`` ends its own stream.
 
         :param states: every sub-request's state, in index order.
         """
@@ -140,9 +214,16 @@ class Group:
             state.nbytes = 0
         self.split = True
 
+    def wake(self) -> None:
+        """Wake the batch's consumer, if it waits."""
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            wake(waiter)
+
 
 class RequestState:
-    """One rid's entry, and the mailbox of a single request."""
+    """One rid's table entry, and the mailbox of a single request."""
 
     __slots__ = (
         "acc",
@@ -158,16 +239,12 @@ class RequestState:
         "opened_at",
         "pending",
         "pos",
-        "registry",
         "rid",
         "timer",
         "waiter",
     )
 
-    def __init__(
-        self, registry: Registry, rid: str, index: int, group: Group | None, opened_at: float
-    ) -> None:
-        self.registry = registry
+    def __init__(self, rid: str, index: int, group: Group | None, opened_at: float) -> None:
         self.rid = rid
         self.index = index
         self.group = group
@@ -192,3 +269,82 @@ class RequestState:
 
     def __repr__(self) -> str:
         return f"<RequestState {self.rid!r} live={self.live}>"
+
+    def put(self, output: Any, limits: Limits) -> bool:
+        """Add one output for the consumer; ``False`` if that puts it over a limit.
+
+        In collect mode the output is folded into the result and nobody is woken;
+        in a batch not split up, it goes to the group's shared list. ``merge`` may
+        raise: the caller fails the request.
+        """
+        if self.collect:
+            merge, acc = limits.merge, self.acc
+            self.acc = output if merge is None or acc is NOTHING else merge(acc, output)
+            return True
+        group = self.group
+        if group is not None and not group.split:
+            return group.put(self, output, limits)
+        pending = self.pending
+        if not pending:
+            pending.append(output)
+        elif limits.merge is not None:
+            pending[-1] = merged = limits.merge(pending[-1], output)
+            if not self.weigh(merged, limits, merged=True):
+                return False
+        elif len(pending) < limits.max_pending:
+            pending.append(output)
+            if not self.weigh(output, limits, merged=False):
+                return False
+        else:
+            return False
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            wake(waiter)
+        return True
+
+    def weigh(self, output: Any, limits: Limits, *, merged: bool) -> bool:
+        """Count ``output`` against the byte budget (only while a backlog exists);
+        whether the backlog still fits."""
+        budget = limits.max_bytes
+        if budget is None:
+            return True
+        size = limits.sizeof(output)
+        self.nbytes = size if merged else self.nbytes + size
+        return self.nbytes <= budget
+
+    def over_bytes(self, limits: Limits) -> bool:
+        """Whether the byte budget (rather than the count) is what the backlog broke."""
+        return limits.max_bytes is not None and self.nbytes > limits.max_bytes
+
+    def take(self) -> list[Any]:
+        """Hand every waiting output to the consumer, oldest first."""
+        pending = self.pending
+        if pending:
+            self.pending = []
+            self.nbytes = 0
+        return pending
+
+    def end(self, error: TetherError | None, *, drop: bool = False) -> None:
+        """The request ended (the table freed it): record how, and wake the consumer.
+
+        :param error: why it ended early, or ``None`` when it finished.
+        :param drop: forget its unread outputs (an abort); a failed request's stay
+            readable before its error.
+        """
+        if error is not None:
+            self.error = error
+        if drop:
+            self.pending = []
+            self.nbytes = 0
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake whoever reads this request: its own waiter and, in a batch, the batch's."""
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            wake(waiter)
+        group = self.group
+        if group is not None:
+            group.wake()

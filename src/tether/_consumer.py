@@ -1,0 +1,278 @@
+"""The consumer loop that :class:`~tether.Stream` and :class:`~tether.Batch` share.
+
+A consumer reads one mailbox (a request's state, or a batch's group: see
+``_state``) through one loop: take what is ready, else raise the mailbox's error,
+else end if nothing more can come, else park on a future that the producer's
+``put`` resolves. What differs between a stream and a batch is only which mailbox
+that is and what ``result()`` folds.
+
+Consumers are classes with ``__anext__``, not async generators, so that closing is
+deterministic: ``aclose()`` frees whatever is unfinished and calls ``on_abort`` at
+once, cancellation of the consuming task is an abort, and a consumer dropped
+without being closed is cleaned up by ``__del__`` with a ``ResourceWarning``
+instead of by a generator finaliser that runs later, elsewhere or never.
+
+Adapters read with :meth:`Consumer.next_ready`, which hands over every output that
+is ready at once, so that one write can carry them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from collections.abc import Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, Self
+
+from ._errors import Aborted, AbortReason
+from ._scope import current_scope
+from ._state import NOTHING, Group, RequestState
+
+if TYPE_CHECKING:
+    from ._table import Table
+    from .types import Merge
+
+__all__ = ["Consumer", "fold"]
+
+EMPTY: Final[list[Any]] = []
+_CLOCK_SLACK: Final = 1e-3
+"""An idle timer that fires this close to its deadline counts as on time."""
+
+
+def fold(merge: Merge | None, acc: Any, output: Any) -> Any:
+    """``acc`` and a newer ``output`` as one result: merged, or the newer one."""
+    if merge is None or acc is NOTHING:
+        return output
+    return merge(acc, output)
+
+
+class Consumer:
+    """What :class:`~tether.Stream` and :class:`~tether.Batch` share: the reading loop,
+    closing, cancelling and waiting."""
+
+    __slots__ = (
+        "__weakref__",
+        "_box",
+        "_buf",
+        "_closed",
+        "_deadline",
+        "_idle_timer",
+        "_pos",
+        "_states",
+        "_table",
+    )
+
+    def __init__(
+        self, table: Table, states: Sequence[RequestState], box: RequestState | Group | None
+    ) -> None:
+        self._table = table
+        self._states = states
+        # The mailbox read; None until the first read decides it (see _first_read).
+        self._box = box
+        self._buf: list[Any] = EMPTY
+        self._pos = 0
+        self._closed = False
+        # The idle timer of timed waits (next_ready(timeout=...)), see _wait().
+        self._deadline: float | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+
+    def _first_read(self) -> RequestState | Group:
+        """Decide the mailbox at the first read (a batch is read whole or split)."""
+        raise NotImplementedError
+
+    @property
+    def finished(self) -> bool:
+        """Whether no request of this consumer is in flight any more."""
+        return not any(state.live for state in self._states)
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether everything was read and it all ended cleanly: the next read ends
+        the iteration (adapters use it to send the terminal frame with the last outputs)."""
+        box = self._box
+        return (
+            box is not None
+            and not box.live
+            and box.error is None
+            and not box.pending
+            and self._pos >= len(self._buf)
+        )
+
+    def cancel(self, reason: AbortReason = AbortReason.CANCELLED) -> bool:
+        """Abort whatever is unfinished, now (synchronous; for adapters and scopes).
+
+        ``on_abort`` is called for each unfinished rid; a consumer waiting on this
+        stream gets :class:`~tether.Aborted` with ``reason``.
+
+        :returns: whether anything was still in flight.
+        """
+        states = self._states
+        for state in states:
+            if state.live:
+                error = Aborted(states[0].rid, reason)
+                return self._table.abort(states, error, defer=False)
+        return False  # the common case at the end of every response: nothing to build
+
+    async def aclose(self) -> None:
+        """Close the consumer: unfinished requests are freed and ``on_abort`` is
+        called for each, exactly once. Idempotent; later reads end the iteration."""
+        self._closed = True
+        self._buf = EMPTY
+        self._stop_idle_timer()
+        self.cancel(AbortReason.CANCELLED)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        states = getattr(self, "_states", ())
+        if any(state.live for state in states):
+            warnings.warn(
+                f"{self!r} was dropped without being closed; its request was aborted. "
+                "Use 'async with', aclose(), or a RequestScope.",
+                ResourceWarning,
+                source=self,
+                stacklevel=1,
+            )
+            self._table.abort_from_gc(states)
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Any:
+        """The next output (a :class:`~tether.Stream`) or ``(index, output)`` pair (a
+        :class:`~tether.Batch`); ``StopAsyncIteration`` after the last.
+
+        :raises ProducerError: the producer failed the request (after its earlier outputs).
+        :raises Aborted: the request was aborted (timeout, disconnect, server, too slow).
+        """
+        buf, pos = self._buf, self._pos
+        if pos < len(buf):
+            self._pos = pos + 1
+            return buf[pos]
+        box = self._box or self._first_read()
+        while True:
+            if self._closed:
+                raise StopAsyncIteration
+            if box.pending:
+                items = box.take()
+                self._buf = items
+                self._pos = 1
+                return items[0]
+            if box.error is not None:
+                raise box.error.with_traceback(None)
+            if not box.live:
+                raise StopAsyncIteration
+            await self._wait(box, None)
+
+    async def next_ready(self, *, timeout: float | None = None) -> list[Any] | None:
+        """Every output (or pair) that is ready, oldest first, waiting for one if none is.
+
+        :param timeout: give up waiting after this many seconds and return ``[]``.
+        :returns: a non-empty list, ``[]`` when ``timeout`` passed with nothing
+            ready, or ``None`` once everything finished and was read.
+        :raises ProducerError: as for ``__anext__``.
+        :raises Aborted: as for ``__anext__``.
+        """
+        box = self._box or self._first_read()
+        rest = self._take_buffered()
+        waited = False
+        while True:
+            if self._closed:
+                return None
+            if box.pending:
+                items = box.take()
+                if rest:
+                    rest.extend(items)
+                    return rest
+                return items
+            if rest:
+                return rest
+            if box.error is not None or not box.live:
+                self._stop_idle_timer()
+                if box.error is not None:
+                    raise box.error.with_traceback(None)
+                return None
+            if waited:
+                return []
+            await self._wait(box, timeout)
+            waited = timeout is not None
+
+    def _take_buffered(self) -> list[Any] | None:
+        buf, pos = self._buf, self._pos
+        if pos >= len(buf):
+            return None
+        self._buf = EMPTY
+        self._pos = 0
+        return buf[pos:] if pos else buf
+
+    def _collect(self, outputs: list[Any], states: Sequence[RequestState]) -> list[Any]:
+        """Enter collect mode for ``result()``: fold what was delivered but not read
+        (``outputs``: ``(index, output)`` pairs) into each state's result, after which
+        the producer folds and wakes the consumer only at the end. The results so far."""
+        merge = self._table.limits.merge
+        accs: list[Any] = [NOTHING] * len(states)
+        for index, output in outputs:
+            accs[index] = fold(merge, accs[index], output)
+        for state, acc in zip(states, accs, strict=True):
+            state.acc = acc
+            state.collect = True
+        return accs
+
+    async def _wait(self, box: RequestState | Group, timeout: float | None) -> None:
+        """Park until the producer wakes ``box``'s waiter (or ``timeout`` passes).
+
+        Cancellation of the waiting task is an abort of this consumer.
+        """
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        box.waiter = waiter
+        if timeout is None:
+            self._deadline = None
+        else:
+            # One idle timer per consumer, re-armed only when it fires before the
+            # current deadline: a stream that gets an output every millisecond must
+            # not build, heap-push and cancel a TimerHandle for every output. A timer
+            # armed for a later deadline (an earlier, longer timeout) is replaced.
+            self._deadline = deadline = loop.time() + timeout
+            timer = self._idle_timer
+            if timer is None or timer.when() > deadline + _CLOCK_SLACK:
+                if timer is not None:
+                    timer.cancel()
+                self._idle_timer = loop.call_at(deadline, self._on_idle, box)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if box.waiter is waiter:
+                box.waiter = None
+            scope = current_scope()
+            if scope is not None:
+                scope.cancelled()  # the framework may be cancelling because the client left
+            self.cancel(AbortReason.CANCELLED)
+            raise
+
+    def _on_idle(self, box: RequestState | Group) -> None:
+        self._idle_timer = None
+        deadline, waiter = self._deadline, box.waiter
+        if deadline is None or waiter is None or waiter.done():
+            return  # no timed wait now: the next one arms the timer again
+        loop = waiter.get_loop()
+        if loop.time() + _CLOCK_SLACK >= deadline:
+            box.waiter = None
+            waiter.set_result(None)
+        else:
+            self._idle_timer = loop.call_at(deadline, self._on_idle, box)
+
+    def _stop_idle_timer(self) -> None:
+        timer = self._idle_timer
+        if timer is not None:
+            self._idle_timer = None
+            timer.cancel()

@@ -1,0 +1,386 @@
+"""The table ``rid -> state`` and the one path by which a request ends.
+
+:class:`Table` is what :class:`~tether.Registry` stands in front of: it admits
+requests, hands out fresh ids, and ends them. Every end goes through
+:meth:`Table.finish` (the producer's last output) or :meth:`Table.end` (an error:
+the producer's failure, a server abort, a consumer closing early), which free the
+entry, count the end once, record it in the mailbox and wake the consumer; and
+decide, in one place, whether the producer is told through ``on_abort``. The
+batch rule lives here too: a sub-request that fails on its own ends its batch,
+unless the batch keeps going.
+
+``on_abort`` is called at once, except when the table is entered from the
+producer's own call (``deliver``/``fail``) or from a garbage collector's
+finaliser: then it runs soon after on the loop (``defer``), so that it never
+re-enters the producer in the middle of its step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import inspect
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Awaitable, Iterable, Sequence
+from types import MappingProxyType
+from typing import Final
+
+from ._errors import (
+    Aborted,
+    AbortReason,
+    ConsumerTooSlow,
+    Overloaded,
+    ProducerError,
+    RegistryClosed,
+    RequestTimeout,
+    TetherError,
+)
+from ._state import Limits, RequestState
+from ._stats import RegistryStats, Summary, sample_buffer
+from .types import OnAbort
+
+__all__ = ["Table"]
+
+logger = logging.getLogger("tether")
+
+now: Final = time.monotonic
+
+
+class Table:
+    """The in-flight requests of one registry, their counters and ``on_abort``.
+
+    :param on_abort: see :class:`~tether.Registry`.
+    :param max_in_flight: the admission limit, or ``None``.
+    :param limits: what may wait for a slow consumer.
+    :param abort_timeout: bound on an asynchronous ``on_abort``.
+    """
+
+    __slots__ = (
+        "_abort_tasks",
+        "_abort_timeout",
+        "_aborted",
+        "_failed",
+        "_finished",
+        "_idle",
+        "_ids",
+        "_loop",
+        "_on_abort",
+        "_opened",
+        "_prefix",
+        "_thread",
+        "_total",
+        "closed",
+        "entries",
+        "late",
+        "limits",
+        "max_in_flight",
+        "ttfo",
+    )
+
+    def __init__(
+        self,
+        on_abort: OnAbort | None,
+        *,
+        max_in_flight: int | None,
+        limits: Limits,
+        abort_timeout: float,
+    ) -> None:
+        self.entries: dict[str, RequestState] = {}
+        self.max_in_flight = max_in_flight
+        self.limits = limits
+        self.closed = False
+        self._on_abort = on_abort
+        self._abort_timeout = abort_timeout
+        self._abort_tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: int | None = None
+        self._idle: asyncio.Event | None = None
+        self._prefix = os.urandom(4).hex()
+        self._ids = itertools.count(1)
+        self._opened = 0
+        self._finished = 0
+        self._failed = 0
+        self.late = 0
+        """Producer calls for a rid no longer in flight (the registry counts them)."""
+        self._aborted: collections.Counter[str] = collections.Counter()
+        self.ttfo = sample_buffer()
+        """Times from open to first output (the registry samples them in deliver)."""
+        self._total = sample_buffer()
+
+    # -- admission ------------------------------------------------------------------
+
+    def admit(self, count: int, timeout: float | None) -> asyncio.AbstractEventLoop:
+        """Check that ``count`` more requests may open now; the loop they run on.
+
+        :raises ValueError: a non-positive ``timeout``.
+        :raises RegistryClosed: the registry is closing.
+        :raises Overloaded: they do not fit under ``max_in_flight`` now.
+        """
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout}")
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop = loop
+            self._thread = threading.get_ident()
+        if self.closed:
+            raise RegistryClosed()
+        limit = self.max_in_flight
+        if limit is not None and len(self.entries) + count > limit:
+            raise Overloaded(limit)
+        return loop
+
+    def fresh_rid(self) -> str:
+        """An id no live request has."""
+        # A client may have chosen the next fresh id already (the prefix is visible
+        # in every rid handed out): skip it rather than take its entry.
+        entries = self.entries
+        while True:
+            rid = f"{self._prefix}-{next(self._ids)}"
+            if rid not in entries:
+                return rid
+
+    def insert(self, states: Sequence[RequestState]) -> None:
+        """Register ``states``, whose rids the caller checked are not live."""
+        entries = self.entries
+        for state in states:
+            entries[state.rid] = state  # checked absent: no path overwrites a live entry
+        self._opened += len(states)
+
+    def require_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop requests were opened on, for hand-overs from other threads.
+
+        :raises RuntimeError: no request was opened yet.
+        """
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError(
+                "no request was opened on this registry yet: no loop to hand over to"
+            )
+        return loop
+
+    # -- the end of a request ---------------------------------------------------------
+
+    def finish(self, state: RequestState) -> None:
+        """The producer delivered ``state``'s last output."""
+        self._finished += 1
+        self._release(state)
+        state.end(None)
+
+    def end(self, state: RequestState, error: TetherError, *, tell: bool, defer: bool) -> None:
+        """End one live request with ``error``, decided for it alone (the producer
+        failed it, the server aborted it, its last output overflowed a slow consumer).
+
+        :param tell: call ``on_abort`` for it (not when the producer already knows).
+        :param defer: run ``on_abort`` soon, not now (entered from the producer).
+
+        In a batch that does not keep going, the other sub-requests are aborted with
+        the same error (reason ``failed_sibling``), and the producer is told of each.
+        """
+        reason = error.reason if isinstance(error, Aborted) else None
+        self._close((state,), error, reason, tell=tell, defer=defer)
+        group = state.group
+        if group is not None and not group.keep_going:
+            siblings = [sibling for sibling in group.states if sibling.live]
+            self._close(siblings, error, AbortReason.FAILED_SIBLING, tell=True, defer=defer)
+
+    def abort(self, states: Sequence[RequestState], error: Aborted, *, defer: bool) -> bool:
+        """Abort what is live of one consumer's ``states``, telling the producer of each.
+
+        A batch read whole is aborted whole; a split batch's sub-stream only itself.
+
+        :returns: whether anything was live.
+        """
+        live = [state for state in states if state.live]
+        if not live:
+            return False
+        group = live[0].group
+        if group is not None and not group.split:
+            live = [state for state in group.states if state.live]
+            group.error = error  # the batch as a whole was aborted: reading it raises this
+        self._close(live, error, error.reason, tell=True, defer=defer)
+        return True
+
+    def too_slow(self, state: RequestState, finished: bool) -> None:
+        """``state``'s backlog went over a limit (called from inside ``deliver``)."""
+        limits = self.limits
+        max_bytes = limits.max_bytes if state.over_bytes(limits) else None
+        error = ConsumerTooSlow(state.rid, limits.max_pending, max_bytes=max_bytes)
+        if finished:
+            # The producer is done with this rid and has forgotten it: the request ends
+            # with the error, but it is no abort to report (on_abort never hears of a
+            # finished request); in a batch, the batch's rule applies to the others.
+            self.end(state, error, tell=False, defer=True)
+            return
+        self.abort((state,), error, defer=True)  # (a batch read whole: the whole batch)
+
+    def merge_failed(self, state: RequestState, exc: Exception, finished: bool) -> None:
+        """``merge()`` raised while delivering to ``state``: fail that request alone.
+
+        The producer did not fail it and does not know, so unless that was its last
+        output, ``on_abort`` tells it to stop.
+        """
+        if not state.live:
+            return
+        logger.error(
+            "merge() raised for request %r; the request fails, the producer goes on",
+            state.rid,
+            exc_info=exc,
+        )
+        self.end(state, ProducerError(state.rid, exc), tell=not finished, defer=True)
+
+    def fail_all(self, exc: BaseException) -> int:
+        """Fail every live request with its own :class:`~tether.ProducerError`."""
+        live = [state for state in self.entries.values() if state.live]
+        for state in live:
+            self._close((state,), ProducerError(state.rid, exc), None, tell=False, defer=True)
+        return len(live)
+
+    def expire(self, states: tuple[RequestState, ...], timeout: float) -> None:
+        """A deadline passed (a timer callback)."""
+        live = [state for state in states if state.live]
+        if live:
+            self.abort(live, RequestTimeout(live[0].rid, timeout), defer=False)
+
+    def abort_from_gc(self, states: Sequence[RequestState]) -> None:
+        """Abort the states of a consumer that was dropped without being closed
+        (called from ``__del__``, maybe on another thread, maybe with the loop gone)."""
+        error = Aborted(states[0].rid, AbortReason.CANCELLED)
+        loop = self._loop
+        if self._thread == threading.get_ident() and loop is not None and not loop.is_closed():
+            self.abort(states, error, defer=True)
+            return
+        try:
+            self.require_loop().call_soon_threadsafe(
+                functools.partial(self.abort, states, error, defer=True)
+            )
+        except RuntimeError:  # the loop is gone: free the entries, nobody is listening
+            live = [state for state in states if state.live]
+            self._close(live, error, AbortReason.CANCELLED, tell=False, defer=True)
+
+    async def close(self, drain_timeout: float) -> None:
+        """Stop admitting; wait up to ``drain_timeout`` for the table to empty; abort
+        the rest (reason ``server``); wait (bounded) for asynchronous ``on_abort``."""
+        self.closed = True
+        if self.entries and drain_timeout > 0:
+            if self._idle is None:
+                self._idle = asyncio.Event()
+            idle = self._idle
+            try:
+                async with asyncio.timeout(drain_timeout):
+                    await idle.wait()
+            except TimeoutError:
+                pass
+            finally:
+                if not self.entries:
+                    self._idle = None
+        for state in list(self.entries.values()):
+            if state.live:
+                error = Aborted(state.rid, AbortReason.SERVER, "the server is shutting down")
+                group = state.group
+                self.abort(group.states if group is not None else (state,), error, defer=False)
+        if self._abort_tasks:
+            await asyncio.wait(set(self._abort_tasks), timeout=self._abort_timeout)
+
+    def _close(
+        self,
+        states: Iterable[RequestState],
+        error: TetherError,
+        reason: AbortReason | None,
+        *,
+        tell: bool,
+        defer: bool,
+    ) -> None:
+        """Free, count and end each of the live ``states`` with ``error``: aborted under
+        ``reason`` (their unread outputs dropped), or failed when ``reason`` is None
+        (what they delivered before stays readable)."""
+        aborted = reason is not None
+        for state in states:
+            if reason is None:
+                self._failed += 1
+            else:
+                self._aborted[reason] += 1
+            self._release(state)
+            state.end(error, drop=aborted)
+            group = state.group
+            if group is not None:
+                if aborted and not group.split:
+                    group.drop({state.index})
+                group.record(state)
+            if tell:
+                self._notify(state.rid, defer=defer)
+
+    def _release(self, state: RequestState) -> None:
+        state.live = False
+        del self.entries[state.rid]
+        self._total.append(now() - state.opened_at)
+        if state.timer is not None:
+            state.timer.cancel()
+            state.timer = None
+        group = state.group
+        if group is not None:
+            group.remaining -= 1
+            if group.remaining == 0:
+                group.live = False
+                # Break the group <-> states cycle: a finished batch is freed by
+                # reference counting, not left to the cyclic garbage collector.
+                group.states = ()
+                if group.timer is not None:
+                    group.timer.cancel()
+                    group.timer = None
+        if self._idle is not None and not self.entries:
+            self._idle.set()
+
+    # -- on_abort -----------------------------------------------------------------------
+
+    def _notify(self, rid: str, *, defer: bool) -> None:
+        if self._on_abort is None:
+            return
+        if defer and self._loop is not None:
+            self._loop.call_soon(self._call_on_abort, rid)
+        else:
+            self._call_on_abort(rid)
+
+    def _call_on_abort(self, rid: str) -> None:
+        callback = self._on_abort
+        if callback is None:
+            return
+        try:
+            result = callback(rid)
+        except Exception:
+            logger.exception("on_abort(%r) raised; the request was freed anyway", rid)
+            return
+        if inspect.isawaitable(result):
+            task = asyncio.get_running_loop().create_task(self._await_on_abort(rid, result))
+            self._abort_tasks.add(task)
+            task.add_done_callback(self._abort_tasks.discard)
+
+    async def _await_on_abort(self, rid: str, awaitable: Awaitable[object]) -> None:
+        try:
+            async with asyncio.timeout(self._abort_timeout):
+                await awaitable
+        except TimeoutError:
+            logger.error("on_abort(%r) took longer than %gs; abandoned", rid, self._abort_timeout)
+        except Exception:
+            logger.exception("on_abort(%r) raised; the request was freed anyway", rid)
+
+    # -- figures ------------------------------------------------------------------------
+
+    def stats(self) -> RegistryStats:
+        """A frozen snapshot of the counters and timing summaries."""
+        return RegistryStats(
+            opened=self._opened,
+            finished=self._finished,
+            failed=self._failed,
+            aborted=MappingProxyType({str(reason): n for reason, n in self._aborted.items()}),
+            late_outputs=self.late,
+            in_flight=len(self.entries),
+            max_in_flight=self.max_in_flight,
+            closed=self.closed,
+            time_to_first_output=Summary.of(self.ttfo),
+            total_time=Summary.of(self._total),
+        )
