@@ -42,6 +42,20 @@ def refuse(exc: api.BadRequest | tether.TetherError) -> web.Response:
     return web.json_response(refusal.body, status=refusal.status, headers=refusal.headers)
 
 
+async def read_body(request: web.Request) -> bytes:
+    """The request body (see ``api.read_body``); a client that leaves part-way raises
+    ``api.ClientGone``, not the ``OSError`` aiohttp ends the read with (which it would
+    log as an error with its traceback)."""
+    chunks = request.content.iter_any()
+    return await api.read_body(chunks, request.headers.get("content-length"), gone=(OSError,))
+
+
+def client_gone() -> web.Response:
+    """The end of a request whose client left: 499, written to nobody (aiohttp skips
+    the write to a closed connection)."""
+    return web.Response(status=tether.CLIENT_CLOSED_REQUEST)
+
+
 @web.middleware
 async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """aiohttp's own errors (unknown route, wrong method) in the same JSON shape."""
@@ -58,26 +72,24 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
 async def generate(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     try:
-        body = await api.read_body(
-            request.content.iter_any(), request.headers.get("content-length")
-        )
-        generation = api.parse_generate(body)
+        generation = api.parse_generate(await read_body(request))
         source = service.open(generation)
     except api.REFUSALS as exc:
         return refuse(exc)
+    except api.ClientGone:
+        return client_gone()
     return await respond(request, source, streaming=generation.stream)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     try:
-        body = await api.read_body(
-            request.content.iter_any(), request.headers.get("content-length")
-        )
-        generation = api.parse_completions(body)
+        generation = api.parse_completions(await read_body(request))
         source = service.open(generation)
     except api.REFUSALS as exc:
         return refuse(exc)
+    except api.ClientGone:
+        return client_gone()
     cid = api.completion_id(source)
     if generation.stream:
         encoder = api.CompletionChunks(cid, generation.model)

@@ -15,6 +15,14 @@ accepts and what its answers look like lives here, once:
 * refusals: :class:`BadRequest` (400 malformed JSON, 413 too large, 422 invalid)
   and tether's own errors, mapped by :func:`rejection`. Nothing is registered for
   a refused request: parsing happens before ``Registry.open()``.
+
+Hostile input is refused at the door, whole: a body that is not strict JSON
+(``NaN``, nesting past :data:`MAX_NESTING`, an integer past Python's digit limit)
+gets 400, and a body holding a lone surrogate anywhere (a ``\\udXXX`` escape with no
+partner: not Unicode text, and unencodable as UTF-8 further down) gets 422, in a
+field the API reads or not. Nothing past the door has to be careful with what a
+client sent. A client that leaves while its body is being read is not an error
+(:class:`ClientGone`).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import re
 import time
 from collections.abc import AsyncIterable, Iterable
 from typing import Any, Final
@@ -33,11 +42,14 @@ import tether
 __all__ = [
     "MAX_BATCH",
     "MAX_BODY_BYTES",
+    "MAX_ID_CHARS",
+    "MAX_NESTING",
     "MAX_TIMEOUT",
     "MAX_TOKENS",
     "MODEL",
     "REFUSALS",
     "BadRequest",
+    "ClientGone",
     "CompletionChunks",
     "Generation",
     "Service",
@@ -61,6 +73,12 @@ MODEL: Final = "tether-sim"
 """The model name the completions API reports."""
 MAX_TIMEOUT: Final = 3600.0
 """``timeout`` beyond this many seconds gets 422."""
+MAX_ID_CHARS: Final = 128
+"""``rid`` and ``model`` values beyond this many characters get 422 (the model is
+echoed in every chunk of a stream: a long one would multiply the answer's size)."""
+MAX_NESTING: Final = 32
+"""JSON nested deeper than this gets 400: the API reads two levels, and a fixed bound
+does not depend on how much stack the parser happens to have left."""
 DEFAULT_MAX_TOKENS: Final = 16
 PAGE: Final = pathlib.Path(__file__).resolve().parent / "static" / "index.html"
 
@@ -100,16 +118,78 @@ class Generation:
     timeout: float | None = None
 
 
+class ClientGone(Exception):
+    """The client closed its connection before its request body was read.
+
+    Not an error: nobody is left to answer, so handlers end the request quietly
+    (nothing was registered) instead of letting the framework log a traceback.
+    """
+
+
+_LONE_SURROGATE: Final = re.compile(r"[\ud800-\udfff]")
+"""A UTF-16 surrogate left in a ``str``: JSON's ``\\udXXX`` escapes pair up into one
+code point when they can; what is left is not text."""
+_CONTROL_OR_SURROGATE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+"""What a client-chosen id may not hold: C0 and C1 controls, DEL, surrogates."""
+
+
+def _not_json(constant: str) -> Any:
+    # json.loads takes NaN and Infinity by default; they are not JSON (RFC 8259).
+    raise ValueError(f"{constant} is not a JSON value")
+
+
+def _check_text(data: Any) -> None:
+    """Refuse nesting past :data:`MAX_NESTING` and lone surrogates in any string or key.
+
+    Iterative, so that the check itself cannot run out of stack.
+    """
+    pending: list[tuple[Any, int, str]] = [(data, 0, "the body")]
+    while pending:
+        value, depth, where = pending.pop()
+        if isinstance(value, str):
+            if _LONE_SURROGATE.search(value):
+                raise BadRequest(
+                    422,
+                    f"{where} holds a lone surrogate (an unpaired \\ud800-\\udfff escape): "
+                    "it is not Unicode text",
+                )
+        elif isinstance(value, dict | list):
+            if depth == MAX_NESTING:
+                raise BadRequest(400, f"the request body is nested deeper than {MAX_NESTING}")
+            if isinstance(value, list):
+                pending.extend((item, depth + 1, where) for item in value)
+            else:
+                for key, item in value.items():
+                    # Only the top-level key names the place: the client's own
+                    # strings, escaped (ascii) and cut short, never echoed raw.
+                    inner = ascii(key)[:40] if depth == 0 else where
+                    pending.append((key, depth + 1, inner))
+                    pending.append((item, depth + 1, inner))
+
+
 def _load_object(body: bytes) -> dict[str, Any]:
     if len(body) > MAX_BODY_BYTES:
         raise BadRequest(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        data = json.loads(body, parse_constant=_not_json)
+    except RecursionError:
+        # Thousands of nested brackets exhaust the parser's stack before any check.
+        raise BadRequest(400, f"the request body is nested deeper than {MAX_NESTING}") from None
+    except ValueError as exc:  # UnicodeDecodeError and the int digit limit included
         raise BadRequest(400, f"the request body is not valid JSON: {exc}") from None
+    _check_text(data)
     if not isinstance(data, dict):
         raise BadRequest(422, f"the request body must be a JSON object, got {type(data).__name__}")
     return data
+
+
+def _identifier(value: str, field: str) -> str:
+    """A client-chosen name (``rid``, ``model``): it reaches logs, ids and every chunk."""
+    if not value or len(value) > MAX_ID_CHARS:
+        raise BadRequest(422, f"{field!r} values are 1 to {MAX_ID_CHARS} characters")
+    if _CONTROL_OR_SURROGATE.search(value):
+        raise BadRequest(422, f"{field!r} values may not hold control characters")
+    return value
 
 
 def _prompts(data: dict[str, Any], field: str) -> tuple[tuple[str, ...], bool]:
@@ -168,9 +248,7 @@ def _rids(data: dict[str, Any], prompts: tuple[str, ...], batched: bool) -> tupl
         raise BadRequest(422, f"'rid' must be {kind}, like 'text'")
     if len(rids) != len(prompts) or len(set(rids)) != len(rids):
         raise BadRequest(422, "'rid' must hold one distinct id per prompt")
-    if any(len(rid) > 128 for rid in rids):
-        raise BadRequest(422, "'rid' values are at most 128 characters")
-    return tuple(rids)
+    return tuple(_identifier(rid, "rid") for rid in rids)
 
 
 def parse_generate(body: bytes) -> Generation:
@@ -203,6 +281,7 @@ def parse_completions(body: bytes) -> Generation:
     model = data.get("model", MODEL)
     if not isinstance(model, str):
         raise BadRequest(422, "'model' must be a string")
+    _identifier(model, "model")
     if data.get("n", 1) not in (1, None):
         raise BadRequest(422, "'n' must be 1: one completion per prompt")
     return Generation(
@@ -214,23 +293,45 @@ def parse_completions(body: bytes) -> Generation:
     )
 
 
-async def read_body(chunks: AsyncIterable[bytes], declared_length: str | None) -> bytes:
+def _declared_too_large(declared_length: str | None) -> bool:
+    digits = (declared_length or "").strip()
+    # ASCII digits only ("²".isdigit() holds), compared by length before int() so
+    # that a 5000-digit header cannot hit Python's integer digit limit.
+    if not (digits.isascii() and digits.isdigit()):
+        return False  # the server's HTTP parser judges it; the read below is bounded anyway
+    digits = digits.lstrip("0")
+    limit = str(MAX_BODY_BYTES)
+    return len(digits) > len(limit) or (len(digits) == len(limit) and digits > limit)
+
+
+async def read_body(
+    chunks: AsyncIterable[bytes],
+    declared_length: str | None,
+    *,
+    gone: tuple[type[Exception], ...],
+) -> bytes:
     """Read a request body from the framework's chunk iterator, refusing oversized ones early.
 
     :param declared_length: the ``Content-Length`` header, if any.
+    :param gone: what the framework raises while reading when the client closed its
+        connection part-way (Starlette: ``ClientDisconnect``; aiohttp: the ``OSError``
+        the connection was lost with, ``ConnectionResetError`` when there was none).
     :raises BadRequest: 413 when the body (declared or read) exceeds :data:`MAX_BODY_BYTES`.
+    :raises ClientGone: the client left before the whole body arrived.
     """
     too_large = BadRequest(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
-    declared = declared_length or ""
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+    if _declared_too_large(declared_length):
         raise too_large
     parts: list[bytes] = []
     size = 0
-    async for chunk in chunks:
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise too_large
-        parts.append(chunk)
+    try:
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise too_large
+            parts.append(chunk)
+    except gone as exc:
+        raise ClientGone(f"the client left after {size} bytes of its request body") from exc
     return b"".join(parts)
 
 

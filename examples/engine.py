@@ -12,7 +12,9 @@ Tokens are a pure function of the prompt and the position (:func:`token_at`), so
 client can check that it received every token, in order. For tests, the engine
 can fail a fraction of its requests (:class:`SimulatedFailure`) or crash as a
 whole (every request in flight fails; new ones are refused until
-:meth:`Engine.recover`).
+:meth:`Engine.recover`). Otherwise one request's failure stays its own: a request
+whose token cannot be computed is failed alone, and the rest of its step goes
+out as usual.
 
 Wiring, as in the example servers::
 
@@ -295,18 +297,24 @@ class Engine:
             job = self._waiting.pop(next(iter(self._waiting)))
             self._running[job.rid] = job
         items: list[tuple[str, dict[str, Any], bool]] = []
-        failing: list[_Job] = []
+        failing: list[tuple[_Job, Exception]] = []
         done: list[str] = []
         for job in self._running.values():
             if job.fail_after == job.produced:
-                failing.append(job)
+                failure = SimulatedFailure(f"simulated failure after {job.produced} tokens")
+                failing.append((job, failure))
                 continue
-            token = token_at(job.prompt, job.produced)
-            job.produced += 1
-            finished = job.produced == job.max_tokens
-            reason = "length" if finished else None
-            items.append((job.rid, output(job.rid, token, job.produced, reason), finished))
-            if finished:
+            try:
+                item = self._advance(job)
+            except Exception as exc:
+                # One request's work failed (a prompt the tokenizer cannot take, a bug
+                # its data triggers): that request fails alone. Its batch-mates and the
+                # engine go on; only a failure of the step as a whole is a crash.
+                logger.error("request %r failed in the engine step", job.rid, exc_info=exc)
+                failing.append((job, exc))
+                continue
+            items.append(item)
+            if item[2]:
                 done.append(job.rid)
         for rid in done:
             del self._running[rid]
@@ -315,11 +323,19 @@ class Engine:
         # The step goes out as one batch; failures come after it, so that a failed
         # sub-request's aborted siblings have already had this step's outputs.
         registry.deliver_many(items)
-        for job in failing:
+        for job, error in failing:
             del self._running[job.rid]
             self._failed += 1
-            failure = SimulatedFailure(f"simulated failure after {job.produced} tokens")
-            registry.fail(job.rid, failure)
+            registry.fail(job.rid, error)
+
+    @staticmethod
+    def _advance(job: _Job) -> tuple[str, dict[str, Any], bool]:
+        """Emit ``job``'s next token as a ``(rid, output, finished)`` delivery."""
+        token = token_at(job.prompt, job.produced)
+        job.produced += 1
+        finished = job.produced == job.max_tokens
+        reason = "length" if finished else None
+        return job.rid, output(job.rid, token, job.produced, reason), finished
 
     def _fail_everything(self, registry: tether.Registry, exc: BaseException) -> None:
         self._crash = None

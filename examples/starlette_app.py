@@ -30,7 +30,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
@@ -47,6 +47,22 @@ def refuse_with(refusal: tether.ErrorResponse) -> JSONResponse:
     return JSONResponse(refusal.body, refusal.status, headers=refusal.headers)
 
 
+async def read_body(request: Request) -> bytes:
+    """The request body (see ``api.read_body``); a client that leaves part-way raises
+    ``api.ClientGone``, not Starlette's ``ClientDisconnect`` (which would be logged
+    as a crash of the application)."""
+    chunks = request.stream()
+    return await api.read_body(
+        chunks, request.headers.get("content-length"), gone=(ClientDisconnect,)
+    )
+
+
+def client_gone() -> Response:
+    """The end of a request whose client left: 499 for the logs, sent to nobody
+    (uvicorn drops what is sent after a disconnect)."""
+    return Response(status_code=tether.CLIENT_CLOSED_REQUEST)
+
+
 async def http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own errors (unknown route, wrong method) in the same JSON shape."""
     if not isinstance(exc, HTTPException):
@@ -60,20 +76,22 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
 
     async def generate(request: Request) -> Response:
         try:
-            body = await api.read_body(request.stream(), request.headers.get("content-length"))
-            generation = api.parse_generate(body)
+            generation = api.parse_generate(await read_body(request))
             source = service.open(generation)
         except api.REFUSALS as exc:
             return refuse(exc)
+        except api.ClientGone:
+            return client_gone()
         return await respond(request, source, streaming=generation.stream)
 
     async def completions(request: Request) -> Response:
         try:
-            body = await api.read_body(request.stream(), request.headers.get("content-length"))
-            generation = api.parse_completions(body)
+            generation = api.parse_completions(await read_body(request))
             source = service.open(generation)
         except api.REFUSALS as exc:
             return refuse(exc)
+        except api.ClientGone:
+            return client_gone()
         cid = api.completion_id(source)
         if generation.stream:
             encoder = api.CompletionChunks(cid, generation.model)

@@ -1,0 +1,477 @@
+"""Both example servers against hostile input, as subprocesses on 127.0.0.1.
+
+Every string field of every route may carry any code point, lone surrogates
+included (sent as JSON ``\\udXXX`` escapes, or as their raw UTF-8-style bytes);
+bodies may be nested thousands deep or hold numbers past every limit; fields may
+have the wrong type; GET routes get odd query strings. The promise: never a 5xx,
+never a hang, a JSON error body for every 4xx, an ordinary request answered
+correctly right after, ``/health`` 200 with nothing in flight, and nothing in the
+server's output that reports a failure (no traceback, no error log).
+
+One server of each kind serves the module (its output is checked once it has
+stopped); the aborted-upload test runs its own, to read its output after stopping it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import json
+import socket
+import urllib.parse
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+import api
+import httpx
+import pytest
+import pytest_asyncio
+from engine import expected_text
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from .conftest import Served, eventually, served
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+SERVERS: Final = ("starlette", "aiohttp")
+JSON: Final = {"content-type": "application/json"}
+BOUND: Final = 10.0
+"""A generous bound on any one exchange with a server."""
+LONE: Final = "\\ud800"
+"""A lone surrogate as a client sends it in JSON: an escape (it has no UTF-8 form)."""
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=SERVERS)
+async def server(request: pytest.FixtureRequest) -> AsyncIterator[Served]:
+    async with served(request.param, "--step-ms", "2") as running:
+        yield running
+    # Stopped: the output is complete. Whatever the module threw at it, the server
+    # never reported a failure.
+    assert running.failure_lines() == [], "\n".join(running.output)
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def http(server: Served) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=server.url, timeout=BOUND) as client:
+        yield client
+
+
+def assert_json_error(response: httpx.Response, status: int | None = None) -> None:
+    """A 4xx with tether's error shape: ``{"error": {"message", "type", "code"}}``."""
+    if status is not None:
+        assert response.status_code == status, response.text
+    assert 400 <= response.status_code < 500, response.text
+    assert_error_shape(response)
+
+
+def assert_error_shape(response: httpx.Response) -> None:
+    assert response.headers["content-type"].startswith("application/json"), response.text
+    error = response.json()["error"]
+    assert error["code"] == response.status_code
+    assert isinstance(error["message"], str)
+    assert error["message"]
+    assert isinstance(error["type"], str)
+
+
+async def assert_whole(http: httpx.AsyncClient, *, in_flight: int = 0) -> None:
+    """The server answers an ordinary request correctly, is healthy, and holds no
+    request but the ``in_flight`` ones the test keeps open."""
+    response = await http.post("/generate", json={"text": "ordinary", "max_tokens": 3})
+    assert response.status_code == 200, response.text
+    assert response.json()["text"] == expected_text("ordinary", 3)
+
+    async def settled() -> bool:
+        health = await http.get("/health")
+        assert health.status_code == 200, health.text
+        return bool(health.json()["in_flight"] == in_flight)
+
+    await eventually(settled)
+
+
+SURROGATE_BODIES: Final = {
+    "generate-text": ("/generate", '{"text": "aLONEb"}'),
+    "generate-rid": ("/generate", '{"text": "a", "stream": true, "rid": "LONE"}'),
+    "generate-batch": ("/generate", '{"text": ["ok", "LONE"], "stream": true}'),
+    "generate-rids": ("/generate", '{"text": ["a", "b"], "rid": ["x", "LONE"]}'),
+    "generate-unknown-key": ("/generate", '{"text": "ok", "LONE": 1}'),
+    "completions-prompt": ("/v1/completions", '{"prompt": "LONE"}'),
+    "completions-batch": ("/v1/completions", '{"prompt": ["ok", "LONE"]}'),
+    "completions-model": ("/v1/completions", '{"prompt": "ok", "model": "LONE"}'),
+    "completions-model-stream": (
+        "/v1/completions",
+        '{"prompt": "ok", "model": "LONE", "stream": true}',
+    ),
+}
+"""A lone surrogate (``LONE``) in each string field of each route, by case id."""
+
+
+@pytest.mark.parametrize(
+    ("path", "template"), SURROGATE_BODIES.values(), ids=SURROGATE_BODIES.keys()
+)
+async def test_a_lone_surrogate_in_any_string_field_gets_422_and_the_server_stays_whole(
+    http: httpx.AsyncClient, path: str, template: str
+) -> None:
+    before = (await http.get("/metrics")).json()["opened"]
+    body = template.replace("LONE", LONE).encode()
+    assert_json_error(await http.post(path, content=body, headers=JSON), 422)
+    assert (await http.get("/metrics")).json()["opened"] == before  # refused at the door
+    await assert_whole(http)
+
+
+async def test_a_lone_surrogate_as_raw_bytes_gets_422(http: httpx.AsyncClient) -> None:
+    # The UTF-8-style encoding of U+D800: Python's json module decodes it
+    # ("surrogatepass") into the same lone surrogate as the escape.
+    body = b'{"text": "\xed\xa0\x80"}'
+    assert_json_error(await http.post("/generate", content=body, headers=JSON), 422)
+    await assert_whole(http)
+
+
+async def test_a_lone_surrogate_never_reaches_a_bystander(http: httpx.AsyncClient) -> None:
+    bystander = {"text": "bystander", "max_tokens": 3000, "stream": True}
+    async with http.stream("POST", "/generate", json=bystander) as response:
+        assert response.status_code == 200
+        lines = response.aiter_lines()
+        text = ""
+
+        tokens = 0
+
+        async def read_until(count: int) -> None:
+            nonlocal text, tokens
+            while tokens < count:
+                line = await anext(lines)
+                if line.startswith("data: "):
+                    event = json.loads(line.removeprefix("data: "))
+                    assert "error" not in event, event
+                    text += event["text"]
+                    tokens = event["meta_info"]["completion_tokens"]
+
+        await read_until(1)  # the bystander is in the engine's running batch
+        for path, template in SURROGATE_BODIES.values():
+            body = template.replace("LONE", LONE).encode()
+            assert_json_error(await http.post(path, content=body, headers=JSON), 422)
+        await assert_whole(http, in_flight=1)  # an ordinary request ran beside it too
+        await read_until(tokens + 20)  # and the bystander goes on, every token right
+        assert text == expected_text("bystander", tokens)
+        await lines.aclose()
+
+
+DEEP: Final = 50_000
+
+
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"[" * DEEP + b"]" * DEEP, id="top-level-array"),
+        pytest.param(b'{"text": ' + b"[" * DEEP + b"]" * DEEP + b"}", id="in-a-field"),
+        pytest.param(b'{"a": ' * DEEP + b"1" + b"}" * DEEP, id="objects"),
+        pytest.param(b'{"text": "x", "prompt": "x", "e": ' + b"[" * 2000 + b"}", id="unclosed"),
+    ],
+)
+async def test_deeply_nested_json_gets_a_json_400(
+    http: httpx.AsyncClient, path: str, body: bytes
+) -> None:
+    assert_json_error(await http.post(path, content=body, headers=JSON), 400)
+    await assert_whole(http)
+
+
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions"])
+@pytest.mark.parametrize(
+    ("field", "number", "status"),
+    [
+        pytest.param("max_tokens", "1e400", 422, id="max-tokens-1e400"),
+        pytest.param("max_tokens", "9" * 5000, 400, id="max-tokens-5000-digits"),
+        pytest.param("max_tokens", "-" + "9" * 4300, 422, id="max-tokens-4300-digits"),
+        pytest.param("max_tokens", "NaN", 400, id="max-tokens-nan"),
+        pytest.param("stream", "1e400", 422, id="stream-1e400"),
+        pytest.param("n", "Infinity", 400, id="n-infinity"),
+    ],
+)
+async def test_huge_numbers_get_a_json_4xx(
+    http: httpx.AsyncClient, path: str, field: str, number: str, status: int
+) -> None:
+    prompt = "text" if path == "/generate" else "prompt"
+    body = f'{{"{prompt}": "x", "{field}": {number}}}'.encode()
+    assert_json_error(await http.post(path, content=body, headers=JSON), status)
+    await assert_whole(http)
+
+
+# -- an upload the client abandons ---------------------------------------------------
+
+
+def abandon_upload(url: str, path: str, sent: bytes) -> None:
+    """Send a request whose Content-Length promises more than ``sent``, then close."""
+    host, port = urllib.parse.urlsplit(url).netloc.split(":")
+    with socket.create_connection((host, int(port)), timeout=BOUND) as sock:
+        head = (
+            f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+            "content-length: 4096\r\n\r\n"
+        )
+        sock.sendall(head.encode() + sent)
+
+
+@pytest.mark.parametrize("name", SERVERS)
+async def test_an_abandoned_upload_ends_quietly_and_the_server_answers_next(name: str) -> None:
+    async with (
+        served(name, "--step-ms", "2") as own,
+        httpx.AsyncClient(base_url=own.url, timeout=BOUND) as http,
+    ):
+        for path in ("/generate", "/v1/completions"):
+            for sent in (b"", b'{"text": "half a bo'):
+                await asyncio.to_thread(abandon_upload, own.url, path, sent)
+        await assert_whole(http)
+        metrics = (await http.get("/metrics")).json()
+        assert metrics["opened"] == 1  # only the ordinary request was registered
+    # The server has stopped: its output is complete.
+    assert own.failure_lines() == [], "\n".join(own.output)
+
+
+# -- the hostile-input pass -----------------------------------------------------------
+
+ANY_CHARACTER: Final = st.characters(min_codepoint=0, max_codepoint=0x10FFFF, exclude_categories=())
+"""Every code point, surrogates included (Hypothesis leaves them out by default)."""
+SURROGATES: Final = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
+ANY_TEXT: Final = st.text(ANY_CHARACTER, max_size=10)
+HOSTILE_TEXT: Final = st.one_of(
+    ANY_TEXT,
+    # Lone surrogates are rare among all code points: put one in on purpose, half the time.
+    st.tuples(ANY_TEXT, SURROGATES, ANY_TEXT).map("".join),
+)
+DEEP_NESTING: Final = st.sampled_from([32, 33, 1000, 50_000]).flatmap(
+    lambda depth: st.sampled_from(
+        ["[" * depth + "]" * depth, '{"a": ' * depth + "1" + "}" * depth, "[" * depth]
+    )
+)
+HUGE_NUMBERS: Final = st.sampled_from(
+    [
+        "1e400", "-1e400", "1e-400", "1E999999999", "9" * 4300, "9" * 4301, "-" + "9" * 5000,
+        "NaN", "Infinity", "-Infinity", "18446744073709551616", "-0", "0.5", "2.0",
+    ]
+)  # fmt: skip
+JSON_VALUES: Final = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | HOSTILE_TEXT,
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(ANY_TEXT, children, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+def has_lone_surrogate(text: str) -> bool:
+    return any(0xD800 <= ord(character) <= 0xDFFF for character in text)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One hostile request, and what went into it (so the pass can prove its reach)."""
+
+    method: str
+    target: str
+    body: bytes | None
+    kinds: frozenset[str]
+
+
+LONE_TEXT: Final = st.tuples(ANY_TEXT, SURROGATES, ANY_TEXT).map("".join)
+"""Text with at least one lone surrogate in it."""
+
+
+@st.composite
+def fragments(
+    draw: st.DrawFn, field: str, valid: st.SearchStrategy[Any], *, lone: bool = False
+) -> tuple[str, frozenset[str]]:
+    """A value for ``field`` as JSON text, valid or hostile, and what made it hostile.
+
+    :param lone: make it a string, or a list of strings, holding a lone surrogate.
+    """
+    if lone:
+        value = draw(LONE_TEXT | st.lists(LONE_TEXT, min_size=1, max_size=3))
+    else:
+        # "valid" thrice: bodies the server accepts must be answered right, too
+        kinds = ["valid"] * 3 + ["string", "strings", "wrong-type", "deep", "huge"]
+        kind = draw(st.sampled_from(kinds))
+        if kind == "deep":
+            return draw(DEEP_NESTING), frozenset({"deep"})
+        if kind == "huge":
+            return draw(HUGE_NUMBERS), frozenset({"huge"})
+        value = draw(
+            {
+                "valid": valid,
+                "string": HOSTILE_TEXT,
+                "strings": st.lists(HOSTILE_TEXT, min_size=1, max_size=3),
+                "wrong-type": JSON_VALUES,
+            }[kind]
+        )
+    # Escaped (\\udXXX, what a JSON encoder sends) or raw: the body is encoded with
+    # "surrogatepass", so a raw lone surrogate travels as its three UTF-8-style bytes.
+    escape = draw(st.booleans())
+    text = json.dumps(value, ensure_ascii=escape)
+    if not has_lone_surrogate(json.dumps(value, ensure_ascii=False)):
+        return text, frozenset()
+    return text, frozenset({f"surrogate:{field}", "surrogate:" + ("escaped" if escape else "raw")})
+
+
+PROMPTS: Final = st.text(st.characters(min_codepoint=0, max_codepoint=0x10FFFF), max_size=6)
+"""Valid prompts: any code point but the surrogates (controls, NUL, astral planes)."""
+ROUTES: Final[dict[str, dict[str, st.SearchStrategy[Any]]]] = {
+    "/generate": {
+        "text": PROMPTS | st.lists(PROMPTS, min_size=1, max_size=3),
+        "max_tokens": st.integers(1, 3),
+        "stream": st.booleans(),
+        "rid": st.text("abcdef", min_size=1, max_size=6),
+        "timeout": st.floats(5, 60),
+    },
+    "/v1/completions": {
+        "prompt": PROMPTS | st.lists(PROMPTS, min_size=1, max_size=3),
+        "model": st.text(max_size=6),
+        "max_tokens": st.integers(1, 3),
+        "stream": st.booleans(),
+        "n": st.just(1),
+        "temperature": st.floats(0, 2),
+    },
+}
+"""Each POST route's fields, with the valid values the pass mixes with hostile ones
+(short requests: the engine answers each in a few steps)."""
+
+
+@st.composite
+def posts(draw: st.DrawFn) -> Case:
+    path = draw(st.sampled_from(sorted(ROUTES)))
+    fields = ROUTES[path]
+    if draw(st.integers(0, 9)) == 0:  # now and then, the whole body is one hostile value
+        text, kinds = draw(fragments("body", JSON_VALUES))
+        return Case("POST", path, text.encode("utf-8", "surrogatepass"), kinds)
+    # Half the bodies carry a lone surrogate in one chosen place, so that every field
+    # (and a key no route reads) gets its share; the other places get anything.
+    lone = draw(st.none() | st.sampled_from([*fields, "key", "extra"]))
+    members = []
+    kinds = frozenset[str]()
+    for field, valid in fields.items():
+        if field in ("text", "prompt") or field == lone or draw(st.booleans()):
+            value, made = draw(fragments(field, valid, lone=field == lone))
+            members.append(f"{json.dumps(field)}: {value}")
+            kinds |= made
+    if lone in ("key", "extra") or draw(st.booleans()):  # a field no route reads
+        key = draw(LONE_TEXT if lone == "key" else HOSTILE_TEXT)
+        escape = draw(st.booleans())
+        value, made = draw(fragments("extra", JSON_VALUES, lone=lone == "extra"))
+        members.append(f"{json.dumps(key, ensure_ascii=escape)}: {value}")
+        kinds |= made | ({"surrogate:key"} if has_lone_surrogate(key) else set())
+    text = "{" + ", ".join(members) + "}"
+    return Case("POST", path, text.encode("utf-8", "surrogatepass"), kinds)
+
+
+@st.composite
+def gets(draw: st.DrawFn) -> Case:
+    path = draw(st.sampled_from(["/health", "/metrics", "/metrics/aborts", "/"]))
+    if draw(st.booleans()):
+        raw = draw(st.binary(max_size=24))
+    else:
+        raw = draw(HOSTILE_TEXT).encode("utf-8", "surrogatepass")
+    # Percent-encoded bytes (invalid UTF-8 and encoded surrogates included) with the
+    # query's own separators left raw, so that odd keys and empty pairs reach the server.
+    query = urllib.parse.quote_from_bytes(raw, safe="=&;")
+    return Case("GET", f"{path}?{query}", None, frozenset({"query"}))
+
+
+CASES: Final = st.integers(0, 3).flatmap(lambda pick: gets() if pick == 0 else posts())
+"""A GET now and then, POSTs mostly: they are where the input goes."""
+
+
+def texts(response: httpx.Response, path: str, streaming: bool) -> dict[int, str]:
+    """The text each prompt got, by index, from a 200 answer of either route."""
+    if not streaming:
+        body = response.json()
+        if path == "/v1/completions":
+            return {choice["index"]: choice["text"] for choice in body["choices"]}
+        results = body if isinstance(body, list) else [body]
+        return {index: result["text"] for index, result in enumerate(results)}
+    got: dict[int, str] = collections.defaultdict(str)
+    events = [
+        line.removeprefix("data: ")
+        for line in response.text.splitlines()
+        if line.startswith("data: ")
+    ]
+    assert events[-1] == "[DONE]", events
+    for event in map(json.loads, events[:-1]):
+        assert "error" not in event, event
+        if path == "/v1/completions":
+            for choice in event["choices"]:
+                got[choice["index"]] += choice["text"]
+        else:
+            got[event.get("index", 0)] += event["text"]
+    return dict(got)
+
+
+def check(client: httpx.Client, case: Case) -> None:
+    """Send ``case``; the answer must be right or a 4xx JSON error; then the server
+    must be whole (ordinary request right, healthy, nothing in flight)."""
+    response = client.request(case.method, case.target, content=case.body, headers=JSON)
+    status = response.status_code
+    parse = api.parse_generate if case.target == "/generate" else api.parse_completions
+    if case.method == "GET":
+        assert status == 200, (case, status, response.text)
+    elif status == 200:
+        assert case.body is not None
+        accepted = parse(case.body)  # the server accepted it: so must its own parser
+        expected = {
+            index: expected_text(prompt, accepted.max_tokens)
+            for index, prompt in enumerate(accepted.prompts)
+        }
+        assert texts(response, case.target, accepted.stream) == expected
+    elif status == 504 and case.target == "/generate":
+        # A body may ask for a deadline of a few milliseconds (a "wrong" float that
+        # is a valid timeout): a 504 is then the right answer, not a failure.
+        assert case.body is not None
+        timeout = parse(case.body).timeout
+        assert timeout is not None, (case, response.text)
+        assert timeout < 5, (case, response.text)
+        assert_error_shape(response)
+    else:
+        assert status < 500, (case, status, response.text)
+        assert_json_error(response)
+    ordinary = client.post("/generate", json={"text": "ordinary", "max_tokens": 2})
+    assert ordinary.status_code == 200, ordinary.text
+    assert ordinary.json()["text"] == expected_text("ordinary", 2)
+    health = client.get("/health")
+    assert health.status_code == 200, health.text
+    # Every request above has ended (its answer is complete), so nothing may be held.
+    assert health.json()["in_flight"] == 0, health.text
+
+
+EXAMPLES: Final = 600
+"""Sized for about 10-20 s per server on a loaded 2-core machine."""
+
+
+def hostile_pass(url: str, seen: collections.Counter[str]) -> None:
+    """Run the property against the server at ``url`` (blocking: run it in a thread)."""
+    with httpx.Client(base_url=url, timeout=BOUND) as client:
+
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        )
+        @given(case=CASES)
+        def every_answer_is_right_or_a_json_4xx(case: Case) -> None:
+            seen.update(case.kinds)
+            check(client, case)
+
+        every_answer_is_right_or_a_json_4xx()
+
+
+async def test_hostile_input_on_every_route_never_gets_a_5xx_and_leaves_the_server_whole(
+    server: Served, http: httpx.AsyncClient
+) -> None:
+    seen: collections.Counter[str] = collections.Counter()
+    # In a thread: Hypothesis drives a blocking client while this loop keeps reading
+    # the server's output. Every exchange is bounded by the client's timeout.
+    await asyncio.to_thread(hostile_pass, server.url, seen)
+    fields = {"text", "rid", "timeout", "prompt", "model", "max_tokens", "stream", "extra", "key"}
+    missing = {f"surrogate:{field}" for field in fields} - seen.keys()
+    missing |= {"surrogate:escaped", "surrogate:raw", "deep", "huge", "query"} - seen.keys()
+    assert not missing, f"the pass never sent {sorted(missing)}: {seen}"
+    await assert_whole(http)
