@@ -10,6 +10,15 @@ endpoint streams or waits for one JSON result; a disconnect after it (uvicorn
 sends one as soon as the response ends) is not the client leaving. On ASGI 2.4
 servers, ``send`` raising :class:`OSError` is a disconnect too.
 
+Which request a call belongs to is decided by the ASGI ``scope`` dict, never by the
+context: uvicorn starts a connection's next request from inside the previous
+request's ``send()`` (pipelining) or from a reader callback that carries the context
+of the request that last resumed reading (bodies over 64 KiB, on asyncio's loop),
+so a new request's task can inherit a finished request's context, and with it that
+request's :class:`tether.RequestScope`. Each request therefore gets its own scope,
+marked in its ASGI scope under :data:`SCOPE_KEY`; a second copy of the middleware
+finds that mark and passes the request through.
+
 Departures from Starlette habits, on purpose: no ``BaseHTTPMiddleware`` (the app
 behind it never sees disconnects) and no ``Request.is_disconnected()`` polling
 (slow, and it eats the body when called early). A :class:`tether.TetherError` that
@@ -40,10 +49,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tether
 
-__all__ = ["REGISTRY_KEY", "TetherMiddleware", "lifespan"]
+__all__ = ["REGISTRY_KEY", "SCOPE_KEY", "TetherMiddleware", "lifespan"]
 
 REGISTRY_KEY: Final = "tether.registry"
 """The ASGI scope key under which the middleware puts its registry for handlers."""
+
+SCOPE_KEY: Final = "tether.scope"
+"""The ASGI scope key under which the middleware puts the request's
+:class:`tether.RequestScope`; its presence marks a request that already has one."""
 
 AppT = TypeVar("AppT")
 
@@ -74,7 +87,8 @@ class TetherMiddleware:
     ``app.add_middleware(TetherMiddleware, registry=...)``.
 
     Other scope types (lifespan, websocket) pass straight through. Installed twice,
-    the inner one sees a scope already active and passes the request through.
+    the inner one finds the outer one's mark in the request's ASGI scope
+    (:data:`SCOPE_KEY`) and passes the request through: one scope, one reader.
 
     :param app: the ASGI app to wrap.
     :param registry: the app's registry; handlers find it as
@@ -93,13 +107,14 @@ class TetherMiddleware:
         if not self._on_asyncio:  # checked until it holds once: a server keeps its loop kind
             _require_asyncio()
             self._on_asyncio = True
-        if scope["type"] != "http" or tether.RequestScope.current() is not None:
+        # Not RequestScope.current(): the task may have inherited a finished request's.
+        if scope["type"] != "http" or SCOPE_KEY in scope:
             await self.app(scope, receive, send)
             return
         scope[REGISTRY_KEY] = self.registry
         channel = _Channel(receive, send)
         with tether.RequestScope(on_first_track=channel.watch) as request_scope:
-            channel.scope = request_scope
+            scope[SCOPE_KEY] = channel.scope = request_scope
             try:
                 await self._answer(scope, channel)
             except OSError as exc:
