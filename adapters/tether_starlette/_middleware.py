@@ -2,13 +2,14 @@
 
 :class:`TetherMiddleware` is pure ASGI. Around each HTTP request it opens a
 :class:`tether.RequestScope` and becomes the only reader of ``receive``: an owned
-reader task hands body messages to the app one at a time (so a large body keeps
-the server's backpressure) and keeps reading once the body is complete, so that an
-``http.disconnect`` is seen the moment the server reports it. A disconnect before
-the response is complete cancels the request's streams at once, whether the
-endpoint streams or waits for one JSON result; a disconnect after it (uvicorn
-sends one as soon as the response ends) is not the client leaving. On ASGI 2.4
-servers, ``send`` raising :class:`OSError` is a disconnect too.
+reader task reads the body ahead of the app into a small bounded buffer
+(:data:`READ_AHEAD` bytes, so a large body keeps the server's backpressure) and
+keeps reading once the body is complete, so that an ``http.disconnect`` is seen the
+moment the server reports it, whether or not the app has read its body. A
+disconnect before the response is complete cancels the request's streams at once,
+whether the endpoint streams or waits for one JSON result; a disconnect after it
+(uvicorn sends one as soon as the response ends) is not the client leaving. On
+ASGI 2.4 servers, ``send`` raising :class:`OSError` is a disconnect too.
 
 Which request a call belongs to is decided by the ASGI ``scope`` dict, never by the
 context: uvicorn starts a connection's next request from inside the previous
@@ -39,6 +40,7 @@ hook is uvicorn's, and each server has its own.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
@@ -49,7 +51,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tether
 
-__all__ = ["REGISTRY_KEY", "SCOPE_KEY", "TetherMiddleware", "lifespan"]
+__all__ = ["READ_AHEAD", "REGISTRY_KEY", "SCOPE_KEY", "TetherMiddleware", "lifespan"]
 
 REGISTRY_KEY: Final = "tether.registry"
 """The ASGI scope key under which the middleware puts its registry for handlers."""
@@ -58,10 +60,18 @@ SCOPE_KEY: Final = "tether.scope"
 """The ASGI scope key under which the middleware puts the request's
 :class:`tether.RequestScope`; its presence marks a request that already has one."""
 
-AppT = TypeVar("AppT")
+READ_AHEAD: Final = 64 * 1024
+"""Bytes of request body the reader holds for an app that has not read them yet.
 
-_NO_INBOX: Final[asyncio.Queue[Message | Exception]] = asyncio.Queue()
-"""Stands for the inbox until the reader starts (never read)."""
+Reading ahead is what lets a disconnect be seen while the app is busy elsewhere (a
+server reports it only through ``receive``, after the body). Past this many unread
+bytes the reader waits for the app, so the server's own flow control holds the rest
+of the body back: an app that opens a stream and never reads a larger body learns
+that its client left only when the response ends. The figure is uvicorn's own
+per-connection buffer (its reading pauses past 64 KiB), so at most it doubles what
+the server already holds for the request."""
+
+AppT = TypeVar("AppT")
 
 
 def _repeat(item: Message | Exception) -> Message:
@@ -142,17 +152,20 @@ class _Channel:
 
     Until the request's scope adopts its first stream, the app's ``receive`` goes
     straight to the server: a request with nothing to abort (a health check) costs
-    no task. From then on an owned reader task reads ``receive``, handing body
-    messages to the app through a one-slot inbox (backpressure kept) and catching
-    the ``http.disconnect`` the moment the server reports it.
+    no task. From then on an owned reader task reads ``receive``, keeping up to
+    :data:`READ_AHEAD` bytes of body for the app (in order) and catching the
+    ``http.disconnect`` the moment the server reports it.
     """
 
     __slots__ = (
+        "_arrived",
+        "_body",
+        "_buffered",
         "_in_receive",
-        "_inbox",
         "_last",
         "_reader",
         "_receive",
+        "_room",
         "_send",
         "_wanted",
         "complete",
@@ -166,8 +179,10 @@ class _Channel:
         self._send = send
         self.scope: tether.RequestScope | None = None
         self._reader: asyncio.Task[None] | None = None
-        # One slot: the reader waits for the app to take each body message.
-        self._inbox: asyncio.Queue[Message | Exception] = _NO_INBOX
+        self._body: collections.deque[Message] = collections.deque()  # read, not yet taken
+        self._buffered = 0  # bytes in _body
+        self._arrived = asyncio.Event()  # set by the reader: a message or the end is there
+        self._room = asyncio.Event()  # set by the app: it took a message
         self._last: Message | Exception | None = None
         self._in_receive = False  # the app is in a direct receive() now
         self._wanted = False
@@ -183,7 +198,6 @@ class _Channel:
 
     def _start(self) -> None:
         if self._reader is None and self._last is None:
-            self._inbox = asyncio.Queue(maxsize=1)
             self._reader = asyncio.get_running_loop().create_task(
                 self._read(), name="tether-receive"
             )
@@ -193,9 +207,12 @@ class _Channel:
             self.scope.disconnect()
 
     async def _read(self) -> None:
-        """The reader task: forward the rest of the body, then wait for the disconnect."""
-        receive, inbox = self._receive, self._inbox
+        """The reader task: read the body ahead of the app, then wait for the disconnect."""
+        receive, body, arrived, room = self._receive, self._body, self._arrived, self._room
         while True:
+            while self._buffered >= READ_AHEAD:  # the app is behind: let the server hold on
+                room.clear()
+                await room.wait()
             try:
                 message = await receive()
             except Exception as exc:  # the server's receive broke: the connection is unusable
@@ -205,12 +222,14 @@ class _Channel:
                 last = message
                 break
             if not self.started:
-                await inbox.put(message)
+                body.append(message)
+                self._buffered += len(message.get("body", b""))
+                arrived.set()
             # else: the app answered without reading its whole body; drop the rest, as
             # Starlette's own responses do, so that the disconnect is still seen.
         self._gone()
         self._last = last
-        await inbox.put(last)
+        arrived.set()
 
     async def stop(self) -> None:
         """End the reader, if it started (the request is over)."""
@@ -243,18 +262,28 @@ class _Channel:
             elif self._wanted:
                 self._start()
             return message
-        item = self._last
-        if item is None or not self._inbox.empty():
-            item = await self._inbox.get()
-        return _repeat(item)
+        body = self._body
+        while not body:
+            last = self._last
+            if last is not None:
+                return _repeat(last)
+            self._arrived.clear()
+            await self._arrived.wait()
+        message = body.popleft()
+        self._buffered -= len(message.get("body", b""))
+        self._room.set()
+        return message
 
     async def send(self, message: Message) -> None:
         """The app's ``send``: tracks the response, and turns ``OSError`` into a disconnect."""
         kind = message["type"]
         if kind == "http.response.start":
             self.started = True
-            if self._inbox.full():  # free a reader blocked on a body nobody will read
-                self._inbox.get_nowait()
+            # The app answers without the rest of its body: drop it, and free a reader
+            # that waits for room, so that it goes on to see the disconnect.
+            self._body.clear()
+            self._buffered = 0
+            self._room.set()
         elif kind == "http.response.body" and not message.get("more_body", False):
             # Marked before sending: the server may report its own end-of-response
             # disconnect before this coroutine resumes.
