@@ -93,10 +93,12 @@ def statuses(*requests: FakeServer) -> list[int]:
 
 async def test_a_request_started_inside_the_previous_ones_send_gets_its_own_scope() -> None:
     seen: list[tether.RequestScope | None] = []
+    marked: list[tether.RequestScope | None] = []
     registry = tether.Registry()
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         seen.append(tether.RequestScope.current())
+        marked.append(scope.get("tether.scope"))
         stream = registry.open()
         registry.deliver(stream.rid, b"done", finished=True)
         body = await stream.result()
@@ -110,6 +112,7 @@ async def test_a_request_started_inside_the_previous_ones_send_gets_its_own_scop
     assert len(seen) == 3
     assert all(scope is not None for scope in seen)
     assert len({id(scope) for scope in seen}) == 3
+    assert marked == seen  # the request's own scope is in its ASGI scope too
     assert statuses(*requests) == [200, 200, 200]
     assert registry.stats().aborted == {}
     assert registry.in_flight == 0
