@@ -11,14 +11,12 @@ whether the endpoint streams or waits for one JSON result; a disconnect after it
 (uvicorn sends one as soon as the response ends) is not the client leaving. On
 ASGI 2.4 servers, ``send`` raising :class:`OSError` is a disconnect too.
 
-Which request a call belongs to is decided by the ASGI ``scope`` dict, never by the
-context: uvicorn starts a connection's next request from inside the previous
-request's ``send()`` (pipelining) or from a reader callback that carries the context
-of the request that last resumed reading (bodies over 64 KiB, on asyncio's loop),
-so a new request's task can inherit a finished request's context, and with it that
-request's :class:`tether.RequestScope`. Each request therefore gets its own scope,
-marked in its ASGI scope under :data:`SCOPE_KEY`; a second copy of the middleware
-finds that mark and passes the request through.
+Each request gets its own scope, marked in its ASGI scope under :data:`SCOPE_KEY`
+(a second copy of the middleware finds the mark and passes the request through),
+never judged by the context: uvicorn starts a connection's next request from inside
+the previous one's ``send()`` (pipelining), or from a reader callback carrying the
+context of the request that last resumed reading (asyncio's loop, bodies over
+64 KiB), so a task can inherit another request's :class:`tether.RequestScope`.
 
 Departures from Starlette habits, on purpose: no ``BaseHTTPMiddleware`` (the app
 behind it never sees disconnects) and no ``Request.is_disconnected()`` polling
@@ -61,15 +59,11 @@ SCOPE_KEY: Final = "tether.scope"
 :class:`tether.RequestScope`; its presence marks a request that already has one."""
 
 READ_AHEAD: Final = 64 * 1024
-"""Bytes of request body the reader holds for an app that has not read them yet.
-
-Reading ahead is what lets a disconnect be seen while the app is busy elsewhere (a
-server reports it only through ``receive``, after the body). Past this many unread
-bytes the reader waits for the app, so the server's own flow control holds the rest
-of the body back: an app that opens a stream and never reads a larger body learns
-that its client left only when the response ends. The figure is uvicorn's own
-per-connection buffer (its reading pauses past 64 KiB), so at most it doubles what
-the server already holds for the request."""
+"""Bytes of body the reader holds for an app that has not read them yet: reading
+ahead is how a disconnect (reported only by ``receive``, after the body) is seen
+while the app is busy elsewhere. Past it the reader waits for the app and the
+server's flow control holds the rest back, so an app that never reads a larger body
+learns that its client left only when it answers. uvicorn buffers as much itself."""
 
 AppT = TypeVar("AppT")
 
