@@ -2,13 +2,21 @@
 
 :class:`TetherMiddleware` is pure ASGI. Around each HTTP request it opens a
 :class:`tether.RequestScope` and becomes the only reader of ``receive``: an owned
-reader task hands body messages to the app one at a time (so a large body keeps
-the server's backpressure) and keeps reading once the body is complete, so that an
-``http.disconnect`` is seen the moment the server reports it. A disconnect before
-the response is complete cancels the request's streams at once, whether the
-endpoint streams or waits for one JSON result; a disconnect after it (uvicorn
-sends one as soon as the response ends) is not the client leaving. On ASGI 2.4
-servers, ``send`` raising :class:`OSError` is a disconnect too.
+reader task reads the body ahead of the app into a small bounded buffer
+(:data:`READ_AHEAD` bytes, so a large body keeps the server's backpressure) and
+keeps reading once the body is complete, so that an ``http.disconnect`` is seen the
+moment the server reports it, whether or not the app has read its body. A
+disconnect before the response is complete cancels the request's streams at once,
+whether the endpoint streams or waits for one JSON result; a disconnect after it
+(uvicorn sends one as soon as the response ends) is not the client leaving. On
+ASGI 2.4 servers, ``send`` raising :class:`OSError` is a disconnect too.
+
+Each request gets its own scope, marked in its ASGI scope under :data:`SCOPE_KEY`
+(a second copy of the middleware finds the mark and passes the request through),
+never judged by the context: uvicorn starts a connection's next request from inside
+the previous one's ``send()`` (pipelining), or from a reader callback carrying the
+context of the request that last resumed reading (asyncio's loop, bodies over
+64 KiB), so a task can inherit another request's :class:`tether.RequestScope`.
 
 Departures from Starlette habits, on purpose: no ``BaseHTTPMiddleware`` (the app
 behind it never sees disconnects) and no ``Request.is_disconnected()`` polling
@@ -30,6 +38,7 @@ hook is uvicorn's, and each server has its own.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
@@ -40,15 +49,23 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tether
 
-__all__ = ["REGISTRY_KEY", "TetherMiddleware", "lifespan"]
+__all__ = ["READ_AHEAD", "REGISTRY_KEY", "SCOPE_KEY", "TetherMiddleware", "lifespan"]
 
 REGISTRY_KEY: Final = "tether.registry"
 """The ASGI scope key under which the middleware puts its registry for handlers."""
 
-AppT = TypeVar("AppT")
+SCOPE_KEY: Final = "tether.scope"
+"""The ASGI scope key under which the middleware puts the request's
+:class:`tether.RequestScope`; its presence marks a request that already has one."""
 
-_NO_INBOX: Final[asyncio.Queue[Message | Exception]] = asyncio.Queue()
-"""Stands for the inbox until the reader starts (never read)."""
+READ_AHEAD: Final = 64 * 1024
+"""Bytes of body the reader holds for an app that has not read them yet: reading
+ahead is how a disconnect (reported only by ``receive``, after the body) is seen
+while the app is busy elsewhere. Past it the reader waits for the app and the
+server's flow control holds the rest back, so an app that never reads a larger body
+learns that its client left only when it answers. uvicorn buffers as much itself."""
+
+AppT = TypeVar("AppT")
 
 
 def _repeat(item: Message | Exception) -> Message:
@@ -74,7 +91,8 @@ class TetherMiddleware:
     ``app.add_middleware(TetherMiddleware, registry=...)``.
 
     Other scope types (lifespan, websocket) pass straight through. Installed twice,
-    the inner one sees a scope already active and passes the request through.
+    the inner one finds the outer one's mark in the request's ASGI scope
+    (:data:`SCOPE_KEY`) and passes the request through: one scope, one reader.
 
     :param app: the ASGI app to wrap.
     :param registry: the app's registry; handlers find it as
@@ -93,13 +111,14 @@ class TetherMiddleware:
         if not self._on_asyncio:  # checked until it holds once: a server keeps its loop kind
             _require_asyncio()
             self._on_asyncio = True
-        if scope["type"] != "http" or tether.RequestScope.current() is not None:
+        # Not RequestScope.current(): the task may have inherited a finished request's.
+        if scope["type"] != "http" or SCOPE_KEY in scope:
             await self.app(scope, receive, send)
             return
         scope[REGISTRY_KEY] = self.registry
         channel = _Channel(receive, send)
         with tether.RequestScope(on_first_track=channel.watch) as request_scope:
-            channel.scope = request_scope
+            scope[SCOPE_KEY] = channel.scope = request_scope
             try:
                 await self._answer(scope, channel)
             except OSError as exc:
@@ -127,17 +146,20 @@ class _Channel:
 
     Until the request's scope adopts its first stream, the app's ``receive`` goes
     straight to the server: a request with nothing to abort (a health check) costs
-    no task. From then on an owned reader task reads ``receive``, handing body
-    messages to the app through a one-slot inbox (backpressure kept) and catching
-    the ``http.disconnect`` the moment the server reports it.
+    no task. From then on an owned reader task reads ``receive``, keeping up to
+    :data:`READ_AHEAD` bytes of body for the app (in order) and catching the
+    ``http.disconnect`` the moment the server reports it.
     """
 
     __slots__ = (
+        "_arrived",
+        "_body",
+        "_buffered",
         "_in_receive",
-        "_inbox",
         "_last",
         "_reader",
         "_receive",
+        "_room",
         "_send",
         "_wanted",
         "complete",
@@ -151,8 +173,10 @@ class _Channel:
         self._send = send
         self.scope: tether.RequestScope | None = None
         self._reader: asyncio.Task[None] | None = None
-        # One slot: the reader waits for the app to take each body message.
-        self._inbox: asyncio.Queue[Message | Exception] = _NO_INBOX
+        self._body: collections.deque[Message] = collections.deque()  # read, not yet taken
+        self._buffered = 0  # bytes in _body
+        self._arrived = asyncio.Event()  # set by the reader: a message or the end is there
+        self._room = asyncio.Event()  # set by the app: it took a message
         self._last: Message | Exception | None = None
         self._in_receive = False  # the app is in a direct receive() now
         self._wanted = False
@@ -168,7 +192,6 @@ class _Channel:
 
     def _start(self) -> None:
         if self._reader is None and self._last is None:
-            self._inbox = asyncio.Queue(maxsize=1)
             self._reader = asyncio.get_running_loop().create_task(
                 self._read(), name="tether-receive"
             )
@@ -178,9 +201,12 @@ class _Channel:
             self.scope.disconnect()
 
     async def _read(self) -> None:
-        """The reader task: forward the rest of the body, then wait for the disconnect."""
-        receive, inbox = self._receive, self._inbox
+        """The reader task: read the body ahead of the app, then wait for the disconnect."""
+        receive, body, arrived, room = self._receive, self._body, self._arrived, self._room
         while True:
+            while self._buffered >= READ_AHEAD:  # the app is behind: let the server hold on
+                room.clear()
+                await room.wait()
             try:
                 message = await receive()
             except Exception as exc:  # the server's receive broke: the connection is unusable
@@ -190,12 +216,14 @@ class _Channel:
                 last = message
                 break
             if not self.started:
-                await inbox.put(message)
+                body.append(message)
+                self._buffered += len(message.get("body", b""))
+                arrived.set()
             # else: the app answered without reading its whole body; drop the rest, as
             # Starlette's own responses do, so that the disconnect is still seen.
         self._gone()
         self._last = last
-        await inbox.put(last)
+        arrived.set()
 
     async def stop(self) -> None:
         """End the reader, if it started (the request is over)."""
@@ -228,18 +256,28 @@ class _Channel:
             elif self._wanted:
                 self._start()
             return message
-        item = self._last
-        if item is None or not self._inbox.empty():
-            item = await self._inbox.get()
-        return _repeat(item)
+        body = self._body
+        while not body:
+            last = self._last
+            if last is not None:
+                return _repeat(last)
+            self._arrived.clear()
+            await self._arrived.wait()
+        message = body.popleft()
+        self._buffered -= len(message.get("body", b""))
+        self._room.set()
+        return message
 
     async def send(self, message: Message) -> None:
         """The app's ``send``: tracks the response, and turns ``OSError`` into a disconnect."""
         kind = message["type"]
         if kind == "http.response.start":
             self.started = True
-            if self._inbox.full():  # free a reader blocked on a body nobody will read
-                self._inbox.get_nowait()
+            # The app answers without the rest of its body: drop it, and free a reader
+            # that waits for room, so that it goes on to see the disconnect.
+            self._body.clear()
+            self._buffered = 0
+            self._room.set()
         elif kind == "http.response.body" and not message.get("more_body", False):
             # Marked before sending: the server may report its own end-of-response
             # disconnect before this coroutine resumes.

@@ -7,11 +7,12 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Final
 
 import pytest
 import uvicorn
+import uvloop
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -28,6 +29,29 @@ BOUND: Final = 10.0
 
 HANG: Final = object()
 """A script's last step that leaves its request open until it is aborted."""
+
+
+LOOPS: Final[Mapping[str, Callable[[], asyncio.AbstractEventLoop]]] = {
+    "asyncio": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
+"""The event loops uvicorn runs on; tests marked ``both_loops`` run on each."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "both_loops: run the test (and its uvicorn) on asyncio's loop and on uvloop"
+    )
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """A test marked ``both_loops`` runs once per loop of :data:`LOOPS` (an in-process
+    uvicorn serves on the test's loop); every other test on asyncio's own loop."""
+    if item.get_closest_marker("both_loops") is None:
+        return {"asyncio": asyncio.new_event_loop}
+    return LOOPS
 
 
 class Changes:
@@ -248,12 +272,23 @@ class FakeServer(Changes):
 
 @contextlib.asynccontextmanager
 async def serve(
-    app: ASGIApp, *, lifespan: str = "off", server_class: type[ReadyServer] = ReadyServer
+    app: ASGIApp,
+    *,
+    lifespan: str = "off",
+    server_class: type[ReadyServer] = ReadyServer,
+    **options: Any,
 ) -> AsyncIterator[tuple[str, uvicorn.Server]]:
     """Run ``app`` on uvicorn on 127.0.0.1 (ephemeral port) in this loop; yields the
-    base URL and the server, and stops it on exit."""
+    base URL and the server, and stops it on exit. ``options`` go to
+    :class:`uvicorn.Config` (``http="httptools"``, say)."""
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, lifespan=lifespan, log_config=None, access_log=False
+        app,
+        host="127.0.0.1",
+        port=0,
+        lifespan=lifespan,
+        log_config=None,
+        access_log=False,
+        **options,
     )
     server = server_class(config)
     task = asyncio.create_task(server.serve())
