@@ -40,8 +40,16 @@ class Consumer(Protocol):
 
 
 def current_scope() -> RequestScope | None:
-    """The scope of the HTTP request being handled, or ``None`` outside any."""
-    return _current.get()
+    """The scope of the HTTP request being handled, or ``None`` outside any.
+
+    A scope that has closed is no scope: a task that inherited it (one started
+    while a finished request was being handled, by a server or by the handler)
+    opens streams of its own, never adopted by that finished request.
+    """
+    scope = _current.get()
+    if scope is None or scope.ended:
+        return None
+    return scope
 
 
 class RequestScope:
@@ -55,6 +63,7 @@ class RequestScope:
     __slots__ = (
         "_client_gone",
         "_consumers",
+        "_ended",
         "_on_first_track",
         "_prune_at",
         "_reason",
@@ -80,11 +89,17 @@ class RequestScope:
         self._client_gone = client_gone
         self._reason: AbortReason | None = None
         self._token: contextvars.Token[RequestScope | None] | None = None
+        self._ended = False
 
     @staticmethod
     def current() -> RequestScope | None:
-        """The scope of the HTTP request being handled, or ``None`` outside any."""
-        return _current.get()
+        """The scope of the HTTP request being handled (see :func:`current_scope`)."""
+        return current_scope()
+
+    @property
+    def ended(self) -> bool:
+        """Whether the scope was closed (its request is over): it adopts nothing more."""
+        return self._ended
 
     @property
     def disconnected(self) -> bool:
@@ -160,6 +175,10 @@ class RequestScope:
         return sum(consumer.cancel(reason) for consumer in self._consumers)
 
     def close(self) -> int:
-        """Cancel whatever is still open (the handler is done); returns how many were live."""
+        """Cancel whatever is still open (the handler is done); returns how many were live.
+
+        From now on the scope adopts nothing: see :func:`current_scope`.
+        """
+        self._ended = True
         consumers, self._consumers = self._consumers, []
         return sum(consumer.cancel(AbortReason.CANCELLED) for consumer in consumers)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import weakref
 
 import pytest
@@ -140,3 +141,20 @@ async def test_a_long_lived_scope_lets_go_of_the_streams_that_ended(
     assert registry.in_flight == 0
     with pytest.raises(tether.Aborted):
         await live.result()
+
+
+async def test_a_stream_opened_under_an_ended_scope_is_not_adopted_by_it() -> None:
+    # What a task inherits when it was started while a finished request's scope was
+    # current: a handler's background task, or code outside the middleware.
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    scope = tether.RequestScope()
+    with scope:
+        inherited = contextvars.copy_context()
+
+    stream = inherited.run(registry.open)
+    scope.disconnect()  # a late signal for the ended request
+
+    assert stream.rid in registry
+    assert aborted == []
+    await stream.aclose()

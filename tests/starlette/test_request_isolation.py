@@ -185,25 +185,3 @@ async def test_installed_twice_a_chained_request_has_one_scope_and_one_reader(
 
     assert second.most_receiving == 1
     assert engine.registry.stats().aborted == {"client_disconnected": 1}
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs core: a RequestScope that has closed must never adopt a stream "
-    "(Registry.open/open_batch treat an ended current scope as no scope)",
-)
-async def test_a_stream_opened_under_an_ended_scope_is_not_adopted_by_it() -> None:
-    # What a task inherits when it was started while a finished request's scope was
-    # current: a handler's background task, or code outside the middleware.
-    aborted: list[str] = []
-    registry = tether.Registry(aborted.append)
-    scope = tether.RequestScope()
-    with scope:
-        inherited = contextvars.copy_context()
-
-    stream = inherited.run(registry.open)
-    scope.disconnect()  # a late signal for the ended request
-
-    assert stream.rid in registry
-    assert aborted == []
-    await stream.aclose()
