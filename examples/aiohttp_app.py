@@ -129,25 +129,32 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> web.Appli
 
 
 async def serve(options: cli.Options) -> None:
-    """Serve until SIGINT or SIGTERM, with aiohttp's defaults (no handler cancellation)."""
+    """Serve until SIGINT or SIGTERM, with aiohttp's defaults (no handler cancellation).
+
+    Either signal stops the server cleanly: the drain runs first (``on_shutdown``),
+    then aiohttp waits :data:`cli.SHUTDOWN_MARGIN` for the last responses before it
+    cancels the handlers still running. The signal handlers are in place before the
+    URL is announced, so a supervisor that stops the server as soon as it is up gets
+    the same clean exit.
+    """
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     app = create_app(cli.build_service(options), drain_timeout=options.drain_timeout)
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=cli.SHUTDOWN_MARGIN)
     await runner.setup()
     try:
         site = web.TCPSite(runner, cli.HOST, options.port)
         await site.start()
         cli.announce("aiohttp", runner.addresses[0][1])
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
         await runner.cleanup()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run the example server in the foreground until Ctrl-C."""
+    """Run the example server in the foreground until Ctrl-C or SIGTERM (exit code 0)."""
     asyncio.run(serve(cli.parse(argv, "tether example server on aiohttp")))
 
 

@@ -20,9 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import math
+import signal
 import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
+from types import FrameType
 
 import api
 import cli
@@ -123,7 +127,14 @@ class Server(uvicorn.Server):
     uvicorn waits for open connections *before* the lifespan shutdown runs, so open
     streams would hold the exit until they finish: the drain starts as soon as
     shutdown begins instead (``docs/starlette.md``), and ends them after
-    ``drain_timeout``.
+    ``drain_timeout``. uvicorn's own grace period (``timeout_graceful_shutdown``, past
+    which it cancels the handlers still running) must outlast the drain: ``main()``
+    sets it to the drain timeout plus :data:`cli.SHUTDOWN_MARGIN`.
+
+    SIGINT and SIGTERM are the normal way to stop this server, and it exits with 0
+    after either: uvicorn would raise the signal again once shut down (a
+    ``KeyboardInterrupt`` traceback and exit code -2 for Ctrl-C, death by SIGTERM).
+    A second Ctrl-C still forces the exit, ending the drain at once.
     """
 
     def __init__(
@@ -132,6 +143,27 @@ class Server(uvicorn.Server):
         super().__init__(config)
         self.registry = registry
         self.drain_timeout = drain_timeout
+        logging.getLogger("uvicorn.error").addFilter(self._cancelled_at_shutdown)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # uvicorn's own handler, less the note that makes it raise the signal again.
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        else:
+            self.should_exit = True
+
+    def _cancelled_at_shutdown(self, record: logging.LogRecord) -> bool:
+        """A logging filter: a handler that uvicorn cancelled at shutdown (its grace
+        period over, or a forced exit) ended its response first (``respond()`` sends
+        an error event and the terminal frame) and then let the cancellation go on,
+        which uvicorn logs with a traceback. uvicorn already said it cancelled them;
+        one line each is enough."""
+        error = record.exc_info[1] if record.exc_info else None
+        if self.should_exit and isinstance(error, asyncio.CancelledError):
+            record.msg, record.args = "request cancelled at shutdown; its response was ended", ()
+            record.exc_info, record.exc_text, record.levelno = None, None, logging.WARNING
+            record.levelname = logging.getLevelName(logging.WARNING)
+        return True
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -139,19 +171,24 @@ class Server(uvicorn.Server):
             cli.announce("starlette", sockets[0].getsockname()[1])
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        drain = asyncio.create_task(self.registry.close(drain_timeout=self.drain_timeout))
+        drain = asyncio.create_task(
+            self.registry.close(drain_timeout=self.drain_timeout), name="tether-drain"
+        )
         try:
             await super().shutdown(sockets)
         finally:
+            if self.force_exit:  # a second Ctrl-C: end what is left now, not after the drain
+                await self.registry.close(drain_timeout=0)
             await drain
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run the example server in the foreground until Ctrl-C."""
+    """Run the example server in the foreground until Ctrl-C or SIGTERM (exit code 0)."""
     options = cli.parse(argv, "tether example server on Starlette + uvicorn")
     service = cli.build_service(options)
     app = create_app(service, drain_timeout=options.drain_timeout)
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
+    grace = math.ceil(options.drain_timeout + cli.SHUTDOWN_MARGIN)  # (uvicorn takes an int)
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((cli.HOST, options.port))
