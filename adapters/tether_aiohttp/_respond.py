@@ -131,25 +131,38 @@ async def _stream(
 async def _farewell(
     request: web.Request, response: web.StreamResponse | None, exchange: tether.Exchange
 ) -> None:
-    """End the response of a cancelled handler as a server abort, best effort and bounded."""
+    """End the response of a cancelled handler as a server abort, best effort and bounded.
+
+    (aiohttp writes before it waits for flow control: a cancelled write went out.)
+    """
     source = exchange.source
-    source.cancel(tether.AbortReason.SERVER)
+    source.cancel(tether.AbortReason.CANCELLED)  # (a cancelled wait did it already)
     transport = request.transport
     if transport is None or transport.is_closing():
         return  # the client left (handler_cancellation): nobody reads an answer
     try:
         async with asyncio.timeout(FAREWELL_TIMEOUT):
             if response is None or not response.prepared:
-                rid = source.rid if isinstance(source, tether.Stream) else source.rids[0]
-                error = tether.error_response(tether.Aborted(rid, tether.AbortReason.SERVER))
+                error = tether.error_response(_server_abort(source))
                 response = web.json_response(error.body, status=error.status, headers=error.headers)
                 await response.prepare(request)
             else:
+                encoder = exchange.encoder
                 while not exchange.done:  # what was ready, then the error event and terminal
-                    await response.write(await exchange.next_chunk() or b"")
+                    chunk = await exchange.next_chunk()
+                    if chunk is None:  # ended quietly, as for a client that left; this one is here
+                        error = tether.error_response(_server_abort(source))
+                        chunk = encoder.error(error.body) + encoder.terminal()
+                    await response.write(chunk)
             await response.write_eof()
     except Exception as exc:  # best effort: the cancellation is what goes on
         logger.debug("%r: the end of a cancelled response was not sent: %r", source, exc)
+
+
+def _server_abort(source: tether.Stream | tether.Batch) -> tether.Aborted:
+    """What a client is told of a request whose handler the server cancelled."""
+    rid = source.rid if isinstance(source, tether.Stream) else source.rids[0]
+    return tether.Aborted(rid, tether.AbortReason.SERVER)
 
 
 async def _write_stream(

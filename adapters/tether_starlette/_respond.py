@@ -172,20 +172,44 @@ class ExchangeResponse(Response):
         flow control, before writing), so ``unsent`` goes out again ahead of the rest.
         """
         exchange = self.exchange
-        source = exchange.source
-        source.cancel(tether.AbortReason.SERVER)
         try:
             async with asyncio.timeout(FAREWELL_TIMEOUT):
                 if not started:
-                    rid = source.rid if isinstance(source, tether.Stream) else source.rids[0]
-                    error = tether.error_response(tether.Aborted(rid, tether.AbortReason.SERVER))
+                    exchange.source.cancel(tether.AbortReason.CANCELLED)
+                    error = tether.error_response(_server_abort(exchange.source))
                     answer = JSONResponse(error.body, error.status, headers=error.headers)
                     await answer(scope, receive, send)
                     return
-                tail = [unsent]
-                while not exchange.done:  # what was ready, then the error event and terminal
-                    tail.append(await exchange.next_chunk() or b"")
-                body = b"".join(tail)
+                body = unsent + await _rest_of_cancelled(exchange)
                 await send({"type": "http.response.body", "body": body, "more_body": False})
         except Exception as exc:  # best effort: the cancellation is what goes on
-            logger.debug("%r: the end of a cancelled response was not sent: %r", source, exc)
+            logger.debug(
+                "%r: the end of a cancelled response was not sent: %r", exchange.source, exc
+            )
+
+
+def _server_abort(source: tether.Stream | tether.Batch) -> tether.Aborted:
+    """What a client is told of a request whose handler the server cancelled."""
+    rid = source.rid if isinstance(source, tether.Stream) else source.rids[0]
+    return tether.Aborted(rid, tether.AbortReason.SERVER)
+
+
+async def _rest_of_cancelled(exchange: tether.Exchange) -> bytes:
+    """The rest of a stream whose task was cancelled, without waiting: what was ready,
+    then one error event and the terminal frame (or just the terminal frame, if the
+    stream had finished).
+
+    The cancelled wait already aborted the source (reason ``cancelled``), which the
+    exchange ends quietly, as for a client that left; but this client is still there
+    and is told why its stream ends.
+    """
+    exchange.source.cancel(tether.AbortReason.CANCELLED)  # (when cancelled in a write)
+    encoder = exchange.encoder
+    chunks = []
+    while not exchange.done:
+        chunk = await exchange.next_chunk()
+        if chunk is None:
+            error = tether.error_response(_server_abort(exchange.source))
+            chunk = encoder.error(error.body) + encoder.terminal()
+        chunks.append(chunk)
+    return b"".join(chunks)
