@@ -160,7 +160,7 @@ class Server(uvicorn.Server):
         one line each is enough."""
         error = record.exc_info[1] if record.exc_info else None
         if self.should_exit and isinstance(error, asyncio.CancelledError):
-            record.msg, record.args = "request cancelled at shutdown; its response was ended", ()
+            record.msg, record.args = "a request still running at shutdown was cancelled", ()
             record.exc_info, record.exc_text, record.levelno = None, None, logging.WARNING
             record.levelname = logging.getLevelName(logging.WARNING)
         return True

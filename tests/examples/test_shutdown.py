@@ -91,17 +91,22 @@ class Reading:
     events: list[Any] = dataclasses.field(default_factory=list)
     first: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     ended_at: float = 0.0
+    broken: str = ""
+    """How the response broke off (a cut connection, an incomplete body), if it did."""
 
 
 async def read_stream(client: httpx.AsyncClient, body: dict[str, Any], into: Reading) -> None:
     """POST ``body`` to /generate and read its server-sent events to the end."""
-    async with client.stream("POST", "/generate", json=body) as response:
-        assert response.status_code == 200, await response.aread()
-        async for line in response.aiter_lines():
-            if line.startswith("data: "):
-                data = line.removeprefix("data: ")
-                into.events.append(data if data == "[DONE]" else json.loads(data))
-                into.first.set()
+    try:
+        async with client.stream("POST", "/generate", json=body) as response:
+            assert response.status_code == 200, await response.aread()
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    data = line.removeprefix("data: ")
+                    into.events.append(data if data == "[DONE]" else json.loads(data))
+                    into.first.set()
+    except httpx.TransportError as exc:
+        into.broken = repr(exc)
     into.ended_at = asyncio.get_running_loop().time()
 
 
@@ -109,12 +114,22 @@ def problems_of_stream(reading: Reading) -> list[str]:
     """What is wrong with a stream the drain aborted: it must end with one error
     event (503) and the terminal frame, and carry no other error."""
     events = reading.events
+    if reading.broken:
+        return [f"the stream broke off: {reading.broken}"]
     if events[-1:] != ["[DONE]"]:
         return [f"no terminal frame; last events {events[-2:]}"]
     errors = [event for event in events[:-1] if "error" in event]
     if len(errors) != 1 or events[-2] is not errors[0] or errors[0]["error"]["code"] != 503:
         return [f"expected one 503 error event before [DONE], got {errors}"]
     return []
+
+
+async def post_json(client: httpx.AsyncClient, body: dict[str, Any]) -> httpx.Response | str:
+    """POST ``body`` to /generate: the response, or how the connection broke off."""
+    try:
+        return await client.post("/generate", json=body)
+    except httpx.TransportError as exc:
+        return repr(exc)
 
 
 async def has_in_flight(client: httpx.AsyncClient, expected: int) -> bool:
@@ -132,13 +147,13 @@ async def drain_for_long(name: str, drain_timeout: float) -> list[str]:
         asyncio.TaskGroup() as group,
     ):
         streams = [Reading() for _ in range(3)]
-        bodies = [{"text": "a"}, {"text": "b"}, {"text": ["c", "d"]}]
+        bodies: list[dict[str, Any]] = [{"text": "a"}, {"text": "b"}, {"text": ["c", "d"]}]
         for reading, body in zip(streams, bodies, strict=True):
             group.create_task(
                 read_stream(client, {**body, "max_tokens": LONG, "stream": True}, reading)
             )
         waits = [
-            group.create_task(client.post("/generate", json={"text": text, "max_tokens": LONG}))
+            group.create_task(post_json(client, {"text": text, "max_tokens": LONG}))
             for text in (["e"], "f")
         ]
         async with asyncio.timeout(BOUND):
@@ -159,7 +174,9 @@ async def drain_for_long(name: str, drain_timeout: float) -> list[str]:
             found.append(f"a stream ended {reading.ended_at - sent_at:.1f}s after SIGTERM")
     for wait in waits:
         response = wait.result()
-        if response.status_code not in (200, 503) or "json" not in response.headers.get(
+        if isinstance(response, str):
+            found.append(f"JSON wait broke off: {response}")
+        elif response.status_code not in (200, 503) or "json" not in response.headers.get(
             "content-type", ""
         ):
             found.append(f"JSON wait answered {response.status_code}: {response.text!r}")
@@ -173,7 +190,8 @@ async def drain_for_long(name: str, drain_timeout: float) -> list[str]:
 async def test_sigterm_during_a_drain_longer_than_5s_completes_every_response_and_exits_0() -> None:
     drain_timeout = 6.0
     found = await asyncio.gather(*(drain_for_long(name, drain_timeout) for name in NAMES))
-    assert [problem for problems in found for problem in problems] == []
+    problems = [problem for problems in found for problem in problems]
+    assert not problems, "\n".join(problems)
 
 
 async def stop_with(name: str, sig: signal.Signals) -> list[str]:
@@ -207,7 +225,8 @@ async def test_a_signal_drains_open_streams_and_exits_0_without_a_traceback(
     sig: signal.Signals,
 ) -> None:
     found = await asyncio.gather(*(stop_with(name, sig) for name in NAMES))
-    assert [problem for problems in found for problem in problems] == []
+    problems = [problem for problems in found for problem in problems]
+    assert not problems, "\n".join(problems)
 
 
 async def stop_at_once(name: str) -> int:
