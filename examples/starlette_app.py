@@ -177,8 +177,12 @@ class Server(uvicorn.Server):
         try:
             await super().shutdown(sockets)
         finally:
-            if self.force_exit:  # a second Ctrl-C: end what is left now, not after the drain
+            if self.force_exit:
+                # A second Ctrl-C: end what is left now rather than after the drain, and
+                # stop the engine, which uvicorn's forced exit would leave to asyncio.run
+                # to cancel mid-step (a traceback). Both take milliseconds.
                 await self.registry.close(drain_timeout=0)
+                await self.lifespan.shutdown()
             await drain
 
 

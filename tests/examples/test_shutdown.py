@@ -240,3 +240,49 @@ async def test_a_sigterm_as_soon_as_the_url_is_printed_is_a_clean_exit() -> None
     must already be in place then."""
     codes = await asyncio.gather(*(stop_at_once(name) for name in NAMES))
     assert dict(zip(NAMES, codes, strict=True)) == dict.fromkeys(NAMES, 0)
+
+
+async def refuses_connections(url: str) -> bool:
+    """Whether the server stopped listening (its shutdown began)."""
+    host, port = url.removeprefix("http://").split(":")
+    try:
+        _, writer = await asyncio.open_connection(host, int(port))
+    except ConnectionRefusedError:
+        return True
+    writer.close()
+    await writer.wait_closed()
+    return False
+
+
+async def hurry_with_a_second_ctrl_c(name: str) -> list[str]:
+    """Ctrl-C twice to server ``name`` during a 60 s drain; returns what went wrong."""
+    async with (
+        serving(name, "--drain-timeout", "60") as server,
+        httpx.AsyncClient(base_url=server.url, timeout=BOUND) as client,
+    ):
+        reading = Reading()
+        body = {"text": "a", "max_tokens": LONG, "stream": True}
+        reader = asyncio.create_task(read_stream(client, body, reading))
+        try:
+            async with asyncio.timeout(BOUND):
+                await reading.first.wait()
+            server.stop(signal.SIGINT)
+            await eventually(lambda: refuses_connections(server.url))
+            server.stop(signal.SIGINT)
+            code = await server.exit_code(within=BOUND)
+            async with asyncio.timeout(BOUND):
+                await reader
+        finally:
+            reader.cancel()
+            await asyncio.wait([reader])
+    found = [f"exit code {code}"] if code != 0 else []
+    if server.stderr.strip():
+        found.append(f"stderr:\n{server.stderr.decode(errors='replace')}")
+    found.extend(problems_of_stream(reading))
+    return [f"{name}: {problem}" for problem in found]
+
+
+async def test_a_second_ctrl_c_ends_the_drain_at_once_and_still_exits_0() -> None:
+    found = await asyncio.gather(*(hurry_with_a_second_ctrl_c(name) for name in NAMES))
+    problems = [problem for problems in found for problem in problems]
+    assert not problems, "\n".join(problems)
