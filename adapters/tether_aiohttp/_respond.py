@@ -15,11 +15,12 @@ written by aiohttp after its request finished, so nothing waits on it.
 
 A handler cancelled while its client is still connected (``handler_cancellation``
 on, or the end of ``shutdown_timeout``) ends its response before the cancellation
-goes on: the work is aborted as by the server, and the client gets a JSON error
-(nothing sent yet) or what is ready with one error event and the terminal frame (a
-stream), written within :data:`FAREWELL_TIMEOUT`; then ``CancelledError`` is raised
-again, never swallowed (aiohttp logs it at debug level only). A handler cancelled
-because its client left writes nothing.
+goes on: the work is aborted (reason ``cancelled``), and the client, told that the
+server ended its request (503), gets a JSON error (nothing sent yet) or what was
+ready with one error event and the terminal frame (a stream), written within
+:data:`FAREWELL_TIMEOUT`; then ``CancelledError`` is raised again, never swallowed
+(aiohttp logs it at debug level only). A handler cancelled because its client left
+writes nothing.
 """
 
 from __future__ import annotations
@@ -92,9 +93,10 @@ async def respond(
     response: web.StreamResponse | None = None
     try:
         scope = request_scope(request)
-        head = await (
-            exchange.start_head_only() if request.method == hdrs.METH_HEAD else exchange.start()
-        )
+        if request.method == hdrs.METH_HEAD:
+            head = await exchange.start_head_only()
+            return web.Response(headers=_headers(head.headers, headers))
+        head = await exchange.start()
         merged = _headers(head.headers, headers)
         if not head.more:
             return web.Response(status=head.status, body=head.body, headers=merged)

@@ -21,9 +21,10 @@ request finished, so nothing waits on it.
 
 A stream whose task is cancelled (uvicorn does so to the requests still running
 when its graceful-shutdown timeout ends) still ends its response before the
-cancellation goes on: the work is aborted as by the server, what is ready goes out
-with one error event and the terminal frame in a last ``http.response.body``
-(``more_body`` false), and ``CancelledError`` is raised again, never swallowed.
+cancellation goes on: the work is aborted (reason ``cancelled``), and what was
+ready goes out with one error event (503: the server ended the request) and the
+terminal frame in a last ``http.response.body`` (``more_body`` false); then
+``CancelledError`` is raised again, never swallowed.
 uvicorn's ``send`` still writes after the cancellation (its only wait is for flow
 control, and a message is written after it), so the client gets a whole stream;
 that last write is bounded by :data:`FAREWELL_TIMEOUT`, since a client that

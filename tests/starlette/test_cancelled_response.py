@@ -126,6 +126,40 @@ async def test_a_stream_cancelled_while_its_client_reads_nothing_still_ends_in_t
     assert engine.registry.in_flight == 0
 
 
+async def test_a_stream_cancelled_before_its_status_line_went_out_gets_a_json_error_status(
+    engine: Engine,
+) -> None:
+    """uvicorn writes nothing of a ``send`` cancelled in its flow-control wait: when
+    that send was the status line, the client gets a whole JSON answer instead."""
+    engine.script = [{"n": 1}, HANG]
+    server = FakeServer()
+    blocked = asyncio.Event()
+    resumed = asyncio.Event()
+
+    async def flow_controlled_send(message: Message) -> None:
+        if not resumed.is_set():  # the status line blocks
+            blocked.set()
+            await resumed.wait()
+        await server.send(message)
+
+    app = make_app(engine)
+    task = asyncio.create_task(app(server.scope, server.receive, flow_controlled_send))
+    async with asyncio.timeout(BOUND):
+        await blocked.wait()
+
+    task.cancel()
+    resumed.set()
+    async with asyncio.timeout(BOUND):
+        await asyncio.wait((task,))
+
+    assert task.cancelled()
+    start, body = server.sent
+    assert start["status"] == 503
+    assert (b"content-type", b"application/json") in start["headers"]
+    assert json.loads(body["body"])["error"]["code"] == 503
+    assert engine.registry.in_flight == 0
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="needs TetherMiddleware (not this branch's file): answer a CancelledError that "
