@@ -132,8 +132,8 @@ async def serve(options: cli.Options) -> None:
     """Serve until SIGINT or SIGTERM, with aiohttp's defaults (no handler cancellation).
 
     Either signal stops the server cleanly: the drain runs first (``on_shutdown``),
-    then aiohttp waits :data:`cli.SHUTDOWN_MARGIN` for the last responses before it
-    cancels the handlers still running. A second signal ends the drain at once. The
+    then aiohttp waits up to :data:`cli.SHUTDOWN_MARGIN` for the last responses
+    before it cancels the handlers still running. A second signal ends the drain at once. The
     signal handlers are in place before the URL is announced, so a supervisor that
     stops the server as soon as it is up gets the same clean exit.
     """
@@ -147,7 +147,9 @@ async def serve(options: cli.Options) -> None:
         loop.add_signal_handler(sig, on_signal)
     service = cli.build_service(options)
     app = create_app(service, drain_timeout=options.drain_timeout)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=cli.SHUTDOWN_MARGIN)
+    # aiohttp waits up to shutdown_timeout twice (for the handlers; again once it has
+    # failed their request bodies) before it cancels them: half the margin each.
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=cli.SHUTDOWN_MARGIN / 2)
     await runner.setup()
     try:
         site = web.TCPSite(runner, cli.HOST, options.port)

@@ -143,7 +143,6 @@ class Server(uvicorn.Server):
         super().__init__(config)
         self.registry = registry
         self.drain_timeout = drain_timeout
-        logging.getLogger("uvicorn.error").addFilter(self._cancelled_at_shutdown)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # uvicorn's own handler, less the note that makes it raise the signal again.
@@ -152,18 +151,27 @@ class Server(uvicorn.Server):
         else:
             self.should_exit = True
 
-    def _cancelled_at_shutdown(self, record: logging.LogRecord) -> bool:
+    def cancelled_at_shutdown(self, record: logging.LogRecord) -> bool:
         """A logging filter: a handler that uvicorn cancelled at shutdown (its grace
-        period over, or a forced exit) ended its response first (``respond()`` sends
-        an error event and the terminal frame) and then let the cancellation go on,
-        which uvicorn logs with a traceback. uvicorn already said it cancelled them;
-        one line each is enough."""
+        period over, or a forced exit) ends its response first (``respond()`` sends
+        an error event and the terminal frame, if the client still reads) and then
+        lets the cancellation go on, which uvicorn logs with a traceback. uvicorn
+        already said it cancelled them: one line each is enough."""
         error = record.exc_info[1] if record.exc_info else None
         if self.should_exit and isinstance(error, asyncio.CancelledError):
             record.msg, record.args = "a request still running at shutdown was cancelled", ()
             record.exc_info, record.exc_text, record.levelno = None, None, logging.WARNING
             record.levelname = logging.getLevelName(logging.WARNING)
         return True
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        # Around asyncio.run() as a whole: at its end it cancels what is left.
+        log = logging.getLogger("uvicorn.error")
+        log.addFilter(self.cancelled_at_shutdown)
+        try:
+            super().run(sockets)
+        finally:
+            log.removeFilter(self.cancelled_at_shutdown)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)

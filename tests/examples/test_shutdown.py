@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -20,7 +21,11 @@ from typing import Any, Final
 import cli
 import httpx
 import pytest
+import starlette_app
+import uvicorn
 from launch import SERVERS
+
+import tether
 
 from .conftest import eventually
 
@@ -286,3 +291,29 @@ async def test_a_second_ctrl_c_ends_the_drain_at_once_and_still_exits_0() -> Non
     found = await asyncio.gather(*(hurry_with_a_second_ctrl_c(name) for name in NAMES))
     problems = [problem for problems in found for problem in problems]
     assert not problems, "\n".join(problems)
+
+
+def test_uvicorns_traceback_for_a_handler_cancelled_at_shutdown_becomes_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A handler still running when uvicorn's grace period ends is cancelled; it ends
+    its response, then lets the cancellation go on, which uvicorn logs with a traceback.
+    The example server says it in one line instead, and only while shutting down."""
+    server = starlette_app.Server(uvicorn.Config(app=None, log_config=None), tether.Registry(), 1.0)
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addFilter(server.cancelled_at_shutdown)  # as server.run() does
+    try:
+        with caplog.at_level(logging.WARNING, logger="uvicorn.error"):
+            uvicorn_log.error("Exception in ASGI application\n", exc_info=RuntimeError("bug"))
+            server.should_exit = True
+            uvicorn_log.error("Exception in ASGI application\n", exc_info=RuntimeError("bug"))
+            uvicorn_log.error("Exception in ASGI application\n", exc_info=asyncio.CancelledError())
+    finally:
+        uvicorn_log.removeFilter(server.cancelled_at_shutdown)
+
+    bug, bug_at_shutdown, cancelled = caplog.records
+    assert bug.exc_info is not None
+    assert bug_at_shutdown.exc_info is not None  # a real error keeps its traceback
+    assert cancelled.exc_info is None
+    assert cancelled.levelno == logging.WARNING
+    assert cancelled.getMessage() == "a request still running at shutdown was cancelled"
