@@ -78,15 +78,17 @@ async def serving(name: str, *args: str) -> AsyncIterator[Server]:
     try:
         async with asyncio.timeout(30):
             line = (await process.stdout.readline()).decode()
-        assert "listening on " in line, f"{name} printed no URL: {line!r}"
-        server.url = line.rsplit("listening on ", 1)[1].strip().rstrip("/")
-        yield server
+        if "listening on " in line:
+            server.url = line.rsplit("listening on ", 1)[1].strip().rstrip("/")
+            yield server
     finally:
         if process.returncode is None:
             process.kill()
         await process.wait()
         async with asyncio.timeout(BOUND):
             server.stderr = await errors
+    if not server.url:
+        raise AssertionError(f"{name} printed no URL: {line!r}\n{server.stderr.decode()}")
 
 
 @dataclasses.dataclass
