@@ -141,25 +141,55 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> web.Appli
 
 
 async def serve(options: cli.Options) -> None:
-    """Serve until SIGINT or SIGTERM, with aiohttp's defaults (no handler cancellation)."""
-    app = create_app(cli.build_service(options), drain_timeout=options.drain_timeout)
-    runner = web.AppRunner(app, access_log=None)
+    """Serve until SIGINT or SIGTERM, with aiohttp's defaults (no handler cancellation).
+
+    Either signal stops the server cleanly: the drain runs first (``on_shutdown``),
+    then aiohttp waits up to :data:`cli.SHUTDOWN_MARGIN` for the last responses
+    before it cancels the handlers still running. A second signal ends the drain at once. The
+    signal handlers are in place before the URL is announced, so a supervisor that
+    stops the server as soon as it is up gets the same clean exit.
+    """
+    stop, hurry = asyncio.Event(), asyncio.Event()
+
+    def on_signal() -> None:
+        (hurry if stop.is_set() else stop).set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    service = cli.build_service(options)
+    app = create_app(service, drain_timeout=options.drain_timeout)
+    # aiohttp waits up to shutdown_timeout twice (for the handlers; again once it has
+    # failed their request bodies) before it cancels them: half the margin each.
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=cli.SHUTDOWN_MARGIN / 2)
     await runner.setup()
     try:
         site = web.TCPSite(runner, cli.HOST, options.port)
         await site.start()
         cli.announce("aiohttp", runner.addresses[0][1])
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
-        await runner.cleanup()
+        await _clean_up(runner, service.registry, hurry)
+
+
+async def _clean_up(runner: web.AppRunner, registry: tether.Registry, hurry: asyncio.Event) -> None:
+    """``runner.cleanup()`` (the drain, then the server's shutdown), the drain cut
+    short when ``hurry`` is set."""
+    cleanup = asyncio.create_task(runner.cleanup(), name="aiohttp-cleanup")
+    hurried = asyncio.create_task(hurry.wait(), name="second-signal")
+    try:
+        await asyncio.wait([cleanup, hurried], return_when=asyncio.FIRST_COMPLETED)
+        if not cleanup.done():
+            await registry.close(drain_timeout=0)  # the drain in cleanup() returns too
+        await cleanup
+    finally:
+        for task in (hurried, cleanup):
+            task.cancel()  # (nothing, for one already done)
+        await asyncio.wait([hurried, cleanup])
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run the example server in the foreground until Ctrl-C."""
+    """Run the example server in the foreground until Ctrl-C or SIGTERM (exit code 0)."""
     asyncio.run(serve(cli.parse(argv, "tether example server on aiohttp")))
 
 

@@ -9,15 +9,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Sequence
+from typing import Final
 
 from api import Service
 from engine import Engine, merge_outputs
 
 import tether
 
-__all__ = ["HOST", "Options", "announce", "build_service", "parse"]
+__all__ = ["HOST", "SHUTDOWN_MARGIN", "Options", "announce", "build_service", "parse"]
 
 HOST = "127.0.0.1"
+
+SHUTDOWN_MARGIN: Final = 3.0
+"""Seconds a server waits, once the drain is over, for the last responses to go out
+(the drained streams' error events, the 503s of JSON waits) before it cancels the
+handlers still running. Each server's own grace period is derived from the drain
+timeout and this margin, so that it never cuts the drain short."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -45,9 +52,14 @@ def parse(argv: Sequence[str] | None, description: str) -> Options:
         "--max-in-flight", type=int, default=None, help="admission limit (503 beyond it)"
     )
     parser.add_argument(
-        "--drain-timeout", type=float, default=2.0, help="seconds to finish work on shutdown"
+        "--drain-timeout",
+        type=float,
+        default=2.0,
+        help="seconds that requests in flight get to finish on SIGINT or SIGTERM",
     )
     args = parser.parse_args(argv)
+    if args.drain_timeout < 0:
+        parser.error(f"--drain-timeout must be at least 0, got {args.drain_timeout}")
     return Options(
         port=args.port,
         max_batch=args.max_batch,

@@ -20,9 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import math
+import signal
 import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
+from types import FrameType
 
 import api
 import cli
@@ -141,7 +145,14 @@ class Server(uvicorn.Server):
     uvicorn waits for open connections *before* the lifespan shutdown runs, so open
     streams would hold the exit until they finish: the drain starts as soon as
     shutdown begins instead (``docs/starlette.md``), and ends them after
-    ``drain_timeout``.
+    ``drain_timeout``. uvicorn's own grace period (``timeout_graceful_shutdown``, past
+    which it cancels the handlers still running) must outlast the drain: ``main()``
+    sets it to the drain timeout plus :data:`cli.SHUTDOWN_MARGIN`.
+
+    SIGINT and SIGTERM are the normal way to stop this server, and it exits with 0
+    after either: uvicorn would raise the signal again once shut down (a
+    ``KeyboardInterrupt`` traceback and exit code -2 for Ctrl-C, death by SIGTERM).
+    A second Ctrl-C still forces the exit, ending the drain at once.
     """
 
     def __init__(
@@ -151,25 +162,63 @@ class Server(uvicorn.Server):
         self.registry = registry
         self.drain_timeout = drain_timeout
 
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # uvicorn's own handler, less the note that makes it raise the signal again.
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        else:
+            self.should_exit = True
+
+    def cancelled_at_shutdown(self, record: logging.LogRecord) -> bool:
+        """A logging filter: a handler that uvicorn cancelled at shutdown (its grace
+        period over, or a forced exit) ends its response first (``respond()`` sends
+        an error event and the terminal frame, if the client still reads) and then
+        lets the cancellation go on, which uvicorn logs with a traceback. uvicorn
+        already said it cancelled them: one line each is enough."""
+        error = record.exc_info[1] if record.exc_info else None
+        if self.should_exit and isinstance(error, asyncio.CancelledError):
+            record.msg, record.args = "a request still running at shutdown was cancelled", ()
+            record.exc_info, record.exc_text, record.levelno = None, None, logging.WARNING
+            record.levelname = logging.getLevelName(logging.WARNING)
+        return True
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        # Around asyncio.run() as a whole: at its end it cancels what is left.
+        log = logging.getLogger("uvicorn.error")
+        log.addFilter(self.cancelled_at_shutdown)
+        try:
+            super().run(sockets)
+        finally:
+            log.removeFilter(self.cancelled_at_shutdown)
+
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started and sockets:
             cli.announce("starlette", sockets[0].getsockname()[1])
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        drain = asyncio.create_task(self.registry.close(drain_timeout=self.drain_timeout))
+        drain = asyncio.create_task(
+            self.registry.close(drain_timeout=self.drain_timeout), name="tether-drain"
+        )
         try:
             await super().shutdown(sockets)
         finally:
+            if self.force_exit:
+                # A second Ctrl-C: end what is left now rather than after the drain, and
+                # stop the engine, which uvicorn's forced exit would leave to asyncio.run
+                # to cancel mid-step (a traceback). Both take milliseconds.
+                await self.registry.close(drain_timeout=0)
+                await self.lifespan.shutdown()
             await drain
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run the example server in the foreground until Ctrl-C."""
+    """Run the example server in the foreground until Ctrl-C or SIGTERM (exit code 0)."""
     options = cli.parse(argv, "tether example server on Starlette + uvicorn")
     service = cli.build_service(options)
     app = create_app(service, drain_timeout=options.drain_timeout)
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
+    grace = math.ceil(options.drain_timeout + cli.SHUTDOWN_MARGIN)  # (uvicorn takes an int)
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((cli.HOST, options.port))

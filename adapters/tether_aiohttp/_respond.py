@@ -12,12 +12,23 @@ A client that stops reading without closing its connection blocks ``write()``
 is aborted and freed) and the connection is dropped at once, so that aiohttp
 does not wait on it again when it finishes the response. A plain JSON answer is
 written by aiohttp after its request finished, so nothing waits on it.
+
+A handler cancelled while its client is still connected (``handler_cancellation``
+on, or the end of ``shutdown_timeout``) ends its response before the cancellation
+goes on: the work is aborted (reason ``cancelled``), and the client, told that the
+server ended its request (503), gets a JSON error (nothing sent yet) or what was
+ready with one error event and the terminal frame (a stream), written within
+:data:`FAREWELL_TIMEOUT`; then ``CancelledError`` is raised again, never swallowed
+(aiohttp logs it at debug level only). A handler cancelled because its client left
+writes nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
+from typing import Final
 
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
@@ -29,6 +40,11 @@ from ._plugin import request_scope
 __all__ = ["respond"]
 
 logger = logging.getLogger("tether.aiohttp")
+
+FAREWELL_TIMEOUT: Final = 1.0
+"""Seconds the last writes of a cancelled handler may take (a JSON error, or a
+stream's error event and terminal frame): enough for a client that reads, short
+for one that stopped."""
 
 
 async def respond(
@@ -74,26 +90,34 @@ async def respond(
     except ValueError:
         await source.aclose()
         raise
+    response: web.StreamResponse | None = None
     try:
-        return await _send(request, exchange, headers)
+        scope = request_scope(request)
+        if request.method == hdrs.METH_HEAD:
+            head = await exchange.start_head_only()
+            return web.Response(headers=_headers(head.headers, headers))
+        head = await exchange.start()
+        merged = _headers(head.headers, headers)
+        if not head.more:
+            return web.Response(status=head.status, body=head.body, headers=merged)
+        response = web.StreamResponse(status=head.status, headers=merged)
+        return await _stream(request, scope, response, exchange, head.body)
+    except asyncio.CancelledError:
+        await _farewell(request, response, exchange)
+        raise
     finally:
         await exchange.aclose()
 
 
-async def _send(
-    request: web.Request, exchange: tether.Exchange, extra: Mapping[str, str] | None
+async def _stream(
+    request: web.Request,
+    scope: tether.RequestScope,
+    response: web.StreamResponse,
+    exchange: tether.Exchange,
+    first: bytes,
 ) -> web.StreamResponse:
-    scope = request_scope(request)
-    if request.method == hdrs.METH_HEAD:
-        head = await exchange.start_head_only()
-        return web.Response(headers=_headers(head.headers, extra))
-    head = await exchange.start()
-    headers = _headers(head.headers, extra)
-    if not head.more:
-        return web.Response(status=head.status, body=head.body, headers=headers)
-    response = web.StreamResponse(status=head.status, headers=headers)
     try:
-        if await _write_stream(request, response, exchange, head.body):
+        if await _write_stream(request, response, exchange, first):
             return response
     except ConnectionError:  # aiohttp's ClientConnectionResetError among them
         scope.disconnect()
@@ -104,6 +128,43 @@ async def _send(
     if transport is not None:
         transport.abort()
     return response
+
+
+async def _farewell(
+    request: web.Request, response: web.StreamResponse | None, exchange: tether.Exchange
+) -> None:
+    """End the response of a cancelled handler as a server abort, best effort and bounded.
+
+    (aiohttp writes before it waits for flow control: a cancelled write went out.)
+    """
+    source = exchange.source
+    source.cancel(tether.AbortReason.CANCELLED)  # (a cancelled wait did it already)
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        return  # the client left (handler_cancellation): nobody reads an answer
+    try:
+        async with asyncio.timeout(FAREWELL_TIMEOUT):
+            if response is None or not response.prepared:
+                error = tether.error_response(_server_abort(source))
+                response = web.json_response(error.body, status=error.status, headers=error.headers)
+                await response.prepare(request)
+            else:
+                encoder = exchange.encoder
+                while not exchange.done:  # what was ready, then the error event and terminal
+                    chunk = await exchange.next_chunk()
+                    if chunk is None:  # ended quietly, as for a client that left; this one is here
+                        error = tether.error_response(_server_abort(source))
+                        chunk = encoder.error(error.body) + encoder.terminal()
+                    await response.write(chunk)
+            await response.write_eof()
+    except Exception as exc:  # best effort: the cancellation is what goes on
+        logger.debug("%r: the end of a cancelled response was not sent: %r", source, exc)
+
+
+def _server_abort(source: tether.Stream | tether.Batch) -> tether.Aborted:
+    """What a client is told of a request whose handler the server cancelled."""
+    rid = source.rid if isinstance(source, tether.Stream) else source.rids[0]
+    return tether.Aborted(rid, tether.AbortReason.SERVER)
 
 
 async def _write_stream(

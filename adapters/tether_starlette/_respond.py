@@ -18,15 +18,29 @@ which makes uvicorn close the connection. (ASGI gives the app no way to drop the
 connection at once: uvicorn's close still waits for the peer to take the bytes
 already queued, or to go.) A plain JSON answer is one ``send`` issued after its
 request finished, so nothing waits on it.
+
+A stream whose task is cancelled (uvicorn does so to the requests still running
+when its graceful-shutdown timeout ends) still ends its response before the
+cancellation goes on: the work is aborted (reason ``cancelled``), and what was
+ready goes out with one error event (503: the server ended the request) and the
+terminal frame in a last ``http.response.body`` (``more_body`` false); then
+``CancelledError`` is raised again, never swallowed.
+uvicorn's ``send`` still writes after the cancellation (its only wait is for flow
+control, and a message is written after it), so the client gets a whole stream;
+that last write is bounded by :data:`FAREWELL_TIMEOUT`, since a client that
+stopped reading would hold it for ever. uvicorn then logs the cancellation as an
+error, as it does for any exception an app raises.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
+from typing import Final
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 import tether
@@ -34,6 +48,10 @@ import tether
 __all__ = ["ExchangeResponse", "respond"]
 
 logger = logging.getLogger("tether")
+
+FAREWELL_TIMEOUT: Final = 1.0
+"""Seconds the last write of a cancelled stream may take (its error event and
+terminal frame): enough for a client that reads, short for one that stopped."""
 
 
 async def respond(
@@ -123,18 +141,76 @@ class ExchangeResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = self.exchange
+        started = False
+        body = b""  # the body of the message being sent, until its send returns
         try:
             start = {"type": "http.response.start", "status": self.status_code}
             if not await exchange.bounded(send({**start, "headers": self.raw_headers})):
                 return
+            started = True
             body, more = self._first, self._more
             while True:
                 message = {"type": "http.response.body", "body": body, "more_body": more}
                 if not await exchange.bounded(send(message)) or not more:
                     break
+                body = b""
                 chunk = await exchange.next_chunk()
                 body, more = chunk or b"", chunk is not None and not exchange.done
+        except asyncio.CancelledError:
+            await self._farewell(scope, receive, send, started, body)
+            raise
         finally:
             await exchange.aclose()
         if self.background is not None:
             await self.background()
+
+    async def _farewell(
+        self, scope: Scope, receive: Receive, send: Send, started: bool, unsent: bytes
+    ) -> None:
+        """End the response of a cancelled task as a server abort, best effort and bounded.
+
+        A cancelled send wrote nothing under uvicorn (it is cancelled in its wait for
+        flow control, before writing), so ``unsent`` goes out again ahead of the rest.
+        """
+        exchange = self.exchange
+        try:
+            async with asyncio.timeout(FAREWELL_TIMEOUT):
+                if not started:
+                    exchange.source.cancel(tether.AbortReason.CANCELLED)
+                    error = tether.error_response(_server_abort(exchange.source))
+                    answer = JSONResponse(error.body, error.status, headers=error.headers)
+                    await answer(scope, receive, send)
+                    return
+                body = unsent + await _rest_of_cancelled(exchange)
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+        except Exception as exc:  # best effort: the cancellation is what goes on
+            logger.debug(
+                "%r: the end of a cancelled response was not sent: %r", exchange.source, exc
+            )
+
+
+def _server_abort(source: tether.Stream | tether.Batch) -> tether.Aborted:
+    """What a client is told of a request whose handler the server cancelled."""
+    rid = source.rid if isinstance(source, tether.Stream) else source.rids[0]
+    return tether.Aborted(rid, tether.AbortReason.SERVER)
+
+
+async def _rest_of_cancelled(exchange: tether.Exchange) -> bytes:
+    """The rest of a stream whose task was cancelled, without waiting: what was ready,
+    then one error event and the terminal frame (or just the terminal frame, if the
+    stream had finished).
+
+    The cancelled wait already aborted the source (reason ``cancelled``), which the
+    exchange ends quietly, as for a client that left; but this client is still there
+    and is told why its stream ends.
+    """
+    exchange.source.cancel(tether.AbortReason.CANCELLED)  # (when cancelled in a write)
+    encoder = exchange.encoder
+    chunks = []
+    while not exchange.done:
+        chunk = await exchange.next_chunk()
+        if chunk is None:
+            error = tether.error_response(_server_abort(exchange.source))
+            chunk = encoder.error(error.body) + encoder.terminal()
+        chunks.append(chunk)
+    return b"".join(chunks)
