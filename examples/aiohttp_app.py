@@ -30,6 +30,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 import tether
+import tether.http
 import tether_aiohttp
 from tether_aiohttp import respond
 
@@ -53,7 +54,7 @@ async def read_body(request: web.Request) -> bytes:
 def client_gone() -> web.Response:
     """The end of a request whose client left: 499, written to nobody (aiohttp skips
     the write to a closed connection)."""
-    return web.Response(status=tether.CLIENT_CLOSED_REQUEST)
+    return web.Response(status=tether.http.CLIENT_CLOSED_REQUEST)
 
 
 @web.middleware

@@ -38,6 +38,7 @@ from typing import Any, Final
 from engine import Engine
 
 import tether
+import tether.http
 
 __all__ = [
     "MAX_BATCH",
@@ -340,25 +341,25 @@ def page() -> bytes:
     return PAGE.read_bytes()
 
 
-def rejection(exc: BadRequest | tether.TetherError) -> tether.ErrorResponse:
+def rejection(exc: BadRequest | tether.TetherError) -> tether.http.ErrorResponse:
     """The status, JSON body and headers for a refused request.
 
     :class:`BadRequest` bodies have tether's error shape, so that clients see one
     format; tether's errors (overload, duplicate rid...) go through
-    ``tether.error_response``.
+    ``tether.http.error_response``.
     """
     if isinstance(exc, BadRequest):
         return http_error(exc.status, exc.message, kind="BadRequest")
-    return tether.error_response(exc)
+    return tether.http.error_response(exc)
 
 
 def http_error(
     status: int, message: str, *, kind: str = "HTTPError", headers: dict[str, str] | None = None
-) -> tether.ErrorResponse:
+) -> tether.http.ErrorResponse:
     """An error in tether's JSON shape, for the framework's own errors too (404, 405):
     every error a client of the example servers gets is ``{"error": {...}}``."""
     body = {"error": {"message": message, "type": kind, "code": status}}
-    return tether.ErrorResponse(status, body, headers or {})
+    return tether.http.ErrorResponse(status, body, headers or {})
 
 
 REFUSALS: Final = (BadRequest, tether.TetherError)

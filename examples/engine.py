@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import tether
+import tether.http
 
 __all__ = [
     "Engine",
@@ -100,7 +101,7 @@ class SimulatedFailure(RuntimeError):
 class EngineUnavailable(RuntimeError):
     """The engine crashed: requests in flight failed, new ones are refused (HTTP 503)."""
 
-    status_code = 503  # tether.error_response uses a producer error's 4xx/5xx status_code
+    status_code = 503  # tether.http.error_response uses a producer error's 4xx/5xx status_code
 
 
 @dataclasses.dataclass(slots=True)

@@ -10,13 +10,11 @@ from collections.abc import AsyncIterator
 import uvicorn
 from engine import Engine, merge_outputs  # the simulated batching engine beside this file
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 import tether
-from tether_starlette import TetherMiddleware, lifespan, respond
+import tether_starlette
 
 engine = Engine()
 registry = tether.Registry(on_abort=engine.abort, merge=merge_outputs)
@@ -26,20 +24,18 @@ async def generate(request: Request) -> Response:
     body = await request.json()
     stream = registry.open()  # register first: from here on no output can be lost
     engine.submit(stream.rid, body["text"], body.get("max_tokens", 16))
-    return await respond(request, stream, streaming=body.get("stream", False))
+    return await tether_starlette.respond(request, stream, streaming=body.get("stream", False))
 
 
 @contextlib.asynccontextmanager
-async def engine_running(app: Starlette) -> AsyncIterator[None]:
+async def run_engine(app: Starlette) -> AsyncIterator[None]:
     async with engine.running(registry):
         yield
 
 
-app = Starlette(
-    routes=[Route("/generate", generate, methods=["POST"])],
-    middleware=[Middleware(TetherMiddleware, registry=registry)],
-    lifespan=lifespan(registry, inner=engine_running),  # drains tether, then stops the engine
-)
+app = Starlette(lifespan=tether_starlette.lifespan(registry, inner=run_engine))
+app.add_middleware(tether_starlette.TetherMiddleware, registry=registry)
+app.add_route("/generate", generate, methods=["POST"])
 
 if __name__ == "__main__":
     uvicorn.run(app, host="127.0.0.1", port=8000)

@@ -39,6 +39,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 import tether
+import tether.http
 from tether_starlette import TetherMiddleware, lifespan, respond
 
 
@@ -47,7 +48,7 @@ def refuse(exc: api.BadRequest | tether.TetherError) -> JSONResponse:
     return refuse_with(api.rejection(exc))
 
 
-def refuse_with(refusal: tether.ErrorResponse) -> JSONResponse:
+def refuse_with(refusal: tether.http.ErrorResponse) -> JSONResponse:
     return JSONResponse(refusal.body, refusal.status, headers=refusal.headers)
 
 
@@ -64,7 +65,7 @@ async def read_body(request: Request) -> bytes:
 def client_gone() -> Response:
     """The end of a request whose client left: 499 for the logs, sent to nobody
     (uvicorn drops what is sent after a disconnect)."""
-    return Response(status_code=tether.CLIENT_CLOSED_REQUEST)
+    return Response(status_code=tether.http.CLIENT_CLOSED_REQUEST)
 
 
 async def http_error(request: Request, exc: Exception) -> Response:

@@ -1,4 +1,5 @@
-"""The public namespace: a sorted ``__all__`` holding DESIGN.md's contract, no framework."""
+"""The public namespaces: ``tether`` for application authors, ``tether.http`` for adapter
+authors, each adapter the same verbs; sorted ``__all__`` lists, pinned; no framework."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import sys
 import types
 
 import tether
+import tether.http
+import tether_aiohttp
+import tether_starlette
 
 CONTRACT = {
     "Registry",
@@ -65,10 +69,60 @@ def test_every_error_derives_from_tether_error() -> None:
 
 def test_importing_tether_loads_no_web_framework() -> None:
     probe = (
-        "import sys, tether; "
+        "import sys, tether, tether.http; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('starlette', 'aiohttp')))"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "[]"
+
+
+APPLICATION = {
+    *CONTRACT,
+    "AbortReason",
+    "BatchTooLarge",
+    "DEFAULT_MAX_PENDING_BYTES",
+    "Encoder",
+    "InvalidRequestId",
+    "MAX_RID_LENGTH",
+    "RegistryStats",
+    "Summary",
+    "approximate_size",
+}
+
+ADAPTER_AUTHORS = {
+    "CLIENT_CLOSED_REQUEST",
+    "DEFAULT_SEND_TIMEOUT",
+    "FAREWELL_TIMEOUT",
+    "ErrorResponse",
+    "Exchange",
+    "Head",
+    "current_scope",
+    "error_body",
+    "error_response",
+}
+
+
+def test_star_import_gives_application_authors_names_only() -> None:
+    namespace: dict[str, object] = {}
+    exec("from tether import *", namespace)
+    assert set(namespace) - {"__builtins__"} == APPLICATION
+    assert not APPLICATION & ADAPTER_AUTHORS
+
+
+def test_adapter_authors_find_their_names_in_tether_http() -> None:
+    assert tether.http.__all__ == sorted(tether.http.__all__, key=_isort_key)
+    assert set(tether.http.__all__) == ADAPTER_AUTHORS
+    for name in tether.http.__all__:
+        assert getattr(tether.http, name) is not None
+
+
+def test_both_adapters_export_the_same_verbs_and_their_own_install_call() -> None:
+    verbs = {"REGISTRY_KEY", "get_registry", "respond"}
+    assert set(tether_starlette.__all__) == verbs | {"TetherMiddleware", "lifespan"}
+    assert set(tether_aiohttp.__all__) == verbs | {"setup"}
+    for adapter in (tether_starlette, tether_aiohttp):
+        assert adapter.__all__ == sorted(adapter.__all__, key=_isort_key)
+        for name in adapter.__all__:
+            assert getattr(adapter, name).__doc__ or name.isupper(), name

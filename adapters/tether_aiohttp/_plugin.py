@@ -25,6 +25,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 import tether
+from tether.http import error_response
 
 __all__ = ["REGISTRY_KEY", "SCOPE_KEY", "get_registry", "request_scope", "setup"]
 
@@ -33,6 +34,9 @@ REGISTRY_KEY: Final = web.AppKey("registry", tether.Registry)
 
 SCOPE_KEY: Final = web.RequestKey("scope", tether.RequestScope)
 """Where the middleware keeps the request's :class:`tether.RequestScope`."""
+
+_SERVED_BY: Final = web.RequestKey("tether_registry", tether.Registry)
+"""The registry of the installation that serves the request (the outermost one)."""
 
 _NOT_SET_UP: Final = "tether is not set up for this app: call tether_aiohttp.setup(app, ...) first"
 
@@ -125,6 +129,11 @@ def setup(
 ) -> None:
     """Install tether on an aiohttp application (once per application).
 
+    Installed twice, one installation serves each request (one scope, one
+    watcher): ``setup()`` again on the same app is refused, and on a sub-application
+    of an app that has it, the sub-app's middleware passes the request through
+    (with another registry, it refuses: handlers would see only one of the two).
+
     Stores ``registry`` under :data:`REGISTRY_KEY`, appends the middleware that opens a
     :class:`tether.RequestScope` per request and turns a client disconnect into
     ``RequestScope.disconnect()``, and registers the shutdown drain. A
@@ -151,16 +160,24 @@ def setup(
 
     @web.middleware
     async def tether_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if SCOPE_KEY in request:  # installed on a parent app too: that copy serves it
+            if request[_SERVED_BY] is not registry:
+                raise RuntimeError(
+                    "tether_aiohttp.setup() was called on an app and its sub-app with two "
+                    "registries; call it once, on the outermost app"
+                )
+            return await handler(request)
         transport = request.transport
         # (no transport: the watcher disconnects the scope at once)
         scope = tether.RequestScope(client_gone=None if transport is None else transport.is_closing)
         request[SCOPE_KEY] = scope
+        request[_SERVED_BY] = registry
         watcher.watch(scope, transport)
         with scope:
             try:
                 return await handler(request)
             except tether.TetherError as exc:
-                error = tether.error_response(exc)
+                error = error_response(exc)
                 return web.json_response(error.body, status=error.status, headers=error.headers)
             except asyncio.CancelledError:
                 # handler_cancellation=True: aiohttp cancels the handler when the client leaves

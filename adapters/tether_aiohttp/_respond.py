@@ -1,7 +1,7 @@
 """respond(): one aiohttp response from a tether Stream or Batch.
 
 The HTTP policy (the status waits for the first output, framing, pings, one error
-event and the terminal frame after the start) is :class:`tether.Exchange`'s; this
+event and the terminal frame after the start) is :class:`tether.http.Exchange`'s; this
 module only moves its bytes, one ``write()`` per chunk (a chunk already holds every
 output that was ready). A write that fails means the client left: the request's
 scope is told, and the response ends quietly, since nobody reads an error event.
@@ -15,12 +15,12 @@ written by aiohttp after its request finished, so nothing waits on it.
 
 A handler cancelled while its client is still connected (``handler_cancellation``
 on, or the end of ``shutdown_timeout``) ends its response before the cancellation
-goes on: the work is aborted (reason ``cancelled``), and the client, told that the
-server ended its request (503), gets a JSON error (nothing sent yet) or what was
-ready with one error event and the terminal frame (a stream), written within
-:data:`FAREWELL_TIMEOUT`; then ``CancelledError`` is raised again, never swallowed
-(aiohttp logs it at debug level only). A handler cancelled because its client left
-writes nothing.
+goes on: the work is aborted, and the client, told that the server ended its
+request (503), gets :meth:`tether.http.Exchange.farewell_head` (nothing sent yet)
+or :meth:`~tether.http.Exchange.farewell` (a stream: one error event and the
+terminal frame), written within ``FAREWELL_TIMEOUT``; then ``CancelledError`` is
+raised again, never swallowed (aiohttp logs it at debug level only). A handler
+cancelled because its client left writes nothing.
 """
 
 from __future__ import annotations
@@ -28,23 +28,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from typing import Final
 
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
 import tether
+from tether.http import DEFAULT_SEND_TIMEOUT, FAREWELL_TIMEOUT, Exchange
 
 from ._plugin import request_scope
 
 __all__ = ["respond"]
 
 logger = logging.getLogger("tether.aiohttp")
-
-FAREWELL_TIMEOUT: Final = 1.0
-"""Seconds the last writes of a cancelled handler may take (a JSON error, or a
-stream's error event and terminal frame): enough for a client that reads, short
-for one that stopped."""
 
 
 async def respond(
@@ -55,7 +50,7 @@ async def respond(
     encoder: tether.Encoder | type[tether.Encoder] | None = None,
     ping_interval: float = 15.0,
     headers: Mapping[str, str] | None = None,
-    send_timeout: float | None = tether.DEFAULT_SEND_TIMEOUT,
+    send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
 ) -> web.StreamResponse:
     """Answer ``request`` from ``source`` and close ``source`` when the response ends.
 
@@ -67,7 +62,7 @@ async def respond(
     work is aborted.
 
     :param request: the request, which went through the middleware of ``setup()``.
-    :param source: the stream or batch to answer with.
+    :param source: the stream or batch to answer with; the response owns it from now on.
     :param streaming: stream every output, or answer with one JSON body.
     :param encoder: the streaming framing (an :class:`tether.Encoder` or its class).
     :param ping_interval: seconds of silence after which a keep-alive is sent.
@@ -79,26 +74,22 @@ async def respond(
     :raises TypeError: ``source`` is not a tether Stream or Batch.
     :raises ValueError: ``ping_interval`` or ``send_timeout`` is not positive.
     """
-    try:
-        exchange = tether.Exchange(
-            source,
-            streaming=streaming,
-            encoder=encoder,
-            ping_interval=ping_interval,
-            send_timeout=send_timeout,
-        )
-    except ValueError:
-        await source.aclose()
-        raise
+    exchange = Exchange(  # (bad options: it aborts the source, which it owns, and raises)
+        source,
+        streaming=streaming,
+        encoder=encoder,
+        ping_interval=ping_interval,
+        send_timeout=send_timeout,
+    )
     response: web.StreamResponse | None = None
     try:
-        scope = request_scope(request)
-        if request.method == hdrs.METH_HEAD:
-            head = await exchange.start_head_only()
-            return web.Response(headers=_headers(head.headers, headers))
-        head = await exchange.start()
+        scope = request_scope(request)  # the middleware watches the client and owns the stream
+        head_only = request.method == hdrs.METH_HEAD
+        head = await (exchange.start_head_only() if head_only else exchange.start())
         merged = _headers(head.headers, headers)
-        if not head.more:
+        if head_only:
+            return web.Response(headers=merged)
+        if exchange.done:
             return web.Response(status=head.status, body=head.body, headers=merged)
         response = web.StreamResponse(status=head.status, headers=merged)
         return await _stream(request, scope, response, exchange, head.body)
@@ -113,7 +104,7 @@ async def _stream(
     request: web.Request,
     scope: tether.RequestScope,
     response: web.StreamResponse,
-    exchange: tether.Exchange,
+    exchange: Exchange,
     first: bytes,
 ) -> web.StreamResponse:
     try:
@@ -130,56 +121,44 @@ async def _stream(
     return response
 
 
-async def _farewell(
-    request: web.Request, response: web.StreamResponse | None, exchange: tether.Exchange
-) -> None:
-    """End the response of a cancelled handler as a server abort, best effort and bounded.
-
-    (aiohttp writes before it waits for flow control: a cancelled write went out.)
-    """
-    source = exchange.source
-    source.cancel(tether.AbortReason.CANCELLED)  # (a cancelled wait did it already)
-    transport = request.transport
-    if transport is None or transport.is_closing():
-        return  # the client left (handler_cancellation): nobody reads an answer
-    try:
-        async with asyncio.timeout(FAREWELL_TIMEOUT):
-            if response is None or not response.prepared:
-                error = tether.error_response(_server_abort(source))
-                response = web.json_response(error.body, status=error.status, headers=error.headers)
-                await response.prepare(request)
-            else:
-                encoder = exchange.encoder
-                while not exchange.done:  # what was ready, then the error event and terminal
-                    chunk = await exchange.next_chunk()
-                    if chunk is None:  # ended quietly, as for a client that left; this one is here
-                        error = tether.error_response(_server_abort(source))
-                        chunk = encoder.error(error.body) + encoder.terminal()
-                    await response.write(chunk)
-            await response.write_eof()
-    except Exception as exc:  # best effort: the cancellation is what goes on
-        logger.debug("%r: the end of a cancelled response was not sent: %r", source, exc)
-
-
-def _server_abort(source: tether.Stream | tether.Batch) -> tether.Aborted:
-    """What a client is told of a request whose handler the server cancelled."""
-    rid = source.rid if isinstance(source, tether.Stream) else source.rids[0]
-    return tether.Aborted(rid, tether.AbortReason.SERVER)
-
-
 async def _write_stream(
-    request: web.Request, response: web.StreamResponse, exchange: tether.Exchange, first: bytes
+    request: web.Request, response: web.StreamResponse, exchange: Exchange, first: bytes
 ) -> bool:
     """Write the whole stream, each write bounded; ``False`` if the client stalled."""
     bounded = exchange.bounded
     if not await bounded(response.prepare(request)):
         return False
-    chunk: bytes | None = first
-    while chunk is not None:
+    chunk = first
+    while True:
         if not await bounded(response.write(chunk)):
             return False
+        if exchange.done:
+            return await bounded(response.write_eof())
         chunk = await exchange.next_chunk()
-    return await bounded(response.write_eof())
+
+
+async def _farewell(
+    request: web.Request, response: web.StreamResponse | None, exchange: Exchange
+) -> None:
+    """End the response of a cancelled handler (a server abort), best effort and bounded.
+
+    (aiohttp writes before it waits for flow control: a cancelled write went out.)
+    """
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        exchange.source.cancel(tether.AbortReason.CANCELLED)
+        return  # the client left (handler_cancellation): nobody reads an answer
+    try:
+        async with asyncio.timeout(FAREWELL_TIMEOUT):
+            if response is None or not response.prepared:
+                head = exchange.farewell_head()
+                response = web.Response(status=head.status, body=head.body, headers=head.headers)
+                await response.prepare(request)
+            elif not exchange.done:
+                await response.write(exchange.farewell())
+            await response.write_eof()
+    except Exception as exc:  # best effort: the cancellation is what goes on
+        logger.debug("%r: the end of a cancelled response was not sent: %r", exchange.source, exc)
 
 
 def _headers(base: Mapping[str, str], extra: Mapping[str, str] | None) -> CIMultiDict[str]:

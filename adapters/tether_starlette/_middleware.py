@@ -11,9 +11,12 @@ whether the endpoint streams or waits for one JSON result; a disconnect after it
 (uvicorn sends one as soon as the response ends) is not the client leaving. On
 ASGI 2.4 servers, ``send`` raising :class:`OSError` is a disconnect too.
 
-Each request gets its own scope, marked in its ASGI scope under :data:`SCOPE_KEY`
-(a second copy of the middleware finds the mark and passes the request through),
-never judged by the context: uvicorn starts a connection's next request from inside
+Each request gets its own scope, marked in its ASGI scope under :data:`SCOPE_KEY`,
+never judged by the context. Installed twice (two entries in the middleware list,
+or an app mounted under another that has it), the inner copy finds the mark and
+passes the request through: one scope, one reader; with another registry, it
+refuses (``RuntimeError``), since handlers would see only one of the two. The
+context is not a sign of anything: uvicorn starts a connection's next request from inside
 the previous one's ``send()`` (pipelining), or from a reader callback carrying the
 context of the request that last resumed reading (asyncio's loop, bodies over
 64 KiB), so a task can inherit another request's :class:`tether.RequestScope`.
@@ -23,7 +26,10 @@ behind it never sees disconnects) and no ``Request.is_disconnected()`` polling
 (slow, and it eats the body when called early). A :class:`tether.TetherError` that
 escapes the app before its response started (``Overloaded`` or ``RegistryClosed``
 from ``registry.open()``) is answered with the status and JSON body of
-:func:`tether.error_response`, so handlers need no ``try`` of their own.
+:func:`tether.http.error_response`, so handlers need no ``try`` of their own. A
+handler the server cancels before its response started (a shutdown whose grace
+period ran out) gets a JSON 503 (bounded by ``FAREWELL_TIMEOUT``) before the
+cancellation goes on.
 
 :func:`lifespan` closes the registry when the app shuts down, inside the app's own
 lifespan so the producer still runs while requests drain. But uvicorn runs the
@@ -40,16 +46,27 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, TypeVar
 
+from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tether
+from tether.http import FAREWELL_TIMEOUT, error_response
 
-__all__ = ["READ_AHEAD", "REGISTRY_KEY", "SCOPE_KEY", "TetherMiddleware", "lifespan"]
+__all__ = [
+    "READ_AHEAD",
+    "REGISTRY_KEY",
+    "SCOPE_KEY",
+    "TetherMiddleware",
+    "get_registry",
+    "lifespan",
+    "request_scope",
+]
 
 REGISTRY_KEY: Final = "tether.registry"
 """The ASGI scope key under which the middleware puts its registry for handlers."""
@@ -66,6 +83,36 @@ server's flow control holds the rest back, so an app that never reads a larger b
 learns that its client left only when it answers. uvicorn buffers as much itself."""
 
 AppT = TypeVar("AppT")
+
+logger = logging.getLogger("tether.starlette")
+
+_NOT_INSTALLED: Final = (
+    "tether needs TetherMiddleware, which notices client disconnects and closes each "
+    "request's streams: add it with app.add_middleware(TetherMiddleware, registry=registry)"
+)
+
+
+def get_registry(request: HTTPConnection) -> tether.Registry:
+    """The registry given to :class:`TetherMiddleware`, for a handler.
+
+    :param request: the request (or any connection) being handled.
+    :raises RuntimeError: the middleware is not installed.
+    """
+    registry = request.scope.get(REGISTRY_KEY)
+    if not isinstance(registry, tether.Registry):
+        raise RuntimeError(_NOT_INSTALLED)
+    return registry
+
+
+def request_scope(request: HTTPConnection) -> tether.RequestScope:
+    """The :class:`tether.RequestScope` the middleware opened for ``request``.
+
+    :raises RuntimeError: the middleware is not installed.
+    """
+    scope = request.scope.get(SCOPE_KEY)
+    if not isinstance(scope, tether.RequestScope):
+        raise RuntimeError(_NOT_INSTALLED)
+    return scope
 
 
 def _repeat(item: Message | Exception) -> Message:
@@ -95,9 +142,9 @@ class TetherMiddleware:
     (:data:`SCOPE_KEY`) and passes the request through: one scope, one reader.
 
     :param app: the ASGI app to wrap.
-    :param registry: the app's registry; handlers find it as
-        ``request.scope["tether.registry"]`` (:data:`REGISTRY_KEY`).
-    :raises RuntimeError: (when called) the server does not run on asyncio.
+    :param registry: the app's registry; handlers find it with :func:`get_registry`.
+    :raises RuntimeError: (when called) the server does not run on asyncio, or the
+        middleware is installed twice with two registries.
     """
 
     __slots__ = ("_on_asyncio", "app", "registry")
@@ -111,8 +158,16 @@ class TetherMiddleware:
         if not self._on_asyncio:  # checked until it holds once: a server keeps its loop kind
             _require_asyncio()
             self._on_asyncio = True
-        # Not RequestScope.current(): the task may have inherited a finished request's.
-        if scope["type"] != "http" or SCOPE_KEY in scope:
+        # Not the current scope: the task may have inherited a finished request's.
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if SCOPE_KEY in scope:  # installed twice: the outer copy serves this request
+            if scope.get(REGISTRY_KEY) is not self.registry:
+                raise RuntimeError(
+                    "TetherMiddleware is installed twice with two registries; "
+                    "install it once, or give both the same registry"
+                )
             await self.app(scope, receive, send)
             return
         scope[REGISTRY_KEY] = self.registry
@@ -134,9 +189,15 @@ class TetherMiddleware:
         except tether.TetherError as exc:
             if channel.started:
                 raise
-            error = tether.error_response(exc)
+            error = error_response(exc)
             answer = JSONResponse(error.body, error.status, headers=error.headers)
             await answer(scope, channel.receive, channel.send)
+        except asyncio.CancelledError:
+            # The server cancelled the handler (a shutdown whose grace period ran out)
+            # while it waited for its answer: the client is still there and is told.
+            if not channel.started:
+                await _farewell(scope, channel)
+            raise
 
 
 class _Channel:
@@ -289,6 +350,22 @@ class _Channel:
             if self.scope is not None:
                 self.scope.disconnect()
             raise
+
+
+async def _farewell(scope: Scope, channel: _Channel) -> None:
+    """A JSON 503 for a request whose handler the server cancelled before it answered:
+    its work is aborted now, and the answer is best effort, bounded."""
+    if channel.scope is not None:
+        channel.scope.close()
+    error = error_response(
+        tether.Aborted("-", tether.AbortReason.SERVER, "the server ended the request")
+    )
+    answer = JSONResponse(error.body, error.status, headers=error.headers)
+    try:
+        async with asyncio.timeout(FAREWELL_TIMEOUT):
+            await answer(scope, channel.receive, channel.send)
+    except Exception as exc:  # best effort: the cancellation is what goes on
+        logger.debug("the answer to a cancelled request was not sent: %r", exc)
 
 
 def lifespan(

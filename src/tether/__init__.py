@@ -5,6 +5,13 @@ holds its state; the producer routes outputs with ``deliver()``/``fail()``; an
 adapter (``tether_starlette``, ``tether_aiohttp``) turns streams into HTTP
 responses and client disconnects into aborts. This package imports no web
 framework.
+
+These names are for application authors. Adapter authors find the HTTP exchange
+and the error mapping in :mod:`tether.http`. Where each concept lives:
+``_registry`` (the public front), ``_table`` (admission, the one end-of-request
+path, ``on_abort``, counters), ``_state`` (mailboxes), ``_consumer`` (the reading
+loop of ``_stream`` and ``_batch``), ``_scope``, ``_errors``, ``_encoders``,
+``_stats``; and for adapters ``_exchange``, ``_responses``, ``_guard``.
 """
 
 from __future__ import annotations
@@ -26,15 +33,6 @@ from ._errors import (
     TetherError,
     UnknownRequest,
 )
-from ._http import (
-    CLIENT_CLOSED_REQUEST,
-    DEFAULT_SEND_TIMEOUT,
-    ErrorResponse,
-    Exchange,
-    Head,
-    error_body,
-    error_response,
-)
 from ._registry import Registry
 from ._scope import RequestScope
 from ._state import DEFAULT_MAX_PENDING_BYTES, approximate_size
@@ -44,9 +42,7 @@ from ._stream import Stream
 __version__ = "0.1.0"
 
 __all__ = [
-    "CLIENT_CLOSED_REQUEST",
     "DEFAULT_MAX_PENDING_BYTES",
-    "DEFAULT_SEND_TIMEOUT",
     "MAX_RID_LENGTH",
     "NDJSON",
     "SSE",
@@ -57,9 +53,6 @@ __all__ = [
     "ConsumerTooSlow",
     "DuplicateRequest",
     "Encoder",
-    "ErrorResponse",
-    "Exchange",
-    "Head",
     "InvalidRequestId",
     "Overloaded",
     "ProducerError",
@@ -73,6 +66,4 @@ __all__ = [
     "TetherError",
     "UnknownRequest",
     "approximate_size",
-    "error_body",
-    "error_response",
 ]

@@ -91,11 +91,6 @@ class RequestScope:
         self._token: contextvars.Token[RequestScope | None] | None = None
         self._ended = False
 
-    @staticmethod
-    def current() -> RequestScope | None:
-        """The scope of the HTTP request being handled (see :func:`current_scope`)."""
-        return current_scope()
-
     @property
     def ended(self) -> bool:
         """Whether the scope was closed (its request is over): it adopts nothing more."""

@@ -15,6 +15,7 @@ import json
 from aiohttp import web
 
 import tether
+import tether.http
 
 from .conftest import Env, StartServer, build_app
 
@@ -29,7 +30,7 @@ def scope_app(env: Env, seen: list[tether.RequestScope | None]) -> web.Applicati
     app = build_app(env)
 
     async def scope(request: web.Request) -> web.Response:
-        seen.append(tether.RequestScope.current())
+        seen.append(tether.http.current_scope())
         return web.json_response({"n": len(seen)})
 
     async def body(request: web.Request) -> web.Response:

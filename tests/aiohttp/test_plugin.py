@@ -13,6 +13,7 @@ from aiohttp.test_utils import make_mocked_request
 from pytest_aiohttp import AiohttpClient
 
 import tether
+import tether.http
 import tether_aiohttp
 
 from .conftest import Env, build_app, sse_events, start_default_server
@@ -23,6 +24,38 @@ NOT_SET_UP = r"call tether_aiohttp\.setup\(app, \.\.\.\) first"
 
 def test_exports_only_the_entry_points_in_a_sorted_all() -> None:
     assert tether_aiohttp.__all__ == ["REGISTRY_KEY", "get_registry", "respond", "setup"]
+
+
+@pytest.mark.parametrize("same_registry", [True, False], ids=["same-registry", "two-registries"])
+async def test_set_up_on_an_app_and_its_sub_app_one_installation_serves_each_request(
+    aiohttp_client: AiohttpClient, same_registry: bool
+) -> None:
+    registry = tether.Registry()
+    scopes: list[object] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        scopes.append(tether.http.current_scope())
+        stream = registry.open()
+        registry.deliver(stream.rid, {"ok": True}, finished=True)
+        return await tether_aiohttp.respond(request, stream, streaming=False)
+
+    sub = web.Application()
+    sub.router.add_get("/", handle)
+    tether_aiohttp.setup(sub, registry if same_registry else tether.Registry())
+    app = web.Application()
+    tether_aiohttp.setup(app, registry)
+    app.add_subapp("/sub", sub)
+    client = await aiohttp_client(app)
+    async with asyncio.timeout(BOUND):
+        response = await client.get("/sub/")
+    if same_registry:
+        assert await response.json() == {"ok": True}
+        assert len(scopes) == 1  # one scope: the outer installation's
+        assert isinstance(scopes[0], tether.RequestScope)
+    else:  # handlers would see only one of the two registries: refused
+        assert response.status == 500
+        assert scopes == []
+    assert registry.in_flight == 0
 
 
 def test_setup_stores_the_registry_under_the_app_key() -> None:
@@ -71,7 +104,7 @@ async def test_sub_app_handlers_find_the_registry_and_get_a_scope(
 
     async def handle(request: web.Request) -> web.StreamResponse:
         seen.append(tether_aiohttp.get_registry(request))
-        seen.append(tether.RequestScope.current())
+        seen.append(tether.http.current_scope())
         stream = registry.open()
         registry.deliver(stream.rid, {"ok": True}, finished=True)
         return await tether_aiohttp.respond(request, stream, streaming=False)

@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 import tether
+import tether.http
 from tether._encoders import _stdlib_dumps, default_dumps
 
 
@@ -22,7 +23,7 @@ def test_sse_frames_outputs_terminal_and_ping() -> None:
 
 
 def test_sse_error_event_carries_the_error_body() -> None:
-    body = tether.error_body(tether.RegistryClosed(), 503)
+    body = tether.http.error_body(tether.RegistryClosed(), 503)
     frame = tether.SSE().error(body)
     assert frame.startswith(b"data: ")
     assert frame.endswith(b"\n\n")

@@ -8,6 +8,7 @@ import logging
 import pytest
 
 import tether
+import tether.http
 
 
 class _Rejected(Exception):
@@ -29,13 +30,13 @@ class _Rejected(Exception):
         ),
         pytest.param(
             tether.Aborted("r", tether.AbortReason.CLIENT_DISCONNECTED),
-            tether.CLIENT_CLOSED_REQUEST,
+            tether.http.CLIENT_CLOSED_REQUEST,
             {},
             id="aborted-client",
         ),
         pytest.param(
             tether.Aborted("r", tether.AbortReason.CANCELLED),
-            tether.CLIENT_CLOSED_REQUEST,
+            tether.http.CLIENT_CLOSED_REQUEST,
             {},
             id="aborted-cancelled",
         ),
@@ -50,7 +51,7 @@ class _Rejected(Exception):
 def test_every_tether_error_maps_to_its_status_and_json_body(
     exc: tether.TetherError, status: int, headers: dict[str, str]
 ) -> None:
-    response = tether.error_response(exc)
+    response = tether.http.error_response(exc)
     assert response.status == status
     assert response.headers == headers
     assert response.body == {
@@ -59,7 +60,7 @@ def test_every_tether_error_maps_to_its_status_and_json_body(
 
 
 def test_a_foreign_exception_is_an_internal_error_without_its_message() -> None:
-    response = tether.error_response(ValueError("password=hunter2"))
+    response = tether.http.error_response(ValueError("password=hunter2"))
     assert response.status == 500
     assert response.body == {
         "error": {"message": "internal server error", "type": "InternalError", "code": 500}
@@ -100,12 +101,12 @@ async def test_a_producer_exception_text_reaches_the_log_never_the_client(
     with pytest.raises(tether.ProducerError) as caught:
         await stream.result()
     with caplog.at_level(logging.ERROR, logger="tether"):
-        response = tether.error_response(caught.value)
+        response = tether.http.error_response(caught.value)
     wire = json.dumps(response.body)
     assert str(cause) not in wire
     assert stream.rid in response.body["error"]["message"]
     assert response.status == getattr(cause, "status_code", 500)
-    exchange = tether.Exchange(registry.open_batch(1), streaming=True, ping_interval=5)
+    exchange = tether.http.Exchange(registry.open_batch(1), streaming=True, ping_interval=5)
     registry.fail(exchange.source.rids[0], cause)  # type: ignore[union-attr]
     head = await exchange.start()
     assert str(cause).encode() not in head.body
@@ -119,6 +120,6 @@ async def test_a_client_facing_producer_refusal_keeps_its_message() -> None:
     registry.fail(stream.rid, _Rejected("the prompt is longer than 4096 tokens"))
     with pytest.raises(tether.ProducerError) as caught:
         await stream.result()
-    response = tether.error_response(caught.value)
+    response = tether.http.error_response(caught.value)
     assert response.status == 422
     assert "longer than 4096 tokens" in response.body["error"]["message"]

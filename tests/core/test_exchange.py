@@ -8,6 +8,7 @@ import json
 import pytest
 
 import tether
+import tether.http
 
 from .conftest import AbortLog
 
@@ -24,13 +25,14 @@ async def test_non_streaming_answers_with_the_result_as_one_json_body(
     registry: tether.Registry,
 ) -> None:
     stream = registry.open()
-    exchange = tether.Exchange(stream, streaming=False)
+    exchange = tether.http.Exchange(stream, streaming=False)
     registry.deliver(stream.rid, {"text": "hi"}, finished=True)
     async with asyncio.timeout(10):
         head = await exchange.start()
-    assert head == tether.Head(200, {"content-type": "application/json"}, b'{"text":"hi"}', False)
+    assert head == tether.http.Head(200, {"content-type": "application/json"}, b'{"text":"hi"}')
     assert exchange.done
-    assert await exchange.next_chunk() is None
+    assert exchange.done
+    assert await exchange.next_chunk() == b""
 
 
 async def test_non_streaming_error_becomes_its_status_with_a_json_body(
@@ -38,9 +40,10 @@ async def test_non_streaming_error_becomes_its_status_with_a_json_body(
 ) -> None:
     stream = registry.open(timeout=0.05)
     async with asyncio.timeout(10):
-        head = await tether.Exchange(stream, streaming=False).start()
+        exchange = tether.http.Exchange(stream, streaming=False)
+        head = await exchange.start()
     assert head.status == 504
-    assert not head.more
+    assert exchange.done
     assert json.loads(head.body)["error"]["type"] == "RequestTimeout"
 
 
@@ -51,7 +54,7 @@ async def test_non_streaming_keep_going_batch_puts_error_bodies_in_the_list(
     registry.deliver(batch.rids[0], "ok", finished=True)
     registry.fail(batch.rids[1], RuntimeError("bad"))
     async with asyncio.timeout(10):
-        head = await tether.Exchange(batch, streaming=False).start()
+        head = await tether.http.Exchange(batch, streaming=False).start()
     assert head.status == 200
     body = json.loads(head.body)
     assert body[0] == "ok"
@@ -62,21 +65,22 @@ async def test_streaming_head_carries_the_first_outputs_and_chunks_coalesce_the_
     registry: tether.Registry,
 ) -> None:
     stream = registry.open()
-    exchange = tether.Exchange(stream, streaming=True)
+    exchange = tether.http.Exchange(stream, streaming=True)
     registry.deliver(stream.rid, 1)
     async with asyncio.timeout(10):
         head = await exchange.start()
         assert head.status == 200
         assert head.headers["content-type"] == "text/event-stream"
         assert head.headers["cache-control"] == "no-cache"
-        assert head.more
+        assert not exchange.done
         assert _sse_values(head.body) == [1]
         registry.deliver(stream.rid, 2)
         registry.deliver(stream.rid, 3, finished=True)
         # one write: the ready outputs and, the request being over, the terminal frame
         assert _sse_values(await exchange.next_chunk() or b"") == [2, 3, "[DONE]"]
         assert exchange.done
-        assert await exchange.next_chunk() is None
+        assert exchange.done
+        assert await exchange.next_chunk() == b""
     assert exchange.done
 
 
@@ -84,13 +88,13 @@ async def test_streaming_error_before_the_first_output_gets_a_real_status(
     registry: tether.Registry,
 ) -> None:
     stream = registry.open()
-    exchange = tether.Exchange(stream, streaming=True)
+    exchange = tether.http.Exchange(stream, streaming=True)
     registry.fail(stream.rid, RuntimeError("bad"))
     async with asyncio.timeout(10):
         head = await exchange.start()
     assert head.status == 500
     assert head.headers["content-type"] == "application/json"
-    assert not head.more
+    assert exchange.done
     assert json.loads(head.body)["error"]["type"] == "ProducerError"
 
 
@@ -98,7 +102,7 @@ async def test_streaming_error_after_the_first_output_is_an_error_event_then_the
     registry: tether.Registry,
 ) -> None:
     stream = registry.open()
-    exchange = tether.Exchange(stream, streaming=True, encoder=tether.NDJSON)
+    exchange = tether.http.Exchange(stream, streaming=True, encoder=tether.NDJSON)
     registry.deliver(stream.rid, "first")
     async with asyncio.timeout(10):
         head = await exchange.start()
@@ -106,16 +110,17 @@ async def test_streaming_error_after_the_first_output_is_an_error_event_then_the
         assert head.body == b'"first"\n'
         registry.fail(stream.rid, RuntimeError("bad"))
         chunk = await exchange.next_chunk()
-        assert chunk is not None
+        assert chunk
         assert json.loads(chunk)["error"]["type"] == "ProducerError"
-        assert await exchange.next_chunk() is None
+        assert exchange.done
+        assert await exchange.next_chunk() == b""
 
 
 async def test_streaming_server_abort_after_start_ends_with_an_error_event_and_done(
     registry: tether.Registry,
 ) -> None:
     stream = registry.open()
-    exchange = tether.Exchange(stream, streaming=True)
+    exchange = tether.http.Exchange(stream, streaming=True)
     registry.deliver(stream.rid, "first")
     async with asyncio.timeout(10):
         await exchange.start()
@@ -130,13 +135,13 @@ async def test_client_disconnect_mid_stream_ends_the_response_quietly(
 ) -> None:
     with tether.RequestScope() as scope:
         stream = registry.open()
-        exchange = tether.Exchange(stream, streaming=True)
+        exchange = tether.http.Exchange(stream, streaming=True)
         registry.deliver(stream.rid, "first")
         async with asyncio.timeout(10):
             await exchange.start()
             waiting = asyncio.ensure_future(exchange.next_chunk())
             scope.disconnect()
-            assert await waiting is None
+            assert await waiting == b""
     assert aborts.calls == {stream.rid: 1}
 
 
@@ -144,14 +149,15 @@ async def test_idle_stream_pings_before_the_first_output_and_between_outputs(
     registry: tether.Registry,
 ) -> None:
     stream = registry.open()
-    exchange = tether.Exchange(stream, streaming=True, ping_interval=0.01)
+    exchange = tether.http.Exchange(stream, streaming=True, ping_interval=0.01)
     async with asyncio.timeout(10):
         head = await exchange.start()  # nothing within the interval: headers go with a ping
-        assert (head.status, head.body, head.more) == (200, b": ping\n\n", True)
+        assert (head.status, head.body, not exchange.done) == (200, b": ping\n\n", True)
         assert await exchange.next_chunk() == b": ping\n\n"
         registry.deliver(stream.rid, "x", finished=True)
         assert _sse_values(await exchange.next_chunk() or b"") == ["x", "[DONE]"]
-        assert await exchange.next_chunk() is None
+        assert exchange.done
+        assert await exchange.next_chunk() == b""
 
 
 async def test_streaming_a_request_finished_without_output_sends_only_the_end(
@@ -160,10 +166,10 @@ async def test_streaming_a_request_finished_without_output_sends_only_the_end(
     stream = registry.open()
     registry.deliver(stream.rid, "only", finished=True)
     await anext(stream)
-    exchange = tether.Exchange(stream, streaming=True)
+    exchange = tether.http.Exchange(stream, streaming=True)
     async with asyncio.timeout(10):
         head = await exchange.start()
-    assert (head.status, head.body, head.more) == (200, b"data: [DONE]\n\n", False)
+    assert (head.status, head.body, not exchange.done) == (200, b"data: [DONE]\n\n", False)
 
 
 async def test_streaming_batch_tags_outputs_with_their_index(registry: tether.Registry) -> None:
@@ -171,23 +177,25 @@ async def test_streaming_batch_tags_outputs_with_their_index(registry: tether.Re
     registry.deliver(batch.rids[1], "b", finished=True)
     registry.deliver(batch.rids[0], {"text": "a"}, finished=True)
     async with asyncio.timeout(10):
-        head = await tether.Exchange(batch, streaming=True).start()
+        exchange = tether.http.Exchange(batch, streaming=True)
+        head = await exchange.start()
     assert _sse_values(head.body) == [
         {"index": 1, "output": "b"},
         {"index": 0, "text": "a"},
         "[DONE]",
     ]
-    assert not head.more  # a batch already over is answered whole
+    assert exchange.done  # a batch already over is answered whole
 
 
 async def test_exchange_aclose_aborts_the_unfinished_source(
     registry: tether.Registry, aborts: AbortLog
 ) -> None:
     stream = registry.open()
-    exchange = tether.Exchange(stream, streaming=True)
+    exchange = tether.http.Exchange(stream, streaming=True)
     await exchange.aclose()
     assert exchange.done
-    assert await exchange.next_chunk() is None
+    assert exchange.done
+    assert await exchange.next_chunk() == b""
     assert aborts.calls == {stream.rid: 1}
 
 
@@ -195,10 +203,10 @@ async def test_exchange_rejects_a_foreign_source_and_a_non_positive_ping_interva
     registry: tether.Registry,
 ) -> None:
     with pytest.raises(TypeError, match="Stream or Batch"):
-        tether.Exchange(object(), streaming=True)  # type: ignore[arg-type]
+        tether.http.Exchange(object(), streaming=True)  # type: ignore[arg-type]
     stream = registry.open()
     with pytest.raises(ValueError, match="ping_interval"):
-        tether.Exchange(stream, streaming=True, ping_interval=0)
+        tether.http.Exchange(stream, streaming=True, ping_interval=0)
     await stream.aclose()
 
 
@@ -209,7 +217,7 @@ async def test_streaming_keep_going_batch_sends_a_failed_sub_request_as_an_error
     registry.fail(batch.rids[0], RuntimeError("bad"))
     registry.deliver(batch.rids[1], "ok", finished=True)
     async with asyncio.timeout(10):
-        head = await tether.Exchange(batch, streaming=True).start()
+        head = await tether.http.Exchange(batch, streaming=True).start()
     failed, ok, end = _sse_values(head.body)
     assert end == "[DONE]"
     assert failed["index"] == 0  # type: ignore[index]
@@ -221,16 +229,16 @@ async def test_an_output_the_encoder_cannot_serialise_after_the_start_ends_with_
     registry: tether.Registry, aborts: AbortLog
 ) -> None:
     stream = registry.open()
-    exchange = tether.Exchange(stream, streaming=True)
+    exchange = tether.http.Exchange(stream, streaming=True)
     registry.deliver(stream.rid, "fine")
     async with asyncio.timeout(10):
-        head = await exchange.start()
+        await exchange.start()
+        assert not exchange.done
         registry.deliver(stream.rid, object())  # not JSON
         chunk = await exchange.next_chunk() or b""
     error, end = _sse_values(chunk)
     assert error["error"]["code"] == 500  # type: ignore[index]
     assert end == "[DONE]"
-    assert head.more
     assert exchange.done
     assert aborts.calls == {stream.rid: 1}
     assert registry.in_flight == 0
@@ -242,8 +250,9 @@ async def test_an_output_the_encoder_cannot_serialise_before_the_start_is_a_500(
     stream = registry.open()
     registry.deliver(stream.rid, object())
     async with asyncio.timeout(10):
-        head = await tether.Exchange(stream, streaming=True).start()
-    assert (head.status, head.more) == (500, False)
+        exchange = tether.http.Exchange(stream, streaming=True)
+        head = await exchange.start()
+    assert (head.status, not exchange.done) == (500, False)
     assert json.loads(head.body)["error"]["code"] == 500
     assert aborts.calls == {stream.rid: 1}
 
@@ -255,12 +264,12 @@ async def test_a_json_result_uses_the_encoders_dumps_and_a_bad_one_is_a_500(
     registry.deliver(stream.rid, {"n": 1}, finished=True)
     encoder = tether.SSE(dumps=lambda value: b"custom")
     async with asyncio.timeout(10):
-        head = await tether.Exchange(stream, streaming=False, encoder=encoder).start()
+        head = await tether.http.Exchange(stream, streaming=False, encoder=encoder).start()
     assert (head.status, head.body) == (200, b"custom")
     broken = registry.open()
     registry.deliver(broken.rid, object(), finished=True)
     async with asyncio.timeout(10):
-        head = await tether.Exchange(broken, streaming=False).start()
+        head = await tether.http.Exchange(broken, streaming=False).start()
     assert head.status == 500
 
 
@@ -269,7 +278,7 @@ async def test_a_large_backlog_goes_out_in_bounded_chunks_in_order_never_copied_
     registry: tether.Registry, ready_at_start: bool
 ) -> None:
     stream = registry.open()
-    exchange = tether.Exchange(stream, streaming=True, ping_interval=5)
+    exchange = tether.http.Exchange(stream, streaming=True, ping_interval=5)
     outputs = [{"n": n, "text": "x" * 100_000} for n in range(40)]  # 4 MB ready at once
     if not ready_at_start:
         registry.deliver(stream.rid, {"n": -1, "text": ""})
@@ -279,8 +288,8 @@ async def test_a_large_backlog_goes_out_in_bounded_chunks_in_order_never_copied_
     async with asyncio.timeout(10):
         head = await exchange.start()
         chunks = [head.body]
-        while (chunk := await exchange.next_chunk()) is not None:
-            chunks.append(chunk)
+        while not exchange.done:
+            chunks.append(await exchange.next_chunk())
     values = _sse_values(b"".join(chunks))
     assert values[-1] == "[DONE]"
     assert [value["n"] for value in values[:-1] if value["n"] >= 0] == list(range(40))  # type: ignore[index]

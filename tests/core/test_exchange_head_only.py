@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import tether
+import tether.http
 
 
 async def test_head_only_aborts_the_work_and_returns_the_streaming_headers() -> None:
     aborted: list[str] = []
     registry = tether.Registry(aborted.append)
     stream = registry.open()
-    exchange = tether.Exchange(stream, streaming=True)
+    exchange = tether.http.Exchange(stream, streaming=True)
 
     head = await exchange.start_head_only()
 
@@ -18,18 +19,19 @@ async def test_head_only_aborts_the_work_and_returns_the_streaming_headers() -> 
         "cache-control": "no-cache",
         "x-accel-buffering": "no",
     }
-    assert head == tether.Head(200, sse_headers, b"", False)
+    assert head == tether.http.Head(200, sse_headers, b"")
     assert aborted == [stream.rid]
     assert registry.in_flight == 0
-    assert await exchange.next_chunk() is None
+    assert exchange.done
+    assert await exchange.next_chunk() == b""
 
 
 async def test_head_only_of_a_json_answer_has_the_json_content_type() -> None:
     registry = tether.Registry()
     batch = registry.open_batch(2)
-    exchange = tether.Exchange(batch, streaming=False)
+    exchange = tether.http.Exchange(batch, streaming=False)
 
     head = await exchange.start_head_only()
 
-    assert head == tether.Head(200, {"content-type": "application/json"}, b"", False)
+    assert head == tether.http.Head(200, {"content-type": "application/json"}, b"")
     assert registry.in_flight == 0

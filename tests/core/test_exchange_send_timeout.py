@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 import tether
+import tether.http
 
 
 async def test_exchange_defaults_to_the_shared_send_timeout() -> None:
     stream = tether.Registry().open()
-    exchange = tether.Exchange(stream, streaming=True)
-    assert exchange.send_timeout == tether.DEFAULT_SEND_TIMEOUT == 30.0
-    assert tether.Exchange(stream, streaming=True, send_timeout=None).send_timeout is None
+    exchange = tether.http.Exchange(stream, streaming=True)
+    assert exchange.send_timeout == tether.http.DEFAULT_SEND_TIMEOUT == 30.0
+    assert tether.http.Exchange(stream, streaming=True, send_timeout=None).send_timeout is None
     await stream.aclose()
 
 
@@ -19,5 +20,5 @@ async def test_exchange_defaults_to_the_shared_send_timeout() -> None:
 async def test_exchange_refuses_a_send_timeout_that_is_not_positive(value: float) -> None:
     stream = tether.Registry().open()
     with pytest.raises(ValueError, match="send_timeout must be positive"):
-        tether.Exchange(stream, streaming=False, send_timeout=value)
+        tether.http.Exchange(stream, streaming=False, send_timeout=value)
     await stream.aclose()

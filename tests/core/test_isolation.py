@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import tether
+import tether.http
 
 from .conftest import AbortLog
 
@@ -78,7 +79,7 @@ async def test_an_invalid_client_rid_is_refused_and_nothing_is_registered(
         registry.open_batch(["fine", rid])
     assert registry.in_flight == 0
     assert registry.stats().opened == 0
-    assert tether.error_response(caught.value).status == 422
+    assert tether.http.error_response(caught.value).status == 422
 
 
 async def test_valid_client_rids_of_any_script_are_accepted(registry: tether.Registry) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 import tether
+import tether.http
 
 from .conftest import AbortLog
 
@@ -195,7 +196,7 @@ async def _cancellation(registry: tether.Registry, stream: tether.Stream) -> Non
 
 
 async def _client_disconnect(registry: tether.Registry, stream: tether.Stream) -> None:
-    scope = tether.RequestScope.current()
+    scope = tether.http.current_scope()
     assert scope is not None
     scope.disconnect()
     with pytest.raises(tether.Aborted):

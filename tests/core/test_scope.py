@@ -9,6 +9,7 @@ import weakref
 import pytest
 
 import tether
+import tether.http
 
 from .conftest import AbortLog
 
@@ -64,9 +65,9 @@ async def test_leaving_the_scope_closes_what_the_handler_left_open(
 async def test_scope_is_current_inside_and_follows_into_tasks(
     registry: tether.Registry,
 ) -> None:
-    assert tether.RequestScope.current() is None
+    assert tether.http.current_scope() is None
     with tether.RequestScope() as scope:
-        assert tether.RequestScope.current() is scope
+        assert tether.http.current_scope() is scope
 
         async def open_in_task() -> tether.Stream:
             return registry.open()
@@ -75,7 +76,7 @@ async def test_scope_is_current_inside_and_follows_into_tasks(
         scope.disconnect()
         with pytest.raises(tether.Aborted):
             await stream.result()  # tracked by the scope though opened in another task
-    assert tether.RequestScope.current() is None
+    assert tether.http.current_scope() is None
 
 
 def test_a_scope_can_be_entered_only_once() -> None:

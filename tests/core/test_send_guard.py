@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 import tether
+import tether.http
 from tether._guard import SendGuard
 
 from .conftest import AbortLog
@@ -85,7 +86,7 @@ async def test_bounded_write_past_the_limit_aborts_the_request(
     loop = asyncio.get_running_loop()
     with tether.RequestScope():
         stream = registry.open()
-        exchange = tether.Exchange(stream, streaming=True, send_timeout=0.05)
+        exchange = tether.http.Exchange(stream, streaming=True, send_timeout=0.05)
         async with asyncio.timeout(10):
             assert await exchange.bounded(loop.create_future()) is False
     assert exchange.done

@@ -27,6 +27,7 @@ from typing import Final
 import pytest
 
 import tether
+import tether.http
 from tether._state import RequestState
 
 from .harness import SERVERS, eventually, report, running, service
@@ -40,7 +41,7 @@ FAIL_FRACTION: Final = 0.02
 GROWTH_BOUND: Final = 1 << 20
 """Bytes the heap may keep after an identical round (1 MiB)."""
 
-TRACKED: Final = (tether.Stream, tether.Batch, tether.Exchange, RequestState)
+TRACKED: Final = (tether.Stream, tether.Batch, tether.http.Exchange, RequestState)
 """What a leaked request would keep alive. (Not the empty ``RequestScope`` itself:
 uvicorn's keep-alive timer, started inside the request's context, holds that
 context, and with it the scope, for ``timeout_keep_alive`` seconds.)"""

@@ -16,6 +16,7 @@ from engine import (
 )
 
 import tether
+import tether.http
 
 from .conftest import eventually
 
@@ -193,7 +194,7 @@ async def test_crash_fails_every_request_in_flight_and_refuses_new_ones_until_re
     engine.submit(refused.rid, "refused", 3)
     with pytest.raises(tether.ProducerError) as caught:
         await refused.result()
-    assert tether.error_response(caught.value).status == 503
+    assert tether.http.error_response(caught.value).status == 503
     engine.recover()
     accepted = registry.open()
     engine.submit(accepted.rid, "accepted", 1)

@@ -3,7 +3,7 @@
 The Python samples are the quick-start files under ``examples/`` (checked to be
 verbatim copies, then served on 127.0.0.1 and queried); the shell samples name
 Makefile targets and install extras that exist; the error table is checked
-against ``tether.error_response``; the links point at files of the repository.
+against ``tether.http.error_response``; the links point at files of the repository.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from aiohttp import web
 from engine import expected_text
 
 import tether
+import tether.http
 
 from .conftest import EXAMPLES, eventually
 
@@ -67,6 +68,8 @@ ERRORS = {
     "`Aborted`, client gone": tether.Aborted("r", tether.AbortReason.CLIENT_DISCONNECTED),
     "`DuplicateRequest`": tether.DuplicateRequest("r"),
     "`UnknownRequest`": tether.UnknownRequest("r"),
+    "`BatchTooLarge`": tether.BatchTooLarge(9, 4),
+    "`InvalidRequestId`": tether.InvalidRequestId("", "empty"),
     "`ProducerError`": tether.ProducerError("r", RuntimeError("boom")),
     "any other exception": RuntimeError("secret"),
 }
@@ -77,7 +80,7 @@ def test_error_table_says_what_error_response_does() -> None:
     assert len(rows) == len(ERRORS)
     for label, status, note in rows:
         key = next(key for key in ERRORS if label.startswith(key))
-        response = tether.error_response(ERRORS[key])
+        response = tether.http.error_response(ERRORS[key])
         assert response.status == int(status), label
         assert ("Retry-After" in note) == ("retry-after" in response.headers), label
 

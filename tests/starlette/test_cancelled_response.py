@@ -160,11 +160,6 @@ async def test_a_stream_cancelled_before_its_status_line_went_out_gets_a_json_er
     assert engine.registry.in_flight == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs TetherMiddleware (not this branch's file): answer a CancelledError that "
-    "escapes the app before the response started with a JSON 503, then re-raise",
-)
 async def test_a_json_wait_cancelled_by_the_server_gets_a_json_error_status(
     engine: Engine,
 ) -> None:

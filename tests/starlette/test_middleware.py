@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 from starlette.types import Message, Receive, Scope, Send
 
 import tether
-from tether_starlette import TetherMiddleware
+import tether.http
+from tether_starlette import TetherMiddleware, get_registry
 
 from .conftest import Engine, FakeServer, make_app
 
@@ -170,7 +173,7 @@ async def test_disconnect_after_the_response_completed_is_not_a_client_disconnec
         await receive()
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
-        request_scope = tether.RequestScope.current()
+        request_scope = tether.http.current_scope()
         assert request_scope is not None
         seen.append((await receive(), request_scope.disconnected))
 
@@ -310,3 +313,31 @@ def test_middleware_outside_asyncio_fails_at_once_with_a_clear_error() -> None:
     coroutine = TetherMiddleware(app, registry=tether.Registry())(scope, receive, send)
     with pytest.raises(RuntimeError, match=r"needs an asyncio event loop.*trio"):
         coroutine.send(None)
+
+
+async def test_handlers_find_the_registry_with_get_registry() -> None:
+    registry = tether.Registry()
+    found: list[tether.Registry] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        found.append(get_registry(Request(scope, receive)))
+        await JSONResponse({"ok": True})(scope, receive, send)
+
+    await FakeServer().run(TetherMiddleware(app, registry=registry))
+    assert found == [registry]
+
+
+def test_get_registry_without_the_middleware_names_it() -> None:
+    request = Request({"type": "http", "method": "GET", "path": "/", "headers": []})
+    with pytest.raises(RuntimeError, match=r"add_middleware\(TetherMiddleware"):
+        get_registry(request)
+
+
+async def test_installed_twice_with_two_registries_is_refused(engine: Engine) -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        raise AssertionError("the app must not run under two registries")  # pragma: no cover
+
+    inner = TetherMiddleware(app, registry=tether.Registry())
+    with pytest.raises(RuntimeError, match="installed twice with two registries"):
+        await FakeServer().run(TetherMiddleware(inner, registry=engine.registry))
+    assert engine.registry.in_flight == 0

@@ -20,6 +20,7 @@ import pytest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tether
+import tether.http
 from tether_starlette import TetherMiddleware
 
 from .conftest import BOUND, Engine, FakeServer, make_app
@@ -97,7 +98,7 @@ async def test_a_request_started_inside_the_previous_ones_send_gets_its_own_scop
     registry = tether.Registry()
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        seen.append(tether.RequestScope.current())
+        seen.append(tether.http.current_scope())
         marked.append(scope.get("tether.scope"))
         stream = registry.open()
         registry.deliver(stream.rid, b"done", finished=True)

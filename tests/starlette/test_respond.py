@@ -4,6 +4,8 @@ and the error that names the missing middleware."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 
 import pytest
 from starlette.requests import Request
@@ -17,8 +19,22 @@ from .conftest import BOUND, Engine, FakeServer, make_app
 
 
 def test_exports_only_the_entry_points_sorted() -> None:
-    assert tether_starlette.__all__ == ["TetherMiddleware", "lifespan", "respond"]
+    assert tether_starlette.__all__ == [
+        "REGISTRY_KEY",
+        "TetherMiddleware",
+        "get_registry",
+        "lifespan",
+        "respond",
+    ]
     assert tether_starlette.__all__ == sorted(tether_starlette.__all__)
+
+
+@contextlib.contextmanager
+def request_scope(server: FakeServer) -> Iterator[tether.RequestScope]:
+    """The request's scope, as the middleware opens it and marks it in the ASGI scope."""
+    with tether.RequestScope() as scope:
+        server.scope["tether.scope"] = scope
+        yield scope
 
 
 async def test_respond_without_the_middleware_names_it_and_closes_the_source(
@@ -37,7 +53,7 @@ async def test_respond_with_bad_options_raises_and_still_closes_the_source(
 ) -> None:
     server = FakeServer()
     stream = engine.registry.open()
-    with tether.RequestScope(), pytest.raises(ValueError, match="ping_interval"):
+    with request_scope(server), pytest.raises(ValueError, match="ping_interval"):
         await respond(Request(server.scope), stream, streaming=True, ping_interval=0)
     assert stream.finished
     assert engine.registry.in_flight == 0
@@ -49,7 +65,7 @@ async def test_response_closes_its_source_when_its_task_is_cancelled_in_a_write(
     server = FakeServer()
     stream = engine.registry.open()  # outside any request scope: only the response owns it
     engine.registry.deliver(stream.rid, {"n": 1})
-    with tether.RequestScope():
+    with request_scope(server):
         response = await respond(Request(server.scope), stream, streaming=True)
     stalled = asyncio.Event()
 
@@ -74,7 +90,7 @@ async def test_extra_headers_are_added_and_may_override(engine: Engine) -> None:
     server = FakeServer()
     stream = engine.registry.open()
     engine.registry.deliver(stream.rid, {"n": 1}, finished=True)
-    with tether.RequestScope():
+    with request_scope(server):
         response = await respond(
             Request(server.scope),
             stream,
@@ -96,7 +112,7 @@ async def test_a_stream_that_ends_before_its_first_output_is_a_complete_answer(
     batch = engine.registry.open_batch(2, keep_going=True)
     for rid in batch.rids:
         engine.registry.fail(rid, ValueError("no"))
-    with tether.RequestScope():
+    with request_scope(server):
         response = await respond(Request(server.scope), batch, streaming=False)
     await response(server.scope, server.receive, server.send)
 

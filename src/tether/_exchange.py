@@ -1,151 +1,47 @@
-"""The HTTP policy both adapters share, with no web framework in sight.
+"""Exchange: drives one HTTP response from a ``Stream`` or ``Batch``, with no web
+framework in sight.
 
-* :func:`error_response` is the one mapping from an exception to an HTTP status,
-  a JSON error body and headers.
-* :class:`Exchange` drives one response from a ``Stream`` or ``Batch``: it decides
-  the status line (which waits for the first output, so that a failure before it
-  gets a real status rather than a 200 followed by an error event), frames every
-  ready output into one chunk, pings when idle, and ends with one error event and
-  the terminal frame when the request fails after the stream has started.
-
-An adapter only moves the bytes :class:`Exchange` gives it and tells the scope
-when the client is gone.
+It decides the status line (which waits for the first output, so that a failure
+before it gets a real status rather than a 200 followed by an error event), frames
+every ready output into one chunk, pings when idle, and ends with one error event
+and the terminal frame when the request fails after the stream has started. An
+adapter only moves the bytes it gives: ``start()``, then ``next_chunk()`` until
+:attr:`Exchange.done`, each write through :meth:`Exchange.bounded`; and
+``aclose()`` in a ``finally``. A handler cancelled by its server (shutdown) still
+ends its response: :meth:`Exchange.farewell` gives the last bytes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Awaitable
 from typing import Any, Final
 
 from ._batch import Batch
 from ._encoders import SSE, Encoder, default_dumps
-from ._errors import (
-    Aborted,
-    AbortReason,
-    BatchTooLarge,
-    ConsumerTooSlow,
-    DuplicateRequest,
-    InvalidRequestId,
-    Overloaded,
-    ProducerError,
-    RegistryClosed,
-    RequestTimeout,
-    TetherError,
-    UnknownRequest,
-)
+from ._errors import Aborted, AbortReason, TetherError
 from ._guard import SendGuard
+from ._responses import DEFAULT_SEND_TIMEOUT, JSON_HEADERS, error_response
 from ._scope import current_scope
 from ._stream import Stream
 
-__all__ = [
-    "CLIENT_CLOSED_REQUEST",
-    "DEFAULT_SEND_TIMEOUT",
-    "ErrorResponse",
-    "Exchange",
-    "Head",
-    "error_body",
-    "error_response",
-]
+__all__ = ["FAREWELL_TIMEOUT", "WRITE_BYTES", "Exchange", "Head"]
 
 logger = logging.getLogger("tether")
-
-CLIENT_CLOSED_REQUEST: Final = 499
-"""The status logged for a request whose client left (nobody reads it)."""
-
-DEFAULT_SEND_TIMEOUT: Final = 30.0
-"""Seconds one write may wait for a client that stopped reading (see :class:`Exchange`)."""
-
-JSON_HEADERS: Final = {"content-type": "application/json"}
 
 WRITE_BYTES: Final = 256 * 1024
 """About how many bytes one chunk of a stream carries when a backlog is ready: ready
 outputs are coalesced into one write up to this, and a larger backlog goes out over
 several writes, so that it is never copied whole into one buffer."""
 
+FAREWELL_TIMEOUT: Final = 1.0
+"""Seconds an adapter gives the last write of a response whose handler the server
+cancelled (:meth:`Exchange.farewell`): enough for a client that reads, short for one
+that stopped."""
+
 _FIRST_SLICE: Final = 4
 """How many outputs are encoded before their size is known."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ErrorResponse:
-    """What an exception becomes on the wire.
-
-    :param status: the HTTP status code.
-    :param body: ``{"error": {"message": ..., "type": ..., "code": status}}``.
-    :param headers: extra headers (``Retry-After`` for 503s that can be retried).
-    """
-
-    status: int
-    body: dict[str, Any]
-    headers: dict[str, str]
-
-
-def _status_of(exc: BaseException) -> tuple[int, dict[str, str]]:
-    if isinstance(exc, Overloaded):
-        return 503, {"retry-after": str(max(1, math.ceil(exc.retry_after)))}
-    if isinstance(exc, RegistryClosed):
-        return 503, {"retry-after": "1"}
-    if isinstance(exc, RequestTimeout):
-        return 504, {}
-    if isinstance(exc, ConsumerTooSlow):
-        return 503, {}
-    if isinstance(exc, Aborted):
-        if exc.reason in (AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED):
-            return CLIENT_CLOSED_REQUEST, {}
-        return 503, {}
-    if isinstance(exc, DuplicateRequest):
-        return 409, {}
-    if isinstance(exc, UnknownRequest):
-        return 404, {}
-    if isinstance(exc, BatchTooLarge):
-        return 413, {}
-    if isinstance(exc, InvalidRequestId):
-        return 422, {}
-    if isinstance(exc, ProducerError):
-        # A producer may reject a request for the client's fault (a prompt too
-        # long, say) by failing it with an exception carrying a 4xx status_code.
-        status = getattr(exc.__cause__, "status_code", None)
-        if isinstance(status, int) and 400 <= status <= 599:
-            return status, {}
-        return 500, {}
-    return 500, {}
-
-
-def error_body(exc: BaseException, status: int) -> dict[str, Any]:
-    """The JSON error body for ``exc``: ``{"error": {"message", "type", "code"}}``.
-
-    Exceptions outside tether's tree are reported as an internal error without
-    their message, which may hold server details; so is a producer's exception
-    behind a :class:`~tether.ProducerError`, unless it declares itself client-facing
-    (see :class:`~tether.ProducerError`).
-    """
-    if isinstance(exc, TetherError):
-        message, kind = str(exc), type(exc).__name__
-    else:
-        message, kind = "internal server error", "InternalError"
-    return {"error": {"message": message, "type": kind, "code": status}}
-
-
-def error_response(exc: BaseException) -> ErrorResponse:
-    """Map an exception to its status, JSON body and headers (the one shared mapping).
-
-    ``Overloaded`` and ``RegistryClosed`` → 503 with ``Retry-After``;
-    ``RequestTimeout`` → 504; ``ConsumerTooSlow`` and server aborts → 503;
-    client disconnects → 499; ``DuplicateRequest`` → 409; ``UnknownRequest`` → 404;
-    ``ProducerError`` → 500, or its cause's ``status_code`` when that is 4xx/5xx;
-    ``BatchTooLarge`` → 413; ``InvalidRequestId`` → 422; anything else → 500.
-
-    A producer's exception that the body does not show is logged here (``tether``
-    logger, with its traceback), so that the detail the client is spared is not lost.
-    """
-    status, headers = _status_of(exc)
-    if isinstance(exc, ProducerError) and status >= 500:
-        # The text, not the error: a kept log record must not keep its traceback's frames.
-        logger.error("%s (the client sees no detail)", str(exc), exc_info=exc.__cause__)
-    return ErrorResponse(status, error_body(exc, status), headers)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -154,14 +50,13 @@ class Head:
 
     :param status: the HTTP status.
     :param headers: lower-case header names to values.
-    :param body: the first bytes of the body (the whole body when ``more`` is false).
-    :param more: whether :meth:`Exchange.next_chunk` has more to give.
+    :param body: the first bytes of the body; the whole body when the exchange is
+        :attr:`~Exchange.done` once it returned this head.
     """
 
     status: int
     headers: dict[str, str]
     body: bytes
-    more: bool
 
 
 def _jsonable(value: Any) -> Any:
@@ -181,7 +76,8 @@ class Exchange:
         that stopped reading (the server's writes blocked by flow control); past it,
         the adapter treats the client as gone: the request is aborted and freed, the
         connection closed where the framework allows. ``None`` waits for ever.
-    :raises ValueError: a non-positive ``ping_interval`` or ``send_timeout``.
+    :raises ValueError: a non-positive ``ping_interval`` or ``send_timeout`` (the
+        source is aborted: the exchange owns it from the start).
     """
 
     __slots__ = (
@@ -209,10 +105,14 @@ class Exchange:
     ) -> None:
         if not isinstance(source, Stream | Batch):
             raise TypeError(f"expected a tether Stream or Batch, got {type(source).__name__}")
+        bad = None
         if not ping_interval > 0:
-            raise ValueError(f"ping_interval must be positive, got {ping_interval}")
-        if send_timeout is not None and not send_timeout > 0:
-            raise ValueError(f"send_timeout must be positive or None, got {send_timeout}")
+            bad = f"ping_interval must be positive, got {ping_interval}"
+        elif send_timeout is not None and not send_timeout > 0:
+            bad = f"send_timeout must be positive or None, got {send_timeout}"
+        if bad is not None:
+            source.cancel()  # the exchange owned the source all the same: nothing is left open
+            raise ValueError(bad)
         if encoder is None:
             encoder = SSE()
         elif isinstance(encoder, type):
@@ -233,14 +133,18 @@ class Exchange:
 
     @property
     def done(self) -> bool:
-        """Whether the response has nothing more to send."""
+        """Whether the response has nothing more to send: the one end signal.
+
+        After :meth:`start`: the head's body is the whole response (answer it with
+        a plain, sized response). Later: the last chunk was handed out.
+        """
         return self._done
 
     def _error_head(self, exc: BaseException) -> Head:
         self._done = True
         response = error_response(exc)
         headers = {**JSON_HEADERS, **response.headers}
-        return Head(response.status, headers, default_dumps(response.body), False)
+        return Head(response.status, headers, default_dumps(response.body))
 
     async def start(self) -> Head:
         """Wait until the status line is known and return it with the first bytes.
@@ -249,7 +153,7 @@ class Exchange:
         or the ping interval, whichever comes first. Errors raised by the source
         before that become an error status with a JSON body; so does an output the
         encoder cannot serialise (500, and the work is aborted). A stream that is
-        already over is answered whole, terminal frame included (``more`` false).
+        already over is answered whole, terminal frame included (:attr:`done`).
         """
         if not self.streaming:
             try:
@@ -263,7 +167,7 @@ class Exchange:
             except Exception as exc:
                 return self._unencodable_head(exc)
             self._done = True
-            return Head(200, self._success_headers(), body, False)
+            return Head(200, self._success_headers(), body)
         try:
             items = await self.source.next_ready(timeout=self.ping_interval)
         except TetherError as exc:
@@ -272,17 +176,17 @@ class Exchange:
         headers = self._success_headers()
         if items is None:
             self._done = True
-            return Head(200, headers, encoder.terminal(), False)
+            return Head(200, headers, encoder.terminal())
         if not items:
-            return Head(200, headers, encoder.ping(), True)
+            return Head(200, headers, encoder.ping())
         try:
             chunk = self._encode_some(items)
         except Exception as exc:
             return self._unencodable_head(exc)
         if self._carry is None and self.source.exhausted:
             self._done = True
-            return Head(200, headers, chunk + encoder.terminal(), False)
-        return Head(200, headers, chunk, True)
+            return Head(200, headers, chunk + encoder.terminal())
+        return Head(200, headers, chunk)
 
     def _unencodable(self, exc: Exception) -> None:
         logger.error(
@@ -311,7 +215,7 @@ class Exchange:
         start with, status 200 and no body.
         """
         await self.aclose()
-        return Head(200, self._success_headers(), b"", False)
+        return Head(200, self._success_headers(), b"")
 
     def _encode_some(self, items: list[Any]) -> bytes:
         """Encode the ready ``items`` into one chunk of about :data:`WRITE_BYTES` at most
@@ -351,15 +255,16 @@ class Exchange:
             return self.encoder.encode_indexed(items)
         return self.encoder.encode_many(items)
 
-    async def next_chunk(self) -> bytes | None:
-        """The next bytes to write: every ready output in one chunk, a ping after
-        ``ping_interval`` of silence, the terminal frame at the end (or one error
-        event and the terminal frame on failure); ``None`` when nothing is left.
+    async def next_chunk(self) -> bytes:
+        """The next bytes to write, while not :attr:`done`: every ready output in one
+        chunk, a ping after ``ping_interval`` of silence, the terminal frame at the end
+        (or one error event and the terminal frame on failure).
 
-        A client disconnect ends the response quietly (``None``): nobody is reading.
+        A client disconnect ends the response quietly (``b""``, and :attr:`done`):
+        nobody is reading.
         """
         if self._done:
-            return None
+            return b""
         encoder = self.encoder
         carry = self._carry
         try:
@@ -371,14 +276,14 @@ class Exchange:
         except Aborted as exc:
             self._done = True
             if exc.reason in (AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED):
-                return None
+                return b""
             return encoder.error(error_response(exc).body) + encoder.terminal()
         except TetherError as exc:
             self._done = True
             return encoder.error(error_response(exc).body) + encoder.terminal()
         if items is None:
             self._done = True
-            return encoder.terminal() or None
+            return encoder.terminal()
         if not items:
             return encoder.ping()
         try:
@@ -419,6 +324,35 @@ class Exchange:
             self.source.cancel(AbortReason.CLIENT_DISCONNECTED)
         self._done = True
         return False
+
+    def farewell(self) -> bytes:
+        """The last bytes of a stream whose handler the server cancelled (a shutdown
+        whose grace period ran out): the work is aborted now, and the client, still
+        there, is told so with one error event (503: the server ended the request) and
+        the terminal frame, after whatever the exchange held. Never waits.
+        """
+        self._done = True
+        source = self.source
+        source.cancel(AbortReason.CANCELLED)
+        carry, self._carry = self._carry, None
+        try:
+            held = self._encode(carry) if carry else b""
+        except Exception:  # unencodable: what matters now is the end
+            held = b""
+        encoder = self.encoder
+        body = error_response(self._server_abort()).body
+        return held + encoder.error(body) + encoder.terminal()
+
+    def farewell_head(self) -> Head:
+        """The whole answer to a request whose handler the server cancelled before its
+        status line went out: the work is aborted now; a JSON 503. Never waits."""
+        self.source.cancel(AbortReason.CANCELLED)
+        return self._error_head(self._server_abort())
+
+    def _server_abort(self) -> Aborted:
+        source = self.source
+        rid = source.rid if isinstance(source, Stream) else source.rids[0]
+        return Aborted(rid, AbortReason.SERVER, f"request {rid!r} was ended by the server")
 
     async def aclose(self) -> None:
         """End the response: whatever is unfinished is aborted and freed (idempotent).

@@ -1,0 +1,130 @@
+"""What an exception becomes on the wire: the one shared mapping to a status and JSON body.
+
+Both adapters, and any adapter written for another framework, answer a failure
+with :func:`error_response`: the status (``Overloaded`` → 503 with ``Retry-After``,
+``RequestTimeout`` → 504, a client disconnect → 499, ...) and a body in one shape,
+``{"error": {"message", "type", "code"}}``. What a client may read of a failure is
+decided here too: exceptions outside tether's tree are an internal error without
+their text, and a producer's exception text is logged, never sent, unless it
+declares itself client-facing (see :class:`~tether.ProducerError`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Any, Final
+
+from ._errors import (
+    Aborted,
+    AbortReason,
+    BatchTooLarge,
+    ConsumerTooSlow,
+    DuplicateRequest,
+    InvalidRequestId,
+    Overloaded,
+    ProducerError,
+    RegistryClosed,
+    RequestTimeout,
+    TetherError,
+    UnknownRequest,
+)
+
+__all__ = [
+    "CLIENT_CLOSED_REQUEST",
+    "DEFAULT_SEND_TIMEOUT",
+    "JSON_HEADERS",
+    "ErrorResponse",
+    "error_body",
+    "error_response",
+]
+
+logger = logging.getLogger("tether")
+
+CLIENT_CLOSED_REQUEST: Final = 499
+"""The status logged for a request whose client left (nobody reads it)."""
+
+DEFAULT_SEND_TIMEOUT: Final = 30.0
+"""Seconds one write may wait for a client that stopped reading (see :class:`Exchange`)."""
+
+JSON_HEADERS: Final = {"content-type": "application/json"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ErrorResponse:
+    """What an exception becomes on the wire.
+
+    :param status: the HTTP status code.
+    :param body: ``{"error": {"message": ..., "type": ..., "code": status}}``.
+    :param headers: extra headers (``Retry-After`` for 503s that can be retried).
+    """
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+def _status_of(exc: BaseException) -> tuple[int, dict[str, str]]:
+    if isinstance(exc, Overloaded):
+        return 503, {"retry-after": str(max(1, math.ceil(exc.retry_after)))}
+    if isinstance(exc, RegistryClosed):
+        return 503, {"retry-after": "1"}
+    if isinstance(exc, RequestTimeout):
+        return 504, {}
+    if isinstance(exc, ConsumerTooSlow):
+        return 503, {}
+    if isinstance(exc, Aborted):
+        if exc.reason in (AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED):
+            return CLIENT_CLOSED_REQUEST, {}
+        return 503, {}
+    if isinstance(exc, DuplicateRequest):
+        return 409, {}
+    if isinstance(exc, UnknownRequest):
+        return 404, {}
+    if isinstance(exc, BatchTooLarge):
+        return 413, {}
+    if isinstance(exc, InvalidRequestId):
+        return 422, {}
+    if isinstance(exc, ProducerError):
+        # A producer may reject a request for the client's fault (a prompt too
+        # long, say) by failing it with an exception carrying a 4xx status_code.
+        status = getattr(exc.__cause__, "status_code", None)
+        if isinstance(status, int) and 400 <= status <= 599:
+            return status, {}
+        return 500, {}
+    return 500, {}
+
+
+def error_body(exc: BaseException, status: int) -> dict[str, Any]:
+    """The JSON error body for ``exc``: ``{"error": {"message", "type", "code"}}``.
+
+    Exceptions outside tether's tree are reported as an internal error without
+    their message, which may hold server details; so is a producer's exception
+    behind a :class:`~tether.ProducerError`, unless it declares itself client-facing
+    (see :class:`~tether.ProducerError`).
+    """
+    if isinstance(exc, TetherError):
+        message, kind = str(exc), type(exc).__name__
+    else:
+        message, kind = "internal server error", "InternalError"
+    return {"error": {"message": message, "type": kind, "code": status}}
+
+
+def error_response(exc: BaseException) -> ErrorResponse:
+    """Map an exception to its status, JSON body and headers (the one shared mapping).
+
+    ``Overloaded`` and ``RegistryClosed`` → 503 with ``Retry-After``;
+    ``RequestTimeout`` → 504; ``ConsumerTooSlow`` and server aborts → 503;
+    client disconnects → 499; ``DuplicateRequest`` → 409; ``UnknownRequest`` → 404;
+    ``ProducerError`` → 500, or its cause's ``status_code`` when that is 4xx/5xx;
+    ``BatchTooLarge`` → 413; ``InvalidRequestId`` → 422; anything else → 500.
+
+    A producer's exception that the body does not show is logged here (``tether``
+    logger, with its traceback), so that the detail the client is spared is not lost.
+    """
+    status, headers = _status_of(exc)
+    if isinstance(exc, ProducerError) and status >= 500:
+        # The text, not the error: a kept log record must not keep its traceback's frames.
+        logger.error("%s (the client sees no detail)", str(exc), exc_info=exc.__cause__)
+    return ErrorResponse(status, error_body(exc, status), headers)

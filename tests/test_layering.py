@@ -1,0 +1,57 @@
+"""The core's modules depend one way: no import cycle, not even under TYPE_CHECKING,
+and no module of ``src/tether`` grows past what a reader holds in their head."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import tether
+
+PACKAGE = pathlib.Path(tether.__file__).parent
+MAX_LINES = 400
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    """The sibling modules ``path`` imports, at run time or for type checking."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                found.add(node.module.split(".")[0])
+            else:
+                found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tether."):
+            found.add((node.module or "").split(".")[1])
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {path.stem: path for path in PACKAGE.glob("*.py")}
+    return {name: _imports(path) & set(modules) - {name} for name, path in modules.items()}
+
+
+def test_no_module_of_the_core_imports_another_that_imports_it_back() -> None:
+    graph = _graph()
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        if name in path:
+            cycle = [*path[path.index(name) :], name]
+            raise AssertionError("import cycle: " + " -> ".join(cycle))
+        if name in done:
+            return
+        for imported in sorted(graph[name]):
+            visit(imported, [*path, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
+    assert graph["_registry"] >= {"_table", "_stream", "_batch"}  # the front sits on top
+    assert not graph["_table"] & {"_registry", "_stream", "_batch", "_consumer", "_scope"}
+    assert not graph["_state"] & {"_table", "_registry", "_stream", "_batch", "_consumer"}
+
+
+def test_no_module_of_the_core_is_over_about_four_hundred_lines() -> None:
+    sizes = {path.name: len(path.read_text().splitlines()) for path in PACKAGE.glob("*.py")}
+    assert {name: n for name, n in sizes.items() if n > MAX_LINES} == {}
