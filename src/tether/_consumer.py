@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import warnings
 from collections.abc import Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
 
 from ._errors import Aborted, AbortReason
@@ -124,13 +123,8 @@ class Consumer:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()  # however the block ended
 
     def __del__(self) -> None:
         states = getattr(self, "_states", ())

@@ -291,12 +291,7 @@ class Registry:
 
         :returns: ``True`` if the request was in flight, ``False`` (counted) otherwise.
         """
-        state = self._entries.get(rid)
-        if state is None:
-            self._table.late += 1
-            return False
-        self._table.end(state, ProducerError(rid, exc), tell=False, defer=True)
-        return True
+        return self._table.end_rid(rid, ProducerError(rid, exc), tell=False, defer=True)
 
     def abort(self, rid: str, reason: AbortReason = AbortReason.SERVER) -> bool:
         """Abort a request from the server side: its consumer gets :class:`~tether.Aborted`.
@@ -306,13 +301,8 @@ class Registry:
 
         :returns: ``True`` if the request was in flight, ``False`` (counted) otherwise.
         """
-        state = self._entries.get(rid)
-        if state is None:
-            self._table.late += 1
-            return False
         # (on_abort runs after the entry is freed: it may re-enter the registry)
-        self._table.end(state, Aborted(rid, reason), tell=True, defer=False)
-        return True
+        return self._table.end_rid(rid, Aborted(rid, reason), tell=True, defer=False)
 
     def fail_all(self, exc: BaseException) -> int:
         """Fail every request in flight (the producer crashed); returns how many.

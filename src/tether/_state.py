@@ -166,10 +166,7 @@ class Group:
                 return False
         else:
             return False
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            wake(waiter)
+        self.wake()
         return True
 
     def take(self) -> list[tuple[int, Any]]:
@@ -297,10 +294,7 @@ class RequestState:
                 return False
         else:
             return False
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            wake(waiter)
+        self.wake()
         return True
 
     def weigh(self, output: Any, limits: Limits, *, merged: bool) -> bool:

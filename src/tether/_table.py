@@ -188,6 +188,18 @@ class Table:
             siblings = [sibling for sibling in group.states if sibling.live]
             self._close(siblings, error, AbortReason.FAILED_SIBLING, tell=True, defer=defer)
 
+    def end_rid(self, rid: str, error: TetherError, *, tell: bool, defer: bool) -> bool:
+        """:meth:`end` the request ``rid`` if it is live; else count a late call.
+
+        :returns: whether it was live.
+        """
+        state = self.entries.get(rid)
+        if state is None:
+            self.late += 1
+            return False
+        self.end(state, error, tell=tell, defer=defer)
+        return True
+
     def abort(self, states: Sequence[RequestState], error: Aborted, *, defer: bool) -> bool:
         """Abort what is live of one consumer's ``states``, telling the producer of each.
 
