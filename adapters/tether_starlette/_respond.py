@@ -134,14 +134,22 @@ class ExchangeResponse(Response):
                 return
             started = True
             body = self._first
+            # The hot loop: per chunk, one send and (only when nothing is ready) one
+            # wait; the send timeout is bookkeeping around the send, not a coroutine.
+            writing, written, ready_chunk = exchange.writing, exchange.written, exchange.ready_chunk
             while True:
                 last = exchange.done
-                message = {"type": "http.response.body", "body": body, "more_body": not last}
-                if not await exchange.bounded(send(message)) or last:
+                writing()
+                await send({"type": "http.response.body", "body": body, "more_body": not last})
+                written()
+                if last:
                     break
                 body = b""
-                body = await exchange.next_chunk()
+                chunk = ready_chunk()
+                body = await exchange.next_chunk() if chunk is None else chunk
         except asyncio.CancelledError:
+            if started and exchange.stalled():
+                return  # the client read nothing for send_timeout: it counts as gone
             await _farewell(exchange, send, started, body, last)
             raise
         finally:

@@ -167,6 +167,43 @@ class Consumer:
                 raise StopAsyncIteration
             await self._wait(box, None)
 
+    def ready(self) -> list[Any] | None:
+        """Every output (or pair) that is ready now, oldest first, without waiting.
+
+        The adapters' write loop polls with it, and waits with :meth:`wait_ready`
+        only when nothing is ready: no coroutine per output.
+
+        :returns: a non-empty list; ``[]`` when nothing is ready yet; ``None`` once
+            everything finished and was read.
+        :raises ProducerError: as for ``__anext__``.
+        :raises Aborted: as for ``__anext__``.
+        """
+        box = self._box or self._first_read()
+        if self._closed:
+            return None
+        rest = self._take_buffered()
+        if box.pending:
+            items = box.take()
+            if rest:
+                rest.extend(items)
+                return rest
+            return items
+        if rest:
+            return rest
+        if box.error is not None or not box.live:
+            self._stop_idle_timer()
+            if box.error is not None:
+                raise box.error.with_traceback(None)
+            return None
+        return []
+
+    async def wait_ready(self, *, timeout: float | None = None) -> None:
+        """Wait until :meth:`ready` has something to say (an output, the end, an
+        error), or ``timeout`` seconds passed. Cancellation is an abort, as for reads."""
+        box = self._box or self._first_read()
+        if not box.pending and box.live and box.error is None and not self._closed:
+            await self._wait(box, timeout)
+
     async def next_ready(self, *, timeout: float | None = None) -> list[Any] | None:
         """Every output (or pair) that is ready, oldest first, waiting for one if none is.
 
@@ -176,29 +213,13 @@ class Consumer:
         :raises ProducerError: as for ``__anext__``.
         :raises Aborted: as for ``__anext__``.
         """
-        box = self._box or self._first_read()
-        rest = self._take_buffered()
-        waited = False
-        while True:
-            if self._closed:
-                return None
-            if box.pending:
-                items = box.take()
-                if rest:
-                    rest.extend(items)
-                    return rest
-                return items
-            if rest:
-                return rest
-            if box.error is not None or not box.live:
-                self._stop_idle_timer()
-                if box.error is not None:
-                    raise box.error.with_traceback(None)
-                return None
-            if waited:
-                return []
-            await self._wait(box, timeout)
-            waited = timeout is not None
+        items = self.ready()
+        while items == []:
+            await self.wait_ready(timeout=timeout)
+            items = self.ready()
+            if timeout is not None:
+                break  # one timed wait: [] if it passed with nothing ready
+        return items
 
     def _take_buffered(self) -> list[Any] | None:
         buf, pos = self._buf, self._pos

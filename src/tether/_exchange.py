@@ -40,6 +40,9 @@ FAREWELL_TIMEOUT: Final = 1.0
 cancelled (:meth:`Exchange.farewell`): enough for a client that reads, short for one
 that stopped."""
 
+_CLIENT_GONE: Final = (AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED)
+"""Why a stream may end with nothing more written: nobody reads it."""
+
 _FIRST_SLICE: Final = 4
 """How many outputs are encoded before their size is known."""
 
@@ -255,6 +258,28 @@ class Exchange:
             return self.encoder.encode_indexed(items)
         return self.encoder.encode_many(items)
 
+    def ready_chunk(self) -> bytes | None:
+        """The next bytes to write if they are ready now (outputs, the end, an error),
+        without waiting; ``None`` when the adapter has to wait: ``await next_chunk()``.
+
+        The write loop of an adapter: ``chunk = exchange.ready_chunk()``, and only if
+        that is ``None``, ``chunk = await exchange.next_chunk()``. No coroutine is made
+        for a chunk that was ready.
+        """
+        if self._done:
+            return b""
+        carry = self._carry
+        if carry is not None:
+            self._carry = None
+            return self._chunk(carry)
+        try:
+            items = self.source.ready()
+        except TetherError as exc:
+            return self._failed(exc)
+        if items == []:
+            return None
+        return self._chunk(items)
+
     async def next_chunk(self) -> bytes:
         """The next bytes to write, while not :attr:`done`: every ready output in one
         chunk, a ping after ``ping_interval`` of silence, the terminal frame at the end
@@ -263,40 +288,74 @@ class Exchange:
         A client disconnect ends the response quietly (``b""``, and :attr:`done`):
         nobody is reading.
         """
-        if self._done:
-            return b""
+        chunk = self.ready_chunk()
+        if chunk is None:
+            await self.source.wait_ready(timeout=self.ping_interval)
+            chunk = self.ready_chunk()
+            if chunk is None:
+                return self.encoder.ping()
+        return chunk
+
+    def _chunk(self, items: list[Any] | None) -> bytes:
         encoder = self.encoder
-        carry = self._carry
-        try:
-            if carry is not None:
-                self._carry = None
-                items: list[Any] | None = carry
-            else:
-                items = await self.source.next_ready(timeout=self.ping_interval)
-        except Aborted as exc:
-            self._done = True
-            if exc.reason in (AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED):
-                return b""
-            return encoder.error(error_response(exc).body) + encoder.terminal()
-        except TetherError as exc:
-            self._done = True
-            return encoder.error(error_response(exc).body) + encoder.terminal()
         if items is None:
             self._done = True
             return encoder.terminal()
-        if not items:
-            return encoder.ping()
         try:
             chunk = self._encode_some(items)
         except Exception as exc:
             self._unencodable(exc)
-            self._done = True
-            return encoder.error(error_response(exc).body) + encoder.terminal()
+            return self._failed(exc)
         if self._carry is None and self.source.exhausted:
             # The last outputs and the terminal frame go out in one write.
             self._done = True
             return chunk + encoder.terminal()
         return chunk
+
+    def _failed(self, exc: Exception) -> bytes:
+        """The end of a stream that failed after its start: one error event and the
+        terminal frame; nothing when its client left (nobody reads)."""
+        self._done = True
+        if isinstance(exc, Aborted) and exc.reason in _CLIENT_GONE:
+            return b""
+        encoder = self.encoder
+        return encoder.error(error_response(exc).body) + encoder.terminal()
+
+    def writing(self) -> None:
+        """A write of this response starts now: it is bounded by ``send_timeout``.
+
+        For the hot write loop, instead of :meth:`bounded`: call it before each
+        write and :meth:`written` after; when the write is interrupted by
+        ``CancelledError``, ask :meth:`stalled` whether the bound cut it.
+        """
+        self._guard.begin()
+
+    def written(self) -> None:
+        """The write started by :meth:`writing` is over."""
+        self._guard.end()
+
+    def stalled(self) -> bool:
+        """After ``CancelledError`` in a write begun with :meth:`writing`: whether the
+        send timeout cut it (the client stopped reading). Then the cancellation is
+        consumed, the request is aborted as for a disconnect, and the adapter ends
+        the response without raising; else the cancellation is someone else's."""
+        if not self._guard.stalled_out():
+            return False
+        self._client_stalled()
+        return True
+
+    def _client_stalled(self) -> None:
+        logger.warning(
+            "%r: the client read nothing for %gs; the request is aborted",
+            self.source,
+            self.send_timeout,
+        )
+        scope = current_scope()
+        if scope is not None:
+            scope.disconnect()
+        else:
+            self.source.cancel(AbortReason.CLIENT_DISCONNECTED)
+        self._done = True
 
     async def bounded(self, write: Awaitable[object]) -> bool:
         """Await one write of this response (a send, a flush), bounded by ``send_timeout``.
@@ -312,17 +371,7 @@ class Exchange:
         """
         if await self._guard.write(write):
             return True
-        logger.warning(
-            "%r: the client read nothing for %gs; the request is aborted",
-            self.source,
-            self.send_timeout,
-        )
-        scope = current_scope()
-        if scope is not None:
-            scope.disconnect()
-        else:
-            self.source.cancel(AbortReason.CLIENT_DISCONNECTED)
-        self._done = True
+        self._client_stalled()
         return False
 
     def farewell(self) -> bytes:
