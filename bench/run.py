@@ -54,6 +54,7 @@ FULL = Profile(reps=3, concurrency=(1, 64, 512), duration=1.5, tries=50, streams
 QUICK = Profile(reps=1, concurrency=(1, 16), duration=0.4, tries=8, streams=100)
 
 FRAMEWORKS = ("starlette", "aiohttp")
+THROUGHPUT_VARIANTS = ("raw", "tether", "limit")
 DISCONNECT_SETUPS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("starlette", "tether", "tether + Starlette (uvicorn)", ()),
     ("aiohttp", "tether", "tether + aiohttp, handler_cancellation=False", ()),
@@ -117,15 +118,18 @@ def client(mode: str, url: str, *options: object) -> dict[str, Any]:
     return result
 
 
-def _order(rep: int, variants: tuple[str, str]) -> tuple[str, ...]:
-    return variants if rep % 2 == 0 else variants[::-1]
+def _order(rep: int, variants: tuple[str, ...]) -> tuple[str, ...]:
+    """Every variant once, rotated by one each repetition (two: alternating)."""
+    shift = rep % len(variants)
+    return variants[shift:] + variants[:shift]
 
 
 def throughput(profile: Profile, out: dict[str, Any]) -> None:
-    """Streaming, non-streaming and batch runs against raw and tether servers."""
+    """Streaming and non-streaming runs against the hand-off (``raw``), tether and
+    no-hand-off (``limit``) servers; batch runs against the first two."""
     for rep in range(profile.reps):
         for framework in FRAMEWORKS:
-            for variant in _order(rep, ("raw", "tether")):
+            for variant in _order(rep, THROUGHPUT_VARIANTS):
                 with server(framework, variant) as (pid, base):
                     for conc in profile.concurrency:
                         common = ("--concurrency", conc, "--server-pid", pid)
@@ -137,6 +141,8 @@ def throughput(profile: Profile, out: dict[str, Any]) -> None:
                         out["stream"].setdefault(key, []).append(stream)
                         answer = client("json", f"{base}/json?n=64", *common, *timing)
                         out["json"].setdefault(key, []).append(answer)
+                    if variant == "limit":
+                        continue  # no sub-requests without a producer
                     for conc in profile.batch_concurrency:
                         key = f"{framework}/{variant}/{conc}"
                         batch = client(
