@@ -425,15 +425,15 @@ def render(out: dict[str, Any]) -> str:
     return "\n".join(doc.lines)
 
 
-def rewrite_readme(path: Path, text: str) -> None:
+def rewrite_readme(path: Path, text: str, *, begin: str = BEGIN, end: str = END) -> None:
     """Replace what lies between the markers (appending them if absent)."""
-    block = f"{BEGIN}\n{text}\n{END}"
+    block = f"{begin}\n{text}\n{end}"
     if not path.exists():
         path.write_text(f"# Benchmarks\n\n{block}\n")
         return
     current = path.read_text()
-    start, end = current.find(BEGIN), current.find(END)
-    if start < 0 or end < start:
+    start, stop = current.find(begin), current.find(end)
+    if start < 0 or stop < start:
         path.write_text(current.rstrip("\n") + f"\n\n{block}\n")
         return
-    path.write_text(current[:start] + block + current[end + len(END) :])
+    path.write_text(current[:start] + block + current[stop + len(end) :])
