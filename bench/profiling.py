@@ -117,7 +117,7 @@ class Summary:
     areas: dict[str, float]
     """Area -> share of own time."""
     own: list[tuple[str, str, float]]
-    """The top functions by own time: ``(function, area, share)``."""
+    """Every function by own time, most first: ``(function, area, share)``."""
     layers: list[tuple[str, str, float]]
     """The top tether functions by inclusive time."""
 
@@ -139,7 +139,7 @@ def summarise(stacks: Stacks, cost: float | None, prefixes: list[tuple[str, str]
         samples=sum(stacks.values()),
         cost=cost,
         areas={name: count / total for name, count in areas.most_common()},
-        own=[(f, a, count / total) for (f, a), count in own.most_common(TOP)],
+        own=[(f, a, count / total) for (f, a), count in own.most_common()],
         layers=[(f, a, count / total) for (f, a), count in inclusive.most_common(TOP)],
     )
 
@@ -230,49 +230,59 @@ def render(out: dict[str, Any], meta: dict[str, Any]) -> str:
         "for JSON) that the client measured in the same window.",
         "",
     ]
-    unit = {"stream": "µs/event", "json": "µs/request"}
     for framework in processes.FRAMEWORKS:
         for mode, _, variants in SETUPS:
-            runs = {
-                v: out[f"{framework}/{mode}/{v}"]
-                for v in variants
-                if f"{framework}/{mode}/{v}" in out
-            }
-            if "tether" not in runs:
-                continue
-            what = "streaming, 64 events per request" if mode == "stream" else "JSON"
-            lines += [f"#### {framework}, {what}", ""]
-            names = list(runs)
-            header = ["area", *(f"{v} {unit[mode]} (share)" for v in names)]
-            costs = " / ".join(
-                f"{v} {_num(runs[v]['cost'])} {unit[mode]}, {runs[v]['samples']} samples"
-                for v in names
-            )
-            lines += [f"Server CPU: {costs}.", ""]
-            areas = sorted(
-                {a for r in runs.values() for a in r["areas"]},
-                key=lambda a: -runs["tether"]["areas"].get(a, 0.0),
-            )
-            rows = []
-            for name in areas:
-                cells = []
-                for v in names:
-                    share = runs[v]["areas"].get(name, 0.0)
-                    cells.append(f"{_us(share, runs[v]['cost'])} ({share:.0%})")
-                rows.append([name, *cells])
-            lines += _table(header, rows)
-            tether = runs["tether"]
-            lines += [f"tether's top functions by own time ({unit[mode]}, share):", ""]
-            lines += _table(
-                ["function", "area", unit[mode], "share"],
-                [[f"`{f}`", a, _us(s, tether["cost"]), f"{s:.1%}"] for f, a, s in tether["own"]],
-            )
-            lines += ["tether's own layers by inclusive time:", ""]
-            lines += _table(
-                ["function", "area", unit[mode], "share"],
-                [[f"`{f}`", a, _us(s, tether["cost"]), f"{s:.1%}"] for f, a, s in tether["layers"]],
-            )
+            runs = {v: out[key] for v in variants if (key := f"{framework}/{mode}/{v}") in out}
+            if "tether" in runs:
+                what = "streaming, 64 events per request" if mode == "stream" else "JSON"
+                lines += [f"#### {framework}, {what}", "", *_section(mode, runs)]
     return "\n".join(lines)
+
+
+def _section(mode: str, runs: dict[str, dict[str, Any]]) -> list[str]:
+    """One framework and mode: areas side by side, then tether's top functions."""
+    unit = "µs/event" if mode == "stream" else "µs/request"
+    label = {"raw": "hand-off" if mode == "stream" else "raw", "limit": "limit", "tether": "tether"}
+    names = list(runs)
+    costs = ", ".join(
+        f"{label[v]} {_num(runs[v]['cost'])} {unit} ({runs[v]['samples']} samples)" for v in names
+    )
+    lines = [f"Server CPU in the profiled window: {costs}.", ""]
+    areas = sorted(
+        {a for run in runs.values() for a in run["areas"]},
+        key=lambda a: -runs["tether"]["areas"].get(a, 0.0),
+    )
+    rows = []
+    for name in areas:
+        shares = {v: runs[v]["areas"].get(name, 0.0) for v in names}
+        rows.append(
+            [name, *(f"{_us(shares[v], runs[v]['cost'])} ({shares[v]:.0%})" for v in names)]
+        )
+    lines += _table(["area", *(f"{label[v]} {unit} (share)" for v in names)], rows)
+    lines += [
+        f"tether's top functions by own time, {unit} (share), and the same in the others:",
+        "",
+    ]
+    lines += _table(
+        ["function", "area", *(label[v] for v in names)],
+        [
+            [f"`{f}`", a, *(_own(runs[v], f, a) for v in names)]
+            for f, a, _ in runs["tether"]["own"][:TOP]
+        ],
+    )
+    tether = runs["tether"]
+    lines += ["tether's own layers by inclusive time:", ""]
+    lines += _table(
+        ["function", "area", unit, "share"],
+        [[f"`{f}`", a, _us(s, tether["cost"]), f"{s:.1%}"] for f, a, s in tether["layers"]],
+    )
+    return lines
+
+
+def _own(run: dict[str, Any], function: str, where: str) -> str:
+    """``µs (share)`` of one function's own time in one profiled server."""
+    share = next((s for f, a, s in run["own"] if (f, a) == (function, where)), 0.0)
+    return f"{_us(share, run['cost'])} ({share:.1%})"
 
 
 def _num(value: float | None) -> str:
