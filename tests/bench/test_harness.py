@@ -120,6 +120,26 @@ def test_profile_charges_own_time_to_the_innermost_frame_and_layers_once_per_sam
     assert summary.layers == [("next", "tether core", 4 / 8)]
 
 
+def test_profile_tables_put_tethers_top_functions_beside_the_same_in_the_baselines() -> None:
+    def run(cost: float, own: list[tuple[str, str, float]]) -> dict[str, Any]:
+        areas = {"asyncio": sum(share for _, where, share in own if where == "asyncio")}
+        areas["tether core"] = 1.0 - areas["asyncio"]
+        return {"cost": cost, "samples": 100, "areas": areas, "own": own, "layers": []}
+
+    write = ("write", "asyncio")
+    runs = {
+        "starlette/stream/tether": run(10.0, [(*write, 0.5), ("wait", "tether core", 0.5)]),
+        "starlette/stream/raw": run(8.0, [(*write, 1.0)]),
+        "starlette/stream/limit": run(4.0, [(*write, 1.0)]),
+    }
+    meta = {"date": "today", "command": "c", "window": 5.0, "load": 0.0}
+    lines = profiling.render(runs, meta).splitlines()
+    assert "| `write` | asyncio | 5.0 (50.0%) | 8.0 (100.0%) | 4.0 (100.0%) |" in lines
+    assert "| `wait` | tether core | 5.0 (50.0%) | 0.0 (0.0%) | 0.0 (0.0%) |" in lines
+    assert "| tether core | 5.0 (50%) | 0.0 (0%) | 0.0 (0%) |" in lines
+    assert not any(line.startswith("#### aiohttp") for line in lines)
+
+
 @pytest.mark.skipif(profiling.py_spy() is None, reason="py-spy is installed by `make bench` only")
 def test_profile_of_a_running_server_accounts_for_its_samples(tmp_path: Path) -> None:
     result = profiling.record("aiohttp", "limit", "stream", "/stream?n=64", 1.0, into=tmp_path)
