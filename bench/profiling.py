@@ -50,6 +50,10 @@ SETUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 
 PROFILES = processes.ROOT / "bench" / "results" / "profiles"
 TOP = 12
+"""Rows per table in the README."""
+KEPT = 50
+"""Functions kept per server in ``profile.json``: enough to find tether's top ones
+in the baselines (what falls beyond is well under 1 % of a server's time)."""
 
 Stacks = dict[tuple[tuple[str, str], ...], int]
 """``((function, file), ...)`` outermost first, to the number of samples."""
@@ -117,7 +121,7 @@ class Summary:
     areas: dict[str, float]
     """Area -> share of own time."""
     own: list[tuple[str, str, float]]
-    """Every function by own time, most first: ``(function, area, share)``."""
+    """The :data:`KEPT` first functions by own time: ``(function, area, share)``."""
     layers: list[tuple[str, str, float]]
     """The top tether functions by inclusive time."""
 
@@ -139,7 +143,7 @@ def summarise(stacks: Stacks, cost: float | None, prefixes: list[tuple[str, str]
         samples=sum(stacks.values()),
         cost=cost,
         areas={name: count / total for name, count in areas.most_common()},
-        own=[(f, a, count / total) for (f, a), count in own.most_common()],
+        own=[(f, a, count / total) for (f, a), count in own.most_common(KEPT)],
         layers=[(f, a, count / total) for (f, a), count in inclusive.most_common(TOP)],
     )
 
@@ -280,9 +284,10 @@ def _section(mode: str, runs: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def _own(run: dict[str, Any], function: str, where: str) -> str:
-    """``µs (share)`` of one function's own time in one profiled server."""
-    share = next((s for f, a, s in run["own"] if (f, a) == (function, where)), 0.0)
-    return f"{_us(share, run['cost'])} ({share:.1%})"
+    """``µs (share)`` of one function's own time in one profiled server; ``-`` if it
+    is not among the server's :data:`KEPT` first (or not there at all)."""
+    share = next((s for f, a, s in run["own"] if (f, a) == (function, where)), None)
+    return "-" if share is None else f"{_us(share, run['cost'])} ({share:.1%})"
 
 
 def _num(value: float | None) -> str:
