@@ -140,7 +140,7 @@ async def _write_stream(
             if exchange.done:
                 break
             ready = ready_chunk()
-            chunk = await exchange.next_chunk() if ready is None else ready
+            chunk = await exchange.wait_chunk() if ready is None else ready
     except asyncio.CancelledError:
         if exchange.stalled():
             return False  # the client read nothing for send_timeout: it counts as gone

@@ -146,7 +146,7 @@ class ExchangeResponse(Response):
                     break
                 body = b""
                 chunk = ready_chunk()
-                body = await exchange.next_chunk() if chunk is None else chunk
+                body = await exchange.wait_chunk() if chunk is None else chunk
         except asyncio.CancelledError:
             if started and exchange.stalled():
                 return  # the client read nothing for send_timeout: it counts as gone

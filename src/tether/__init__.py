@@ -11,7 +11,7 @@ and the error mapping in :mod:`tether.http`. Where each concept lives:
 ``_registry`` (the public front), ``_table`` (admission, the one end-of-request
 path, ``on_abort``, counters), ``_state`` (mailboxes), ``_consumer`` (the reading
 loop of ``_stream`` and ``_batch``), ``_scope``, ``_errors``, ``_encoders``,
-``_stats``; and for adapters ``_exchange``, ``_responses``, ``_guard``.
+``_stats``; and for adapters ``_exchange``, ``_framing``, ``_responses``, ``_guard``.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ class Consumer:
         self._buf: list[Any] = EMPTY
         self._pos = 0
         self._closed = False
-        # The idle timer of timed waits (next_ready(timeout=...)), see _wait().
+        # The idle timer of timed waits (next_ready(timeout=...)), see wait_ready().
         self._deadline: float | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
 
@@ -165,7 +165,7 @@ class Consumer:
                 raise box.error.with_traceback(None)
             if not box.live:
                 raise StopAsyncIteration
-            await self._wait(box, None)
+            await self.wait_ready()
 
     def ready(self) -> list[Any] | None:
         """Every output (or pair) that is ready now, oldest first, without waiting.
@@ -196,13 +196,6 @@ class Consumer:
                 raise box.error.with_traceback(None)
             return None
         return []
-
-    async def wait_ready(self, *, timeout: float | None = None) -> None:
-        """Wait until :meth:`ready` has something to say (an output, the end, an
-        error), or ``timeout`` seconds passed. Cancellation is an abort, as for reads."""
-        box = self._box or self._first_read()
-        if not box.pending and box.live and box.error is None and not self._closed:
-            await self._wait(box, timeout)
 
     async def next_ready(self, *, timeout: float | None = None) -> list[Any] | None:
         """Every output (or pair) that is ready, oldest first, waiting for one if none is.
@@ -242,11 +235,17 @@ class Consumer:
             state.collect = True
         return accs
 
-    async def _wait(self, box: RequestState | Group, timeout: float | None) -> None:
-        """Park until the producer wakes ``box``'s waiter (or ``timeout`` passes).
+    async def wait_ready(self, *, timeout: float | None = None) -> None:
+        """Wait until :meth:`ready` has something to say (an output, the end, an
+        error), or ``timeout`` seconds passed; at once if it has already.
 
-        Cancellation of the waiting task is an abort of this consumer.
+        The one place a consumer parks: on a future made only now, which the
+        producer's ``put`` (or the request's end) resolves. Cancellation of the
+        waiting task is an abort of this consumer.
         """
+        box = self._box or self._first_read()
+        if box.pending or not box.live or box.error is not None or self._closed:
+            return
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         box.waiter = waiter
