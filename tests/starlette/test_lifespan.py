@@ -1,4 +1,4 @@
-"""Shutdown: the lifespan helper, and the uvicorn drain recipe of docs/starlette.md."""
+"""Shutdown: the lifespan helper, and a uvicorn server subclass that drains (a server stopped without a signal)."""
 
 from __future__ import annotations
 
