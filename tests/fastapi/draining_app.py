@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator
+from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 from pydantic import BaseModel
@@ -77,7 +78,7 @@ class Generate(BaseModel):
 
 @app.post("/generate")
 async def generate(
-    body: Generate, request: Request, registry: tether.Registry = Depends(get_registry)
+    body: Generate, request: Request, registry: Annotated[tether.Registry, Depends(get_registry)]
 ) -> Response:
     stream = registry.open()
     producer.submit(stream.rid, body.max_tokens)
@@ -85,5 +86,5 @@ async def generate(
 
 
 @app.get("/in_flight")
-async def in_flight(registry: tether.Registry = Depends(get_registry)) -> int:
+async def in_flight(registry: Annotated[tether.Registry, Depends(get_registry)]) -> int:
     return registry.in_flight

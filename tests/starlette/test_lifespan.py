@@ -1,4 +1,5 @@
-"""Shutdown: the lifespan helper, and a uvicorn server subclass that drains (a server stopped without a signal)."""
+"""Shutdown: the lifespan helper, and a uvicorn server subclass that drains (a server
+stopped without a signal)."""
 
 from __future__ import annotations
 
