@@ -34,6 +34,8 @@ What this relies on, and where it holds:
 The chain is undone at lifespan shutdown if the handler in place is still ours (a
 handler installed later, in front of ours, is left alone and ours turns into a plain
 pass-through); uvicorn restores its own saved handlers when it exits in any case.
+A second signal during the drain (uvicorn's forced exit on a second Ctrl-C) ends the
+drain at once: every request left is aborted and ends properly.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ class DrainOnSignal:
     :param drain_timeout: seconds requests in flight get before they are aborted.
     """
 
-    __slots__ = ("_active", "_drain", "_loop", "_previous", "drain_timeout", "registry")
+    __slots__ = ("_active", "_cut", "_drain", "_loop", "_previous", "drain_timeout", "registry")
 
     def __init__(self, registry: tether.Registry, *, drain_timeout: float) -> None:
         self.registry = registry
@@ -80,6 +82,7 @@ class DrainOnSignal:
         self._previous: dict[int, Any] = {}  # signal -> the handler we chained
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Task[None] | None = None
+        self._cut: asyncio.Task[None] | None = None
         self._active = False
 
     @property
@@ -104,24 +107,32 @@ class DrainOnSignal:
     def _handle(self, sig: int, frame: FrameType | None) -> None:
         previous = self._previous.get(sig)
         try:
-            if self._active and self._drain is None and self._loop is not None:
+            if self._active and self._loop is not None:
                 # A signal handler runs between two bytecodes of the loop's thread:
                 # the drain is scheduled, never run here.
-                self._loop.call_soon_threadsafe(self._start_drain)
+                self._loop.call_soon_threadsafe(self._on_signal)
         finally:
             if previous is not None:
                 previous(sig, frame)
 
-    def _start_drain(self) -> None:
-        if self._drain is None and not self.registry.closed:
+    def _on_signal(self) -> None:
+        """The first signal starts the drain; another one (uvicorn's forced exit on a
+        second Ctrl-C) ends it at once: what is left is aborted now."""
+        loop = asyncio.get_running_loop()
+        if self._drain is None:
+            if self.registry.closed:
+                return  # closed by someone else: their drain, not ours
             logger.info(
                 "shutdown: draining %d request(s), for up to %ss",
                 self.registry.in_flight,
                 self.drain_timeout,
             )
-            self._drain = asyncio.get_running_loop().create_task(
+            self._drain = loop.create_task(
                 self.registry.close(drain_timeout=self.drain_timeout), name="tether-drain"
             )
+        elif self._cut is None:
+            logger.info("shutdown: a second signal, the drain ends now")
+            self._cut = loop.create_task(self.registry.close(drain_timeout=0), name="tether-cut")
 
     async def aclose(self) -> None:
         """Undo the chain (where ours is still the handler in place) and await the
@@ -130,5 +141,6 @@ class DrainOnSignal:
         for sig, previous in self._previous.items():
             if signal.getsignal(sig) == self._handle:
                 signal.signal(sig, previous)
-        if self._drain is not None:
-            await self._drain
+        for task in (self._drain, self._cut):
+            if task is not None:
+                await task

@@ -19,6 +19,7 @@ import pytest
 from starlette.types import Message, Receive, Scope, Send
 
 import tether
+from tests.examples.conftest import eventually
 from tether_starlette import TetherMiddleware
 
 from .conftest import BOUND
@@ -181,3 +182,20 @@ async def test_a_handler_put_in_front_of_ours_keeps_the_chain_whole() -> None:
         assert later == [signal.SIGTERM]
         assert handler.got == [signal.SIGTERM]
     assert not registry.closed
+
+
+async def test_a_second_signal_ends_the_drain_at_once() -> None:
+    registry = tether.Registry()
+    stream = registry.open()
+    handler = ServerHandler()
+    app = TetherMiddleware(lifespan_app([], registry), registry=registry, drain_timeout=3600)
+    with server_handlers(handler):
+        async with Lifespan(app).running():
+            signal.raise_signal(signal.SIGINT)
+            await eventually(lambda: registry.closed)  # (the drain starts on the loop's turn)
+            assert stream.rid in registry  # draining: the request may still finish
+            signal.raise_signal(signal.SIGINT)  # uvicorn: force the exit
+            async with asyncio.timeout(BOUND):
+                with pytest.raises(tether.Aborted):
+                    await stream.result()
+    assert handler.got == [signal.SIGINT, signal.SIGINT]
