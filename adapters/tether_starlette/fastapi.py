@@ -10,6 +10,14 @@ Importing this module imports FastAPI (``import tether_starlette`` does not)::
     @app.post("/generate")
     async def generate(body: Body, request: Request, registry: RegistryDep): ...
 
+FastAPI's own server-sent events (a path operation with
+``response_class=EventSourceResponse``, whose function yields) can read a tether stream
+through :func:`events`, which ends quietly when the client left (a bare ``async for``
+lets :class:`tether.Aborted` escape, and uvicorn logs "Exception in ASGI
+application") and ends a failed request as ``respond()`` does: one error event and
+``[DONE]``. ``respond(request, stream, streaming=True)`` remains the faster path (it
+writes every ready output in one send).
+
 FastAPI answers a request that fails validation with ``{"detail": [...]}`` and
 status 422, where tether's own errors are ``{"error": {"message", "type",
 "code"}}``; clients that expect one shape (the OpenAI client reads ``error``) show
@@ -20,22 +28,26 @@ under ``error.detail``.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, TypeAlias
 
 from fastapi import Depends, FastAPI
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
+from fastapi.sse import ServerSentEvent
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 import tether
+from tether.http import error_response
 
 from ._middleware import get_registry
 
 __all__ = [
     "RegistryDep",
     "add_exception_handlers",
+    "events",
     "http_exception_handler",
     "validation_exception_handler",
 ]
@@ -98,3 +110,34 @@ def add_exception_handlers(app: FastAPI) -> None:
     """
     app.add_exception_handler(RequestValidationError, validation_exception_handler)
     app.add_exception_handler(HTTPException, http_exception_handler)
+
+
+async def events(stream: tether.Stream, *, done: bool = True) -> AsyncIterator[Any]:
+    """The outputs of ``stream``, for a FastAPI ``EventSourceResponse`` generator::
+
+        @app.post("/generate", response_class=EventSourceResponse)
+        async def generate(...) -> AsyncIterator[Any]:
+            stream = registry.open()
+            engine.submit(stream.rid, ...)
+            async for output in events(stream):
+                yield output
+
+    A client that left ends the iteration quietly (its work is already aborted);
+    any other tether error (a timeout, a producer error, the server's shutdown)
+    becomes one error event in tether's shape; then, with ``done``, the terminal
+    ``[DONE]`` event. The stream is closed when the iteration ends, however it ends.
+
+    :param stream: the request's stream; iterating it here is reading it.
+    :param done: end with a ``data: [DONE]`` event, as ``respond()`` does.
+    """
+    async with stream:
+        try:
+            async for output in stream:
+                yield output
+        except tether.TetherError as exc:
+            gone = tether.AbortReason.CLIENT_DISCONNECTED
+            if isinstance(exc, tether.Aborted) and exc.reason is gone:
+                return  # nobody to tell
+            yield ServerSentEvent(data=error_response(exc).body)
+    if done:
+        yield ServerSentEvent(raw_data="[DONE]")
