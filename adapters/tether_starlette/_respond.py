@@ -66,7 +66,9 @@ async def respond(
 ) -> Response:
     """Answer ``request`` from ``source`` and close ``source`` when the response ends.
 
-    ``streaming=False``: one JSON body, the result (a list in order for a batch).
+    ``streaming=False``: one JSON body, the result (a list in order for a batch):
+    ``await source.result()``, which is the *last output only* unless the registry
+    has a ``merge`` that folds the outputs together (or ``transform`` shapes it).
     ``streaming=True``: a streamed body framed by ``encoder`` (SSE by default), with a
     terminal frame and a ping after ``ping_interval`` seconds of silence. A failure
     before the first output gets its HTTP status and a JSON body; after it, one error

@@ -106,11 +106,12 @@ class DrainOnSignal:
 
     def _handle(self, sig: int, frame: FrameType | None) -> None:
         previous = self._previous.get(sig)
+        loop = self._loop
         try:
-            if self._active and self._loop is not None:
+            if self._active and loop is not None and not loop.is_closed():
                 # A signal handler runs between two bytecodes of the loop's thread:
                 # the drain is scheduled, never run here.
-                self._loop.call_soon_threadsafe(self._on_signal)
+                loop.call_soon_threadsafe(self._on_signal)
         finally:
             if previous is not None:
                 previous(sig, frame)

@@ -60,6 +60,16 @@ COMMANDS: Final = {
         "--port",
         "0",
     ),
+    "uvicorn-reload": (
+        *PYTHON,
+        "uvicorn",
+        "draining_app:app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--reload",
+    ),
     "uvicorn-workers": (
         *PYTHON,
         "uvicorn",
@@ -106,6 +116,7 @@ CASES: Final = [
     pytest.param("uvicorn.run", signal.SIGINT, id="uvicorn.run-SIGINT"),
     pytest.param("fastapi-run", signal.SIGINT, id="fastapi-run-SIGINT"),
     pytest.param("fastapi-run", signal.SIGTERM, id="fastapi-run-SIGTERM"),
+    pytest.param("uvicorn-reload", signal.SIGTERM, id="uvicorn-reload-SIGTERM"),
     pytest.param("uvicorn-workers", signal.SIGTERM, id="uvicorn-workers-SIGTERM"),
     # SIGINT is gunicorn's quick shutdown (its workers get SIGQUIT): SIGTERM drains.
     pytest.param("gunicorn", signal.SIGTERM, id="gunicorn-uvicorn-worker-SIGTERM"),
