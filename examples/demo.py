@@ -1,6 +1,6 @@
-"""``make demo``: both example servers under real HTTP load, and what happened, as tables.
+"""``make demo``: the example servers under real HTTP load, and what happened, as tables.
 
-For each server (Starlette on uvicorn, then aiohttp) it starts the server as a
+For each server (Starlette on uvicorn, aiohttp, then FastAPI on uvicorn) it starts the server as a
 subprocess on 127.0.0.1 with an ephemeral port, drives it for a few seconds with
 concurrent clients (one prompt or a batch, streamed or not, a quarter of them
 abandoned part-way), checks every token against the engine's deterministic
@@ -15,7 +15,7 @@ Exits 1 if any output was lost, repeated or out of order, any request got an
 unexpected status, any abandoned request was not aborted, or anything was left
 in flight (in the registry or in the engine) after the run.
 
-    python examples/demo.py [--seconds 4] [--clients 16] [--server starlette|aiohttp]
+    python examples/demo.py [--seconds 4] [--clients 16] [--server starlette|aiohttp|fastapi]
 """
 
 from __future__ import annotations
@@ -32,7 +32,11 @@ import httpx
 from launch import SERVERS, launched
 from load import KINDS, Client, Tally
 
-LABELS = {"starlette": "Starlette on uvicorn", "aiohttp": "aiohttp"}
+LABELS = {
+    "starlette": "Starlette on uvicorn",
+    "aiohttp": "aiohttp",
+    "fastapi": "FastAPI on uvicorn",
+}
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -180,9 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seconds", type=float, default=4.0, help="load time per server")
     parser.add_argument("--clients", type=int, default=16, help="concurrent clients per server")
-    parser.add_argument("--server", choices=sorted(SERVERS), action="append", help="default: both")
+    parser.add_argument("--server", choices=sorted(SERVERS), action="append", help="default: all")
     args = parser.parse_args(argv)
-    servers = args.server or ["starlette", "aiohttp"]
+    servers = args.server or ["starlette", "aiohttp", "fastapi"]
     print(f"tether demo: {', '.join(servers)}; {args.clients} clients, {args.seconds:g} s each\n")
     clean = asyncio.run(run(servers, seconds=args.seconds, clients=args.clients))
     print("all checks passed" if clean else "some checks FAILED")

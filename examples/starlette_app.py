@@ -133,7 +133,10 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
             Route("/health", health),
             Route("/", index),
         ],
-        middleware=[Middleware(TetherMiddleware, registry=service.registry)],
+        middleware=[
+            # The middleware starts the drain when uvicorn's shutdown begins.
+            Middleware(TetherMiddleware, registry=service.registry, drain_timeout=drain_timeout)
+        ],
         exception_handlers={HTTPException: http_error},
         # The registry drains inside the engine's lifespan: the engine still runs.
         lifespan=lifespan(service.registry, drain_timeout=drain_timeout, inner=engine_running),

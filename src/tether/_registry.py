@@ -15,7 +15,9 @@ other threads use the ``*_threadsafe`` methods, which hand over to that loop.
 
 from __future__ import annotations
 
+import asyncio
 import re
+import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -256,14 +258,23 @@ class Registry:
         gets :class:`~tether.ProducerError`, the producer ``on_abort``), and a consumer
         that fell too far behind gets :class:`~tether.ConsumerTooSlow`.
 
+        Call it on the registry's event loop (the one requests are opened on); a
+        producer on another thread uses :meth:`deliver_threadsafe`. A call from
+        elsewhere would change the state behind the loop's back and wake nobody; it
+        is refused on each request's first output (one check per request, not per
+        output), before anything changes.
+
         :returns: ``True`` if the request was in flight; ``False`` (counted as a late
             output, never raised) if it had already finished, failed or been aborted.
+        :raises RuntimeError: called outside the registry's event loop (another
+            thread, or another loop).
         """
         state = self._entries.get(rid)
         if state is None:
             self._table.late += 1
             return False
         if not state.first_at:
+            self._require_own_loop(rid)
             state.first_at = at = now()
             self._table.ttfo.append(at - state.opened_at)
         try:
@@ -276,6 +287,19 @@ class Registry:
         elif finished:
             self._table.finish(state)
         return True
+
+    def _require_own_loop(self, rid: str) -> None:
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not self._table.require_loop():
+            raise RuntimeError(
+                f"Registry.deliver({rid!r}) was called outside the registry's event loop "
+                f"(from thread {threading.current_thread().name!r}): the consumer would "
+                "not be woken. From another thread, use deliver_threadsafe() or "
+                "deliver_many_threadsafe()."
+            )
 
     def deliver_many(self, items: Iterable[tuple[str, Any, bool]]) -> int:
         """Deliver ``(rid, output, finished)`` triples in order; returns how many were live."""
