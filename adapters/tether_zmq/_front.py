@@ -72,6 +72,7 @@ class EngineClientStats:
 
     :param ready: a session is up: submissions are accepted.
     :param in_flight: requests submitted and not yet ended.
+    :param steps: step messages received (one per engine step, more past ``max_message``).
     :param sessions: sessions opened (1 + reconnections).
     :param links_lost: sessions that ended under this front (kill, hang, gap).
     :param failed_on_loss: requests failed because their session ended.
@@ -84,6 +85,7 @@ class EngineClientStats:
     submitted: int
     aborts_sent: int
     outputs: int
+    steps: int
     sessions: int
     links_lost: int
     failed_on_loss: int
@@ -154,6 +156,7 @@ class EngineClient:
                 "submitted",
                 "aborts_sent",
                 "outputs",
+                "steps",
                 "sessions",
                 "links_lost",
                 "failed_on_loss",
@@ -220,6 +223,11 @@ class EngineClient:
             self._socket = self._monitor = self._shadow = None
 
     # -- the handlers' API ----------------------------------------------------------------
+
+    @property
+    def registry(self) -> tether.Registry:
+        """The registry this client feeds (given to :meth:`start`)."""
+        return self._require_registry()
 
     @property
     def ready(self) -> bool:
@@ -347,7 +355,7 @@ class EngineClient:
         was_up, self._up = self._up, False
         self._why_down = why
         self._ready.clear()
-        if was_up:
+        if was_up and hello:
             self._counts["links_lost"] += 1
             logger.warning("engine link lost (%s): failing %d requests", why, len(self._live))
         live, self._live = self._live, set()
@@ -446,6 +454,7 @@ class EngineClient:
             if finished:
                 live.discard(rid)
         self._counts["outputs"] += len(items)
+        self._counts["steps"] += 1
         registry.deliver_many(items)
         for rid in broken:
             self._counts["malformed"] += 1
