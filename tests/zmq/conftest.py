@@ -105,7 +105,8 @@ async def spawned(script: str, *args: str) -> AsyncIterator[Process]:
         stderr=asyncio.subprocess.PIPE,
     )
     helper = Process(process)
-    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout is not None
+    assert process.stderr is not None
 
     async def read(stdout: asyncio.StreamReader) -> None:
         async for line in stdout:

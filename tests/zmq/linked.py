@@ -29,7 +29,7 @@ class Echo:
                     self.submitted.append(event.key)
                     count = int(event.request["n"])
                     if count:
-                        front = event.key.front.decode()
+                        front = event.key.front.decode(errors="replace")
                         self.server.send(
                             (event.key, {"i": i, "front": front}, i == count)
                             for i in range(1, count + 1)
