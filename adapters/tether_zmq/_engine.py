@@ -53,7 +53,14 @@ from ._protocol import (
     encode,
 )
 from ._security import CurveServer, check_bind
-from ._socket import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure, read_forever, watch_monitor
+from ._socket import (
+    DEFAULT_HWM,
+    DEFAULT_MAX_MESSAGE,
+    configure,
+    read_forever,
+    send_nowait,
+    watch_monitor,
+)
 
 __all__ = [
     "Cancellation",
@@ -182,7 +189,6 @@ class EngineServer:
         self._tasks: list[asyncio.Task[None]] = []
         self._socket: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
-        self._shadow: zmq.Socket[bytes] | None = None
         self.address = address
         self._counts = dict.fromkeys(
             (
@@ -226,7 +232,6 @@ class EngineServer:
             raise
         self.address = str(socket.getsockopt_string(zmq.LAST_ENDPOINT))
         self._socket = socket
-        self._shadow = zmq.Socket.shadow(socket.underlying)
         self._monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._tasks = [
             asyncio.create_task(read_forever(socket, self._on_frames, self._wake), name="zmq-in"),
@@ -250,7 +255,7 @@ class EngineServer:
             if self._monitor is not None:
                 self._monitor.close(linger=0)
             self._socket.close(linger=0)
-            self._socket = self._monitor = self._shadow = None
+            self._socket = self._monitor = None
         if self._waiter is not None and not self._waiter.done():
             self._waiter.cancel()
 
@@ -374,9 +379,9 @@ class EngineServer:
 
     def _send(self, front: _Front, message: Message) -> bool:
         """Send to a front with a session; a front we cannot reach is lost."""
-        assert self._shadow is not None
+        assert self._socket is not None
         try:
-            self._shadow.send_multipart([front.identity, encode(message)], zmq.NOBLOCK)
+            send_nowait(self._socket, [front.identity, encode(message)])
         except zmq.Again:
             self._lose(front, "its queue is full (the front stopped reading)")
             return False
@@ -390,9 +395,9 @@ class EngineServer:
 
     def _reply(self, identity: bytes, message: Message) -> None:
         """Answer a peer without a session (a refusal); a peer already gone is ignored."""
-        assert self._shadow is not None
+        assert self._socket is not None
         try:
-            self._shadow.send_multipart([identity, encode(message)], zmq.NOBLOCK)
+            send_nowait(self._socket, [identity, encode(message)])
         except zmq.ZMQError:
             pass  # (Again or EHOSTUNREACH) nobody to tell
 
@@ -510,7 +515,7 @@ class EngineServer:
 
     def _probe(self) -> None:
         """Ping every front: a front whose pipe is gone cannot be routed to, and is lost."""
-        if self._shadow is None:
+        if self._socket is None:
             return
         now = time.monotonic()
         for front in list(self._fronts.values()):

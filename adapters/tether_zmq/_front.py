@@ -59,7 +59,14 @@ from ._protocol import (
     encode,
 )
 from ._security import CurveClient
-from ._socket import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure, read_forever, watch_monitor
+from ._socket import (
+    DEFAULT_HWM,
+    DEFAULT_MAX_MESSAGE,
+    configure,
+    read_forever,
+    send_nowait,
+    watch_monitor,
+)
 
 __all__ = ["EngineClient", "EngineClientStats"]
 
@@ -137,7 +144,6 @@ class EngineClient:
         self._registry: tether.Registry | None = None
         self._socket: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
-        self._shadow: zmq.Socket[bytes] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._up = False
         self._ready = asyncio.Event()
@@ -192,7 +198,6 @@ class EngineClient:
         if self._curve is not None:
             self._curve.apply(socket)
         self._socket = socket
-        self._shadow = zmq.Socket.shadow(socket.underlying)
         self._monitor = socket.get_monitor_socket(
             zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
         )
@@ -220,7 +225,7 @@ class EngineClient:
             if self._monitor is not None:
                 self._monitor.close(linger=0)
             self._socket.close(linger=0)
-            self._socket = self._monitor = self._shadow = None
+            self._socket = self._monitor = None
 
     # -- the handlers' API ----------------------------------------------------------------
 
@@ -322,10 +327,10 @@ class EngineClient:
 
     def _send_frame(self, frame: bytes) -> bool:
         """Send one frame of the session; ``False`` if the link cannot take it now."""
-        if self._shadow is None:
+        if self._socket is None:
             return False
         try:
-            self._shadow.send(frame, zmq.NOBLOCK)
+            send_nowait(self._socket, [frame])
         except zmq.Again:
             return False
         self._seq_out += 1

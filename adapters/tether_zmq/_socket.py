@@ -1,12 +1,19 @@
 """The socket plumbing both ends share: options, the reading loop, the monitor loop.
 
-Reads and sends go through a plain (synchronous) shadow of the asyncio socket:
-the loop awaits readiness once, then drains every message that is ready without
-a future per message, which is what lets one process relay 100k+ outputs a second.
+Reads go through a plain (synchronous) shadow of the asyncio socket: the loop
+awaits readiness once, then drains every message that is ready without a future
+per message, which is what lets one process relay 100k+ outputs a second. Sends
+never wait (a full queue is the link's back-pressure signal, handled by the
+caller) but go through the asyncio socket all the same: a send makes libzmq
+process its pending commands, which can consume the edge-triggered descriptor's
+"readable" signal for a message that just arrived; pyzmq's asyncio socket then
+re-checks for it, a bare shadow would leave the reader asleep with a message
+waiting (a bug seen here in a first version: a front stalled after a kill -9).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Final
@@ -21,6 +28,7 @@ __all__ = [
     "DRAIN_BATCH",
     "configure",
     "read_forever",
+    "send_nowait",
     "watch_monitor",
 ]
 
@@ -40,6 +48,20 @@ def configure(socket: zmq.asyncio.Socket, *, max_message: int, hwm: int) -> None
     socket.setsockopt(zmq.MAXMSGSIZE, max_message)
     socket.sndhwm = hwm
     socket.rcvhwm = hwm
+
+
+def send_nowait(socket: zmq.asyncio.Socket, frames: list[bytes]) -> None:
+    """Send ``frames`` now or raise.
+
+    :raises zmq.Again: the peer's queue is full, or (``IMMEDIATE``) no peer is connected.
+    :raises zmq.ZMQError: ``EHOSTUNREACH`` from a ``ROUTER_MANDATORY`` socket whose
+        peer is gone.
+    """
+    done = socket.send_multipart(frames, flags=zmq.NOBLOCK)
+    assert isinstance(done, asyncio.Future)  # (typed Awaitable; resolved before it returns)
+    error = done.exception()
+    if error is not None:
+        raise error
 
 
 async def read_forever(
