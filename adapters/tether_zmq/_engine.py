@@ -497,9 +497,8 @@ class EngineServer:
             return
         del self._fronts[front.identity]
         self._counts["fronts_lost"] += 1
-        logger.warning(
-            "front %s lost (%s): cancelling its %d requests", front.name, why, len(front.live)
-        )
+        log = logger.warning if front.live else logger.info
+        log("front %s lost (%s): cancelling its %d requests", front.name, why, len(front.live))
         live, front.live = front.live, set()
         for rid in live:
             self._cancel(RequestKey(front.identity, rid), "front_lost")
