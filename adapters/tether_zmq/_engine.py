@@ -167,7 +167,7 @@ class EngineServer:
         address: str,
         *,
         codec: Codec | None = None,
-        peer_timeout: float = 0.05,
+        peer_timeout: float = 0.03,
         max_message: int = DEFAULT_MAX_MESSAGE,
         hwm: int = DEFAULT_HWM,
         curve: CurveServer | None = None,
@@ -521,7 +521,7 @@ class EngineServer:
             self._send(front, Ping(front.seq_out, now))
 
     async def _watch_fronts(self) -> None:
-        interval = self._peer_timeout / 4
+        interval = self._peer_timeout / 6
         while True:
             await asyncio.sleep(interval)
             deadline = time.monotonic() - self._peer_timeout
