@@ -193,7 +193,7 @@ async def relay_by_hand(address: str, requests: int, outputs: int) -> float:
     async def pump(socket: zmq.asyncio.Socket, shadow: zmq.Socket[bytes]) -> None:
         while queues:
             await socket.poll()
-            while True:
+            for _ in range(512):  # as tether's reader: a bounded drain per wake-up
                 try:
                     frame = shadow.recv(zmq.NOBLOCK)
                 except zmq.Again:
@@ -292,8 +292,9 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
             "",
             f"{platform.python_implementation()} {platform.python_version()}, "
             f"pyzmq {zmq.__version__} (libzmq {zmq.zmq_version()}), {os.cpu_count()} CPUs; "
-            f"engine and front as two processes on ipc://; {args.requests} requests x "
-            f"{args.outputs} outputs, median of {args.rounds} interleaved rounds.",
+            f"load average {os.getloadavg()[0]:.1f} at the end; engine and front as two "
+            f"processes on ipc://; {args.requests} requests x {args.outputs} outputs, median "
+            f"of {args.rounds} interleaved rounds.",
             "",
             "| measure | value | target |",
             "|---|---:|---|",
