@@ -138,9 +138,11 @@ class EngineClient:
         self._hwm = hwm
         self._curve = curve
         self._context = context
-        self.incarnation = uuid.uuid4().hex
-        """This front's identity on the link: fresh per process start, so a restarted
-        front is a new incarnation whose requests never mix with the dead one's."""
+        self.incarnation = ""
+        """This front's identity on the link, drawn by :meth:`start`: fresh per start, so
+        a restarted front is a new incarnation whose requests never mix with the dead
+        one's, and workers forked from one parent after building their client (a
+        pre-fork server) never share one."""
         self._registry: tether.Registry | None = None
         self._socket: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
@@ -188,6 +190,7 @@ class EngineClient:
         if self._socket is not None:
             raise RuntimeError("EngineClient.start() was already called")
         self._registry = registry
+        self.incarnation = uuid.uuid4().hex
         context = self._context or zmq.asyncio.Context.instance()
         socket = context.socket(zmq.DEALER)
         configure(socket, max_message=self._max_message, hwm=self._hwm)
