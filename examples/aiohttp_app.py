@@ -198,8 +198,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     options = cli.parse(argv, "tether example server on aiohttp")
     sock = None
     if options.workers > 1:
-        sock = socket.create_server((cli.HOST, options.port))
-        workers.prefork(options.workers)  # (returns in each worker)
+        sock = workers.listen(cli.HOST, options.port, options.workers)  # (returns in each)
     asyncio.run(serve(options, sock))
 
 

@@ -104,7 +104,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--fail-fraction", type=float, default=0.0, help="share of requests the engine fails"
     )
     parser.add_argument(
-        "--peer-timeout", type=float, default=0.03, help="seconds of silence that lose a front"
+        "--peer-timeout", type=float, default=0.2, help="seconds of silence that lose a front"
     )
     return parser.parse_args(argv)
 

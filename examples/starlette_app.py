@@ -221,10 +221,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     app = create_app(service, drain_timeout=options.drain_timeout)
     grace = math.ceil(options.drain_timeout + cli.SHUTDOWN_MARGIN)  # (uvicorn takes an int)
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((cli.HOST, options.port))
-    workers.prefork(options.workers)  # (returns in each worker)
+    sock = workers.listen(cli.HOST, options.port, options.workers)  # (returns in each worker)
     Server(config, service.registry, options.drain_timeout).run(sockets=[sock])
 
 

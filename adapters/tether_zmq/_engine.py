@@ -155,7 +155,9 @@ class EngineServer:
     :param address: where to bind (``tcp://127.0.0.1:0`` picks a port: see
         :attr:`address`). Non-local TCP needs ``curve`` or ``insecure=True``.
     :param codec: how payloads are encoded; the fronts must use the same.
-    :param peer_timeout: seconds of silence after which a front is lost.
+    :param peer_timeout: seconds of silence after which a front is lost (fronts ping
+        every ``ping_interval``, 20 ms by default: keep this several times larger). A
+        killed front is noticed in milliseconds whatever this is (the socket monitor).
     :param max_message: bytes per frame, both ways; larger steps are split, a larger
         single output fails its request alone.
     :param hwm: messages queued per front; a front that lets more pile up is lost.
@@ -167,7 +169,7 @@ class EngineServer:
         address: str,
         *,
         codec: Codec | None = None,
-        peer_timeout: float = 0.03,
+        peer_timeout: float = 0.2,
         max_message: int = DEFAULT_MAX_MESSAGE,
         hwm: int = DEFAULT_HWM,
         curve: CurveServer | None = None,
