@@ -123,6 +123,7 @@ class Outcome:
     tokens: int = 0
     verified: bool = False
     error_event: bool = False
+    error: str = ""
     broken: bool = False
     first: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     ended_at: float = 0.0
@@ -142,12 +143,14 @@ async def long_stream(
                 out = json.loads(line[6:])
                 if "error" in out:
                     outcome.error_event = True
+                    outcome.error = outcome.error or str(out["error"].get("message"))
                     continue
-                text += out["text"]
-                outcome.tokens += 1
+                text += out["text"]  # (a slow reader gets merged deltas: count the text)
+                outcome.tokens = int(out["meta_info"]["completion_tokens"])
                 outcome.first.set()
-    except httpx.TransportError:  # the worker serving it was killed
+    except httpx.TransportError as exc:  # the worker serving it was killed
         outcome.broken = True
+        outcome.error = repr(exc)
     outcome.ended_at = time.monotonic()
     outcome.verified = outcome.tokens == tokens and text == expected_text(prompt, tokens)
     outcome.first.set()
@@ -305,7 +308,11 @@ async def worker_kill(
         f"engine in flight after {stats['link']['in_flight']}"
     )
     if broken + completed != len(outcomes):
-        problems.append(f"{len(outcomes) - broken - completed} streams neither broke nor completed")
+        odd = [o for o in outcomes if not o.broken and not o.verified]
+        problems.append(
+            f"{len(odd)} streams neither broke nor completed, e.g. {odd[0].tokens} tokens, "
+            f"{odd[0].error or 'no error'}"
+        )
     if cancelled != broken:
         problems.append(f"the engine aborted {cancelled} requests for {broken} broken streams")
     if stats["link"]["in_flight"]:
