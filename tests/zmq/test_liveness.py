@@ -49,8 +49,10 @@ async def read_until_failure(stream: tether.Stream, first: asyncio.Event) -> Bas
 
 
 @contextlib.asynccontextmanager
-async def linked_front(address: str, *, engine_timeout: float) -> AsyncIterator[EngineClient]:
-    client = EngineClient(address, engine_timeout=engine_timeout)
+async def linked_front(
+    address: str, *, engine_timeout: float, ping_interval: float = 0.02
+) -> AsyncIterator[EngineClient]:
+    client = EngineClient(address, engine_timeout=engine_timeout, ping_interval=ping_interval)
     registry = tether.Registry(on_abort=client.on_abort, max_pending=1_000_000)
     async with client.running(registry):
         async with asyncio.timeout(10):
@@ -90,14 +92,16 @@ async def test_a_killed_engine_fails_every_request_at_once_and_a_new_one_is_serv
     transport: str, ipc_dir: str
 ) -> None:
     address = fixed_address(transport, ipc_dir)
-    async with linked_front_after_engine(address, engine_timeout=5.0) as (engine, client):
+    # No ping for 2 s, no timeout for 5: only the socket monitor can see the death soon.
+    quiet = {"engine_timeout": 5.0, "ping_interval": 2.0}
+    async with linked_front_after_engine(address, **quiet) as (engine, client):
         readers = await open_and_read(client)
         started = time.monotonic()
         engine.signal(signal.SIGKILL)
         done, _ = await asyncio.wait(readers, timeout=10, return_when=asyncio.FIRST_COMPLETED)
         detected = time.monotonic() - started
         assert done, "no request failed within 10 s"
-        # Far below engine_timeout (5 s): the socket monitor saw the death.
+        # Far below the ping interval and engine_timeout: the socket monitor saw it.
         assert detected < 1.0, f"detected after {detected:.3f}s"
         await assert_all_failed_with_503(client, readers)
         with pytest.raises(EngineUnavailable) as refused:
@@ -139,11 +143,11 @@ async def test_a_hung_engine_fails_every_request_within_the_ping_timeout(
 
 @contextlib.asynccontextmanager
 async def linked_front_after_engine(
-    address: str, *, engine_timeout: float
+    address: str, *, engine_timeout: float, ping_interval: float = 0.02
 ) -> AsyncIterator[tuple[Any, EngineClient]]:
     async with (
         engine_process(address, peer_timeout=5.0) as (engine, bound),
-        linked_front(bound, engine_timeout=engine_timeout) as client,
+        linked_front(bound, engine_timeout=engine_timeout, ping_interval=ping_interval) as client,
     ):
         yield engine, client
 
@@ -151,8 +155,9 @@ async def linked_front_after_engine(
 class Recorder:
     """An engine in the test's loop that streams to every live request and records events."""
 
-    def __init__(self, server: EngineServer) -> None:
+    def __init__(self, server: EngineServer, *, streaming: bool) -> None:
         self.server = server
+        self.streaming = streaming
         self.events: list[Any] = []
 
     def cancelled(self, front: bytes) -> Counter[str]:
@@ -179,13 +184,16 @@ class Recorder:
                 await asyncio.sleep(0.002)  # the engine's step pace, not a synchronisation
                 self.server.send((key, {"i": 1}, False) for key in self.server.live())
 
-        await asyncio.gather(receive(), produce())
+        await asyncio.gather(receive(), produce()) if self.streaming else await receive()
 
 
 @contextlib.asynccontextmanager
-async def recording_engine(address: str, *, peer_timeout: float) -> AsyncIterator[Recorder]:
+async def recording_engine(
+    address: str, *, peer_timeout: float, streaming: bool = True
+) -> AsyncIterator[Recorder]:
+    """An engine in this loop; ``streaming=False`` sends nothing unless the test does."""
     async with EngineServer(address, peer_timeout=peer_timeout) as server:
-        recorder = Recorder(server)
+        recorder = Recorder(server, streaming=streaming)
         task = asyncio.create_task(recorder.run())
         try:
             yield recorder
@@ -200,12 +208,14 @@ async def test_a_killed_front_has_its_requests_cancelled_once_and_others_go_on(
 ) -> None:
     address = fixed_address(transport, ipc_dir)
     async with (
-        recording_engine(address, peer_timeout=5.0) as engine,
+        # Idle (nothing sent to the fronts): only the monitor and its probe can tell soon.
+        recording_engine(address, peer_timeout=5.0, streaming=False) as engine,
         linked_front(address, engine_timeout=5.0) as survivor,
         spawned("front_proc.py", address, str(REQUESTS)) as doomed,
     ):
         kept = asyncio.Event()
-        reader = asyncio.create_task(read_until_failure(survivor.open({"n": 0}), kept))
+        survivor_stream = survivor.open({"n": 0})
+        reader = asyncio.create_task(read_until_failure(survivor_stream, kept))
         identity = str((await doomed.first("ready"))["ready"]).encode()
         await doomed.first("submitted")
         await eventually(lambda: len(engine.submitted(identity)) == REQUESTS)
@@ -213,14 +223,15 @@ async def test_a_killed_front_has_its_requests_cancelled_once_and_others_go_on(
         doomed.signal(signal.SIGKILL)
         await eventually(lambda: len(engine.cancelled(identity)) == REQUESTS)
         detected = time.monotonic() - started
-        # Far below peer_timeout (5 s): the socket monitor and the probe saw it.
+        # Far below peer_timeout (5 s), with nothing sent: the monitor and the probe saw it.
         assert detected < 1.0, f"detected after {detected:.3f}s"
         assert engine.cancelled(identity) == Counter(engine.submitted(identity))
         assert {e.reason for e in engine.events if isinstance(e, Cancellation)} == {"front_lost"}
         assert engine.server.in_flight == 1  # the survivor's request, untouched
-        kept.clear()
+        key = RequestKey(survivor.incarnation.encode(), survivor_stream.rid)
+        engine.server.send([(key, {"i": 1}, False)])
         async with asyncio.timeout(10):
-            await kept.wait()  # and it still gets outputs
+            await kept.wait()  # and it still gets its outputs
         assert survivor.ready
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -63,11 +63,12 @@ async def welcome_every_hello(
 
 
 @contextlib.asynccontextmanager
-async def fake_engine(address: str, **options: object) -> AsyncIterator[zmq.asyncio.Socket]:
+async def fake_engine(address: str, **options: object) -> AsyncIterator[str]:
+    """A fake engine bound to ``address``; yields the bound endpoint."""
     async with raw_peer(zmq.ROUTER, address) as fake:
         task = asyncio.create_task(welcome_every_hello(fake, **options))  # type: ignore[arg-type]
         try:
-            yield fake
+            yield fake.getsockopt_string(zmq.LAST_ENDPOINT)
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -91,12 +92,11 @@ async def test_a_hello_with_another_protocol_version_is_refused(address: str) ->
 
 
 async def test_a_front_never_opens_a_session_with_an_engine_of_another_version(
-    ipc_dir: str,
+    address: str,
 ) -> None:
-    address = f"ipc://{ipc_dir}/fake-engine"
     async with (
-        fake_engine(address, version=PROTOCOL_VERSION + 1),
-        front(address, ready=False) as client,
+        fake_engine(address, version=PROTOCOL_VERSION + 1) as bound,
+        front(bound, ready=False) as client,
     ):
         await eventually(lambda: client.stats().refused >= 1)
         assert not client.ready
@@ -196,10 +196,9 @@ async def test_an_undecodable_request_fails_alone_with_400(address: str) -> None
         assert [(rid, finished) for rid, _, finished in outputs] == [("good", True)]
 
 
-async def test_a_front_drops_malformed_frames_from_the_engine(ipc_dir: str) -> None:
-    address = f"ipc://{ipc_dir}/fake-engine"
+async def test_a_front_drops_malformed_frames_from_the_engine(address: str) -> None:
     junk = [b"\xc1", b"\x93\x63\x00\x00"]
-    async with fake_engine(address, before=junk), front(address, ready=False) as client:
+    async with fake_engine(address, before=junk) as bound, front(bound, ready=False) as client:
         async with asyncio.timeout(10):
             await client.wait_ready()
         assert client.stats().malformed >= 2  # (twice per hello it had to send)
