@@ -9,9 +9,10 @@ protocol and the failure handling. Needs ``pip install 'tether[zmq]'``.
 
 from __future__ import annotations
 
-from ._engine import Cancellation, EngineServer, EngineServerStats, RequestKey, Submission
+from ._engine import EngineServer
 from ._errors import EngineLost, EngineUnavailable, PayloadTooLarge, RemoteFailure
-from ._front import EngineClient, EngineClientStats
+from ._events import Cancellation, EngineClientStats, EngineServerStats, RequestKey, Submission
+from ._front import EngineClient
 from ._protocol import PROTOCOL_VERSION, Codec, MsgpackCodec
 from ._security import CurveClient, CurveServer, InsecureAddress
 

@@ -24,18 +24,18 @@ the common case: on a disconnect, every front is probed at once, and a ROUTER in
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import errno
 import logging
 import time
 import uuid
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 import zmq
 import zmq.asyncio
 
+from ._events import Cancellation, EngineServerStats, Event, RequestKey, Submission
 from ._protocol import (
     PROTOCOL_VERSION,
     Abort,
@@ -62,13 +62,7 @@ from ._socket import (
     watch_monitor,
 )
 
-__all__ = [
-    "Cancellation",
-    "EngineServer",
-    "EngineServerStats",
-    "RequestKey",
-    "Submission",
-]
+__all__ = ["EngineServer"]
 
 logger = logging.getLogger("tether.zmq.engine")
 
@@ -77,62 +71,6 @@ _ENTRY_OVERHEAD = 32
 _PROBE_DELAYS = (0.0, 0.002, 0.01, 0.03)
 """When to probe the fronts after a disconnect event: libzmq may drop the route a
 moment after it reports the disconnect."""
-
-
-class RequestKey(NamedTuple):
-    """A request as the engine knows it: the front it came from, and its rid there."""
-
-    front: bytes
-    rid: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Submission:
-    """A new request: ``request`` is the payload the front submitted, decoded."""
-
-    key: RequestKey
-    request: Any
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Cancellation:
-    """Stop working on ``key``: ``reason`` is ``"aborted"`` (the front closed it:
-    client gone, deadline, cancel) or ``"front_lost"`` (the front died, hung, or
-    opened a new session). Sent at most once per request."""
-
-    key: RequestKey
-    reason: str
-
-
-Event = Submission | Cancellation
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class EngineServerStats:
-    """A snapshot of the engine end's counters.
-
-    :param fronts: fronts with a session now.
-    :param in_flight: requests live on every front together.
-    :param late_outputs: outputs or failures sent for a request no longer live.
-    :param late_aborts: aborts for a request no longer live.
-    :param malformed: frames that were no message of the protocol, dropped.
-    :param no_session: messages from a peer without a session (told to say hello).
-    :param refused: hellos refused for a protocol version mismatch.
-    :param fronts_lost: sessions ended by a front's death, silence, gap or new hello.
-    :param too_large: outputs that could not fit one message (their request failed).
-    """
-
-    fronts: int
-    in_flight: int
-    submitted: int
-    cancelled: int
-    late_outputs: int
-    late_aborts: int
-    malformed: int
-    no_session: int
-    refused: int
-    fronts_lost: int
-    too_large: int
 
 
 class _Front:
@@ -250,7 +188,9 @@ class EngineServer:
             try:
                 await task
             except asyncio.CancelledError:
-                if not task.cancelled():  # our own caller is being cancelled
+                # The loop's own cancellation ends here; our caller's (if any) goes on.
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
                     raise
         if self._socket is not None:
             self._socket.disable_monitor()

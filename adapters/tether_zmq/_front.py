@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 import uuid
@@ -42,6 +41,7 @@ import zmq.asyncio
 import tether
 
 from ._errors import EngineLost, EngineUnavailable, PayloadTooLarge, RemoteFailure
+from ._events import EngineClientStats
 from ._protocol import (
     PROTOCOL_VERSION,
     Abort,
@@ -68,36 +68,9 @@ from ._socket import (
     watch_monitor,
 )
 
-__all__ = ["EngineClient", "EngineClientStats"]
+__all__ = ["EngineClient"]
 
 logger = logging.getLogger("tether.zmq.front")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class EngineClientStats:
-    """A snapshot of a front's link counters.
-
-    :param ready: a session is up: submissions are accepted.
-    :param in_flight: requests submitted and not yet ended.
-    :param steps: step messages received (one per engine step, more past ``max_message``).
-    :param sessions: sessions opened (1 + reconnections).
-    :param links_lost: sessions that ended under this front (kill, hang, gap).
-    :param failed_on_loss: requests failed because their session ended.
-    :param malformed: frames that were no message of the protocol, dropped.
-    :param refused: hellos the engine refused (protocol version mismatch).
-    """
-
-    ready: bool
-    in_flight: int
-    submitted: int
-    aborts_sent: int
-    outputs: int
-    steps: int
-    sessions: int
-    links_lost: int
-    failed_on_loss: int
-    malformed: int
-    refused: int
 
 
 class EngineClient:
@@ -225,7 +198,9 @@ class EngineClient:
             try:
                 await task
             except asyncio.CancelledError:
-                if not task.cancelled():
+                # The loop's own cancellation ends here; our caller's (if any) goes on.
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
                     raise
         if self._socket is not None:
             self._socket.disable_monitor()
