@@ -297,16 +297,27 @@ class EngineServer:
         outs: list[tuple[str, bytes, bool]],
         fails: list[tuple[str, str, int]],
     ) -> None:
+        """One message for the step, or as few as fit ``max_message`` each, in order."""
         limit = self._max_message - 64
-        start, size = 0, 0
-        for index, (rid, payload, _) in enumerate(outs):
-            cost = len(payload) + len(rid) + _ENTRY_OVERHEAD
-            if size + cost > limit and index > start:
-                if not self._send_step_part(identity, outs[start:index], []):
-                    return
-                start, size = index, 0
+        parts: list[tuple[list[tuple[str, bytes, bool]], list[tuple[str, str, int]]]] = [([], [])]
+        size = 0
+
+        def make_room(cost: int) -> None:
+            nonlocal size
+            if size + cost > limit and (parts[-1][0] or parts[-1][1]):
+                parts.append(([], []))
+                size = 0
             size += cost
-        self._send_step_part(identity, outs[start:], fails)
+
+        for out in outs:
+            make_room(len(out[0]) + len(out[1]) + _ENTRY_OVERHEAD)
+            parts[-1][0].append(out)
+        for fail in fails:
+            make_room(len(fail[0]) + len(fail[1]) + _ENTRY_OVERHEAD)
+            parts[-1][1].append(fail)
+        for part_outs, part_fails in parts:
+            if not self._send_step_part(identity, part_outs, part_fails):
+                return
 
     def _send_step_part(
         self,

@@ -195,3 +195,24 @@ async def test_closing_the_front_fails_its_requests_with_503(address: str) -> No
                 await stream.result()
         assert isinstance(caught.value.__cause__, EngineLost)
         assert tether.http.error_response(caught.value).status == 503
+
+
+async def test_failures_past_max_message_are_split_and_each_reaches_its_request(
+    address: str,
+) -> None:
+    limit = 4096
+    async with (
+        echo_engine(address, max_message=limit) as engine,
+        front(engine.server.address, max_message=limit) as client,
+    ):
+        streams = [client.open({"n": 0}) for _ in range(40)]
+        await eventually(lambda: len(engine.submitted) == 40)
+        reason = PromptTooLong("x" * 200)
+        engine.server.send(failures=[(key, reason) for key in engine.submitted])
+        async with asyncio.timeout(10):
+            for stream in streams:
+                with pytest.raises(tether.ProducerError):
+                    await stream.result()
+        assert client.stats().steps > 1
+        assert client.stats().malformed == 0
+        assert engine.server.in_flight == 0
