@@ -47,6 +47,8 @@ bench: venv
 	@if [ -f bench/core.py ]; then $(PY) bench/core.py; \
 	else echo "bench/core.py not found: core benchmark skipped"; fi
 	$(PY) -m bench.run --profile
+	$(PY) bench/zmq_relay.py
+	$(PY) bench/zmq_liveness.py
 
 wheel: venv
 	$(PY) -m build --wheel --outdir dist .
