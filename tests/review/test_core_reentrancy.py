@@ -99,7 +99,13 @@ async def test_a_request_opened_from_on_abort_keeps_its_table_entry() -> None:
     except KeyError:
         pass  # (the same bug seen from the other side; the assertion below is the point)
     (retry,) = reopened
-    assert "b" in registry, "the live retry lost its entry: deliver() drops its outputs"
-    assert registry.deliver("b", 1, finished=True)
-    async with asyncio.timeout(10):
-        assert await retry.result() == 1
+    try:
+        assert "b" in registry, "the live retry lost its entry: deliver() drops its outputs"
+        assert registry.deliver("b", 1, finished=True)
+        async with asyncio.timeout(10):
+            assert await retry.result() == 1
+    finally:
+        try:
+            await retry.aclose()
+        except KeyError:
+            pass  # the orphan's entry is gone: its release fails (and it is no longer live)
