@@ -84,6 +84,7 @@ APPLICATION = {
     "BatchTooLarge",
     "DEFAULT_MAX_PENDING_BYTES",
     "Encoder",
+    "InvalidRequest",
     "InvalidRequestId",
     "MAX_RID_LENGTH",
     "RegistryStats",

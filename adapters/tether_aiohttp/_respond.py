@@ -83,7 +83,10 @@ async def respond(
     )
     response: web.StreamResponse | None = None
     try:
-        scope = request_scope(request)  # the middleware watches the client and owns the stream
+        # The middleware watches the client; the request's scope owns the source, even
+        # one opened elsewhere (a dispatcher task, an earlier request).
+        scope = request_scope(request)
+        scope.adopt(source)
         head_only = request.method == hdrs.METH_HEAD
         head = await (exchange.start_head_only() if head_only else exchange.start())
         merged = _headers(head.headers, headers)

@@ -102,7 +102,9 @@ async def respond(
         send_timeout=send_timeout,
     )
     try:
-        request_scope(request)  # the middleware watches the client and owns the stream
+        # The middleware watches the client; the request's scope owns the source, even
+        # one opened elsewhere (a dispatcher task, an earlier request).
+        request_scope(request).adopt(source)
         head_only = request.method == "HEAD"
         head = await (exchange.start_head_only() if head_only else exchange.start())
     except BaseException:

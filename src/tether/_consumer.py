@@ -54,6 +54,7 @@ class Consumer:
         "_box",
         "_buf",
         "_closed",
+        "_collecting",
         "_deadline",
         "_idle_timer",
         "_pos",
@@ -71,6 +72,7 @@ class Consumer:
         self._buf: list[Any] = EMPTY
         self._pos = 0
         self._closed = False
+        self._collecting = False  # result() put the requests in collect mode
         # The idle timer of timed waits (next_ready(timeout=...)), see wait_ready().
         self._deadline: float | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -222,10 +224,14 @@ class Consumer:
         self._pos = 0
         return buf[pos:] if pos else buf
 
-    def _collect(self, outputs: list[Any], states: Sequence[RequestState]) -> list[Any]:
+    def _collect(self, outputs: list[Any], states: Sequence[RequestState]) -> None:
         """Enter collect mode for ``result()``: fold what was delivered but not read
         (``outputs``: ``(index, output)`` pairs) into each state's result, after which
-        the producer folds and wakes the consumer only at the end. The results so far."""
+        the producer folds and wakes the consumer only at the end. Once: a second
+        ``result()`` finds the results where the first left them."""
+        if self._collecting:
+            return
+        self._collecting = True
         merge = self._table.limits.merge
         accs: list[Any] = [NOTHING] * len(states)
         for index, output in outputs:
@@ -233,7 +239,19 @@ class Consumer:
         for state, acc in zip(states, accs, strict=True):
             state.acc = acc
             state.collect = True
-        return accs
+
+    def _uncollect(self, states: Sequence[RequestState]) -> None:
+        """Leave collect mode (``result()`` ended by an exception or a cancellation):
+        what was folded becomes readable again, as one waiting output per request, so
+        that no later read loses what the producer delivered."""
+        if not self._collecting:
+            return
+        self._collecting = False
+        for state in states:
+            state.collect = False
+            acc, state.acc = state.acc, NOTHING
+            if acc is not NOTHING:
+                state.unfold(acc)
 
     async def wait_ready(self, *, timeout: float | None = None) -> None:
         """Wait until :meth:`ready` has something to say (an output, the end, an
@@ -246,6 +264,11 @@ class Consumer:
         box = self._box or self._first_read()
         if box.pending or not box.live or box.error is not None or self._closed:
             return
+        if box.waiter is not None:  # (a waiter resolved or dropped is always cleared)
+            raise RuntimeError(
+                f"{self!r} is already being read by another task; read a stream or a "
+                "batch from one task at a time"
+            )
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         box.waiter = waiter

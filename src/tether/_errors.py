@@ -5,7 +5,9 @@ Every error the core raises derives from :class:`TetherError`::
     TetherError
     ├── DuplicateRequest (KeyError)   open() with a rid that is still live
     ├── UnknownRequest (KeyError)     a server's own lookup by id found no live rid
-    ├── InvalidRequestId (ValueError) open() with a rid that is no valid id
+    ├── InvalidRequest (ValueError)   a request the registry cannot take as given:
+    │   │                             an empty batch, repeated ids, a bad timeout
+    │   └── InvalidRequestId          a rid that is no valid id
     ├── BatchTooLarge (ValueError)    open_batch() larger than ``max_in_flight``:
     │                                 it could never be admitted, so no retry helps
     ├── Overloaded                    open() beyond ``max_in_flight``
@@ -34,6 +36,7 @@ __all__ = [
     "BatchTooLarge",
     "ConsumerTooSlow",
     "DuplicateRequest",
+    "InvalidRequest",
     "InvalidRequestId",
     "Overloaded",
     "ProducerError",
@@ -41,6 +44,8 @@ __all__ = [
     "RequestTimeout",
     "TetherError",
     "UnknownRequest",
+    "client_facing",
+    "declared_status",
 ]
 
 
@@ -96,7 +101,14 @@ MAX_RID_LENGTH: Final = 256
 """The longest request id ``Registry.open()`` accepts, in characters."""
 
 
-class InvalidRequestId(TetherError, ValueError):
+class InvalidRequest(TetherError, ValueError):
+    """Raised by ``Registry.open()``/``open_batch()`` for a request it cannot take as
+    given: an empty batch, the same id twice in a batch, a timeout that is not a
+    positive number. ``error_response`` maps it to 422: these usually come from the
+    client."""
+
+
+class InvalidRequestId(InvalidRequest):
     """Raised by ``Registry.open()``/``open_batch()`` for a rid that is not a valid id:
     not a string, empty, longer than :data:`MAX_RID_LENGTH`, or holding a control
     character or a lone surrogate (which no JSON encoder or log line takes safely).
@@ -197,17 +209,31 @@ class ProducerError(TetherError):
     """
 
     def __init__(self, rid: str, cause: BaseException) -> None:
+        message = f"request {rid!r} failed in the producer"
         if client_facing(cause):
-            message = f"request {rid!r} was refused by the producer: {cause}"
-        else:
-            message = f"request {rid!r} failed in the producer"
+            try:
+                message = f"request {rid!r} was refused by the producer: {cause}"
+            except Exception:  # the cause's own __str__ failed: keep the plain message
+                pass
         super().__init__(message)
         self.rid = rid
         self.__cause__ = cause
 
 
+def declared_status(cause: BaseException | None) -> int | None:
+    """The HTTP status ``cause`` declares (an ``int`` ``status_code`` from 400 to 599),
+    or ``None``; a ``status_code`` that raises when read declares nothing."""
+    try:
+        status = getattr(cause, "status_code", None)
+    except Exception:
+        return None
+    if isinstance(status, int) and not isinstance(status, bool) and 400 <= status <= 599:
+        return status
+    return None
+
+
 def client_facing(cause: BaseException) -> bool:
     """Whether ``cause`` declares itself the client's fault (a 4xx ``status_code``),
     so that its text may be shown to the client."""
-    status = getattr(cause, "status_code", None)
-    return isinstance(status, int) and not isinstance(status, bool) and 400 <= status <= 499
+    status = declared_status(cause)
+    return status is not None and status < 500

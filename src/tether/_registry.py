@@ -28,6 +28,7 @@ from ._errors import (
     AbortReason,
     BatchTooLarge,
     DuplicateRequest,
+    InvalidRequest,
     InvalidRequestId,
     ProducerError,
 )
@@ -210,18 +211,18 @@ class Registry:
         """
         if isinstance(n_or_rids, int):
             if n_or_rids < 1:
-                raise ValueError(f"a batch needs at least one sub-request, got {n_or_rids}")
+                raise InvalidRequest(f"a batch needs at least one sub-request, got {n_or_rids}")
             count = n_or_rids
             rids: list[str] | None = None
         else:
             rids = list(n_or_rids)
             count = len(rids)
             if count == 0:
-                raise ValueError("a batch needs at least one sub-request, got no ids")
+                raise InvalidRequest("a batch needs at least one sub-request, got no ids")
             for rid in rids:
                 check_rid(rid)
             if len(set(rids)) != count:
-                raise ValueError(f"a batch's ids must be distinct, got {rids!r}")
+                raise InvalidRequest(f"a batch's ids must be distinct, got {rids!r}")
         table = self._table
         limit = table.max_in_flight
         if limit is not None and count > limit:

@@ -146,6 +146,13 @@ class RequestScope:
             self._on_first_track = None
             hook()
 
+    def adopt(self, consumer: Consumer) -> None:
+        """Track ``consumer`` unless the scope already does: an adapter's ``respond()``
+        calls it, so that a stream opened elsewhere (by a dispatcher task, or before
+        this request) is still cancelled when this request's client leaves."""
+        if not any(tracked is consumer for tracked in reversed(self._consumers)):
+            self.track(consumer)
+
     def check(self) -> None:
         """Raise :class:`~tether.Aborted` if the client already disconnected."""
         if self._reason is not None:

@@ -360,6 +360,17 @@ class RequestState:
             self.nbytes = self.npending = 0
         return pending
 
+    def unfold(self, acc: Any) -> None:
+        """A folded result (collect mode left early) waits again, as one output ahead
+        of anything newer, where this request's consumer reads."""
+        group = self.group
+        if group is not None and not group.split:
+            group.pending.append((self.index, acc))  # (in collect mode nothing else waits)
+        else:
+            self.pending.insert(0, acc)
+            self.npending += 1
+        self.wake()
+
     def end(self, error: TetherError | None, *, drop: bool = False) -> None:
         """The request ended (the table freed it): record how, and wake the consumer.
 

@@ -34,6 +34,7 @@ from ._errors import (
     Aborted,
     AbortReason,
     ConsumerTooSlow,
+    InvalidRequest,
     Overloaded,
     ProducerError,
     RegistryClosed,
@@ -125,7 +126,9 @@ class Table:
         :raises Overloaded: they do not fit under ``max_in_flight`` now.
         """
         if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout}")
+            raise InvalidRequest(
+                f"timeout must be a positive number of seconds or None, got {timeout}"
+            )
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._loop = loop

@@ -68,7 +68,7 @@ ERRORS = {
     "`DuplicateRequest`": tether.DuplicateRequest("r"),
     "`UnknownRequest`": tether.UnknownRequest("r"),
     "`BatchTooLarge`": tether.BatchTooLarge(9, 4),
-    "`InvalidRequestId`": tether.InvalidRequestId("", "empty"),
+    "`InvalidRequest`": tether.InvalidRequestId("", "empty"),
     "`ProducerError`": tether.ProducerError("r", RuntimeError("boom")),
     "any other exception": RuntimeError("secret"),
 }

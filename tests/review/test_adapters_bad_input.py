@@ -30,12 +30,6 @@ from tests.starlette.conftest import serve
 BAD_BATCHES = [["x", "x"], []]
 IDS = ["the-same-id-twice", "no-id"]
 
-REASON = (
-    "open_batch() raises a plain ValueError for ids the client chose (a repeated id, no "
-    "id): no adapter maps it, so the client gets a text/plain 500; a TetherError "
-    "(like InvalidRequestId, 422) would be answered with a 4xx JSON body"
-)
-
 
 def _finish_all(registry: tether.Registry, batch: tether.Batch) -> None:
     for rid in batch.rids:
@@ -54,7 +48,6 @@ def _assert_clear_client_error(response: httpx.Response, registry: tether.Regist
     assert registry.in_flight == 0
 
 
-@pytest.mark.xfail(strict=True, reason=REASON)
 @pytest.mark.parametrize("rids", BAD_BATCHES, ids=IDS)
 async def test_starlette_answers_a_bad_batch_of_client_ids_with_a_4xx_json_error(
     rids: list[str],
@@ -73,7 +66,6 @@ async def test_starlette_answers_a_bad_batch_of_client_ids_with_a_4xx_json_error
     _assert_clear_client_error(response, registry)
 
 
-@pytest.mark.xfail(strict=True, reason=REASON)
 @pytest.mark.parametrize("rids", BAD_BATCHES, ids=IDS)
 async def test_aiohttp_answers_a_bad_batch_of_client_ids_with_a_4xx_json_error(
     rids: list[str],

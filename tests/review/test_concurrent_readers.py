@@ -17,11 +17,6 @@ import pytest
 import tether
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a second reader's waiter replaces the first's in the mailbox's one slot: the "
-    "first reader is never woken, even after the request finished",
-)
 async def test_a_second_concurrent_reader_never_leaves_the_first_hanging() -> None:
     registry = tether.Registry()
     stream = registry.open()

@@ -28,11 +28,6 @@ class _TextNotReadable(Exception):
         raise ValueError("the message template lacks a field")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ProducerError.__init__ (client_facing, f'{cause}') runs user code on the cause "
-    "unguarded: fail() raises into the producer and the request stays in flight",
-)
 @pytest.mark.parametrize(
     "cause",
     [_StatusNotReadable(), _TextNotReadable()],
@@ -50,11 +45,6 @@ async def test_fail_never_raises_into_the_producer_whatever_the_cause(
     assert registry.in_flight == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a merge() raising a cause whose __str__ fails: ProducerError(...) raises inside "
-    "Table.merge_failed, out of deliver() into the producer's step (invariant 10)",
-)
 async def test_deliver_never_raises_when_merge_raises_an_unprintable_error() -> None:
     def merge(older: object, newer: object) -> object:
         raise _TextNotReadable()
@@ -70,11 +60,6 @@ async def test_deliver_never_raises_when_merge_raises_an_unprintable_error() -> 
     await stream.aclose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="result() re-enters collect mode and resets state.acc to NOTHING: a second "
-    "call returns None, indistinguishable from a request that produced nothing",
-)
 async def test_result_called_twice_returns_the_same_result_both_times() -> None:
     registry = tether.Registry()
     stream = registry.open()
@@ -84,10 +69,6 @@ async def test_result_called_twice_returns_the_same_result_both_times() -> None:
         assert await stream.result() == "answer"  # None today
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Batch.result() resets every state's acc: a second call returns [None, ...]",
-)
 async def test_batch_result_called_twice_returns_the_same_results_both_times() -> None:
     registry = tether.Registry()
     batch = registry.open_batch(2)
@@ -98,12 +79,6 @@ async def test_batch_result_called_twice_returns_the_same_results_both_times() -
         assert await batch.result() == [0, 1]  # [None, None] today
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="result() moves the request into collect mode, where outputs fold into acc, "
-    "which no later read sees: a result() cancelled after the finish loses the output "
-    "(also found by tests/core/test_interleavings.py, which then fails at random)",
-)
 async def test_a_result_cancelled_after_the_finish_leaves_the_output_readable() -> None:
     registry = tether.Registry()
     stream = registry.open()

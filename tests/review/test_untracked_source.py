@@ -25,11 +25,6 @@ import tether_starlette
 from tests.aiohttp.conftest import start_default_server
 from tests.starlette.conftest import serve
 
-REASON = (
-    "respond() does not adopt its source into the request's scope: a source opened "
-    "outside the handler's context is not aborted when its client disconnects"
-)
-
 
 class Job:
     """A request opened before its HTTP request arrived, outside any scope."""
@@ -62,7 +57,6 @@ async def _wait_then_leave(port: int, job: Job) -> None:
         pytest.fail("the client left 2 s ago and its request is still in flight", pytrace=False)
 
 
-@pytest.mark.xfail(strict=True, reason=REASON)
 async def test_starlette_respond_aborts_its_source_when_the_client_leaves() -> None:
     job = Job()
 
@@ -79,7 +73,6 @@ async def test_starlette_respond_aborts_its_source_when_the_client_leaves() -> N
             await job.registry.close(drain_timeout=0)
 
 
-@pytest.mark.xfail(strict=True, reason=REASON)
 async def test_aiohttp_respond_aborts_its_source_when_the_client_leaves() -> None:
     job = Job()
 
