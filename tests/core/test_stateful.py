@@ -48,6 +48,7 @@ import asyncio
 import dataclasses
 import gc
 import os
+import selectors
 import sys
 import warnings
 import weakref
@@ -204,13 +205,23 @@ class Con:
     group_err: set[Kind] | None = None  # what the whole batch must raise, once it failed
 
 
+class _NeverBlockingSelector(selectors.DefaultSelector):
+    """Nothing in this test waits for I/O or for time to pass: a step that would block
+    the loop is a hang, and fails at once instead of at the suite's timeout."""
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout is None or timeout > 0:
+            raise AssertionError("the step waits for something that cannot happen: a hang")
+        return super().select(timeout)
+
+
 class _ManualClockLoop(asyncio.SelectorEventLoop):
     """An event loop whose clock moves only when the test moves it: deadlines fire
     exactly when the model says, whatever the machine's load."""
 
     def __init__(self) -> None:
         self.now = 0.0
-        super().__init__()
+        super().__init__(_NeverBlockingSelector())
 
     def time(self) -> float:
         return self.now
