@@ -1053,7 +1053,18 @@ class RegistryMachine(RuleBasedStateMachine):
         low, high = self.late
         assert low <= stats.late_outputs <= high, f"late_outputs={stats.late_outputs}, {self.late}"
         assert stats.opened == self.opened
-        assert stats.closed is self.closed
+        assert stats.closed is self.closed is self.reg.closed
+        assert stats.in_flight == len(live)
+        ended = Counter(req.outcome for req in self.reqs)
+        assert stats.finished == ended["finished"], f"stats {stats}, model {ended}"
+        # A request failed by a raising merge counts as failed or aborted: the fix chooses.
+        assert ended["failed"] <= stats.failed <= ended["failed"] + ended["merge_failed"]
+        assert stats.failed + stats.aborted_total == (
+            ended["failed"] + ended["aborted"] + ended["merge_failed"]
+        ), f"stats {stats}, model {ended}"
+        for con in self.cons:
+            if con.obj is not None:
+                assert con.obj.finished is not any(req.live for req in con.reqs), con.obj
 
     # -- the end ------------------------------------------------------------------------
 
