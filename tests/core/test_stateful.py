@@ -4,9 +4,9 @@ A hypothesis ``RuleBasedStateMachine`` drives the core through its public names
 only: ``open()`` (fresh and client-chosen rids), ``open_batch()`` (with and without
 ``keep_going``, a deadline, ``max_in_flight``), the producer's ``deliver()``,
 ``deliver_many()``, ``fail()``, ``abort()``, ``fail_all()``; consumers that read a
-stream or a batch (``async for``, ``result()``, or per sub-stream through
-``Batch.streams``), stop, ``aclose()``, ``cancel()``, have their reading task
-cancelled, or are dropped; a clock that moves only when told, so that deadlines
+stream or a batch (``async for``, ``next_ready()`` as the adapters read, ``result()``,
+or per sub-stream through ``Batch.streams``), stop, ``aclose()``, ``cancel()``, have
+their reading task cancelled, or are dropped; a clock that moves only when told, so that deadlines
 fire deterministically; and ``close(drain_timeout=0)`` in the middle or at the end.
 
 The model beside it is a table of requests (:class:`Req`) and of the consumers that
@@ -25,12 +25,17 @@ observed overflow lies between them. After every step it checks:
   raises the error of what ended the request;
 - no exception reached the producer, none was unraisable, none reached the loop's
   exception handler;
-- ``stats()`` counted every late producer call.
+- ``stats()`` agrees: late producer calls, requests opened, finished, failed, aborted.
+
+At the end of every example the producer finishes what is still in flight and every
+consumer reads to its end (invariant 1), then everything is closed and nothing may
+be left in flight (invariant 2).
 
 Each step runs a short coroutine on the example's own event loop
 (``loop.run_until_complete``), then lets the loop turn a few times so that woken
 readers and deferred ``on_abort`` calls run: those turns are scheduling yields,
-never timing.
+never timing. Nothing waits for I/O or for time, so a step that would block the
+loop fails at once as a hang.
 
 ``HOLES_STILL_OPEN`` is the one switch for the holes the core is being fixed for:
 for each hole named there, the machine does not generate the inputs that fall into
@@ -699,6 +704,7 @@ class RegistryMachine(RuleBasedStateMachine):
             return
         assert isinstance(batch, tether.Batch)
         assert len(batch) == count
+        assert len(set(batch.rids)) == count, f"a batch's rids must be distinct: {batch.rids}"
         assert batch.keep_going is keep_going
         assert names is None or list(batch.rids) == names
         deadline = None if timeout is None else self.loop_now + timeout
