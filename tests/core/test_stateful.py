@@ -269,6 +269,7 @@ class RegistryMachine(RuleBasedStateMachine):
         # Everything that escaped, for the whole run.
         self.unraisable: list[str] = []
         self.loop_errors: list[str] = []
+        self.on_abort_too_early: list[str] = []
         self._previous_hook = sys.unraisablehook
         sys.unraisablehook = self._on_unraisable
 
@@ -282,6 +283,8 @@ class RegistryMachine(RuleBasedStateMachine):
 
     def _on_abort(self, rid: str) -> None:
         self.aborts[rid] += 1
+        if rid in self.reg:  # on_abort may re-enter: open(rid) again, say
+            self.on_abort_too_early.append(rid)
 
     def _merge(self, older: Any, newer: Any) -> Any:
         poisoned = [-n for n in newer if n < 0]
@@ -496,6 +499,11 @@ class RegistryMachine(RuleBasedStateMachine):
                         f"{req.rid}: read error {kind} in its place, expected {req.errors_ok} "
                         f"({req.outcome})"
                     )
+                    if kind == ("producer", req.rid):
+                        assert req.received == req.delivered, (
+                            f"{req.rid}: outputs delivered before fail() must be read first: "
+                            f"read {req.received} of {req.delivered}"
+                        )
                 target.unchecked_errors.clear()
                 if not task.done():
                     continue
@@ -1043,6 +1051,9 @@ class RegistryMachine(RuleBasedStateMachine):
         self._collect_readers()
         assert not self.unraisable, f"unraisable exceptions: {self.unraisable}"
         assert not self.loop_errors, f"errors in the loop's exception handler: {self.loop_errors}"
+        assert not self.on_abort_too_early, (
+            f"on_abort ran while the rid was still in flight: {self.on_abort_too_early}"
+        )
         live = self._live()
         assert self.reg.in_flight == len(live), (
             f"in_flight={self.reg.in_flight}, the model has {sorted(r.rid for r in live)}"
