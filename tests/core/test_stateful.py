@@ -1007,7 +1007,10 @@ class RegistryMachine(RuleBasedStateMachine):
                     gc.collect()
                     caught.extend(w.category for w in seen)
                     seen.clear()
-            assert not had_live or ref() is None, "the test still holds the dropped consumer"
+            assert not had_live or ref() is None, (
+                "the dropped consumer is still referenced (not by the test), so its finaliser "
+                "did not run and its requests stay in flight"
+            )
 
         self._run(action)
         for target in [con.whole, *con.subs]:
