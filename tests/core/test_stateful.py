@@ -62,6 +62,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final, TypeAlias, TypeVar
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -1215,3 +1216,24 @@ def test_any_sequence_of_public_operations_keeps_the_registry_invariants() -> No
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs core: next_ready(timeout=...) must not leave an idle timer that refers to "
+    "the consumer once it returned (HOLES_STILL_OPEN: idle_timer_keeps_a_dropped_consumer_alive)",
+)
+async def test_a_consumer_dropped_after_an_idle_read_is_aborted_at_once() -> None:
+    """What the machine found, as one example: the loop must not keep a dropped
+    consumer alive, or its request runs on until the idle interval ends."""
+    aborted = asyncio.Event()
+    registry = tether.Registry(lambda rid: aborted.set())
+    stream = registry.open()
+    asyncio.get_running_loop().call_soon(registry.deliver, stream.rid, "first")
+    assert await stream.next_ready(timeout=60.0) == ["first"]  # it waited: its idle timer is armed
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        del stream
+    assert registry.in_flight == 0, "the dropped stream is still alive: nothing aborted it"
+    async with asyncio.timeout(10):
+        await aborted.wait()
