@@ -185,6 +185,7 @@ class Req:
     received: list[int] = dataclasses.field(default_factory=list)
     waiting_low: int = 0  # outputs surely waiting in the mailbox (the reader cannot have taken)
     collecting: bool = False  # a result() reader started: outputs are folded, never queued
+    kept_outputs: bool = True  # when it ended: a batch read whole drops all on a failure
 
 
 @dataclasses.dataclass(eq=False)
@@ -362,6 +363,7 @@ class RegistryMachine(RuleBasedStateMachine):
     ) -> None:
         req.live = False
         req.outcome = outcome
+        req.kept_outputs = not req.con.is_batch or req.con.split or req.con.keep_going
         req.errors_ok = set(errors_ok)
         req.aborts = aborts
 
@@ -551,7 +553,8 @@ class RegistryMachine(RuleBasedStateMachine):
             allowed = self._errors_allowed(target)
             assert allows(allowed, value), f"{name} raised {value}, expected one of {allowed}"
             req = target.reqs[0]
-            if not whole_batch and target.mode != "result" and value == ("producer", req.rid):
+            own_failure = value == ("producer", req.rid) and req.kept_outputs
+            if not whole_batch and target.mode != "result" and own_failure:
                 assert req.received == req.delivered, (
                     f"{name}: outputs delivered before fail() must be read first: "
                     f"read {req.received} of {req.delivered}"
