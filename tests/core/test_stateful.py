@@ -1234,9 +1234,15 @@ async def test_a_consumer_dropped_after_an_idle_read_is_aborted_at_once() -> Non
     stream = registry.open()
     asyncio.get_running_loop().call_soon(registry.deliver, stream.rid, "first")
     assert await stream.next_ready(timeout=60.0) == ["first"]  # it waited: its idle timer is armed
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        del stream
-    assert registry.in_flight == 0, "the dropped stream is still alive: nothing aborted it"
-    async with asyncio.timeout(10):
-        await aborted.wait()
+    ref = weakref.ref(stream)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            del stream
+        assert registry.in_flight == 0, "the dropped stream is still alive: nothing aborted it"
+        async with asyncio.timeout(10):
+            await aborted.wait()
+    finally:
+        survivor = ref()
+        if survivor is not None:  # close it here, not in a later test's garbage collection
+            await survivor.aclose()
