@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import warnings
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final, Self
 
@@ -36,6 +37,14 @@ __all__ = ["Consumer", "fold"]
 EMPTY: Final[list[Any]] = []
 _CLOCK_SLACK: Final = 1e-3
 """An idle timer that fires this close to its deadline counts as on time."""
+
+
+def _idle(consumer: weakref.ref[Consumer], box: RequestState | Group) -> None:
+    """An idle timer fired. It holds its consumer weakly: a consumer dropped while its
+    timer is armed is freed (and its request aborted) at once, not when it fires."""
+    alive = consumer()
+    if alive is not None:
+        alive._on_idle(box)  # noqa: SLF001 (this module's own consumer)
 
 
 def fold(merge: Merge | None, acc: Any, output: Any) -> Any:
@@ -262,7 +271,10 @@ class Consumer:
         waiting task is an abort of this consumer.
         """
         box = self._box or self._first_read()
-        if box.pending or not box.live or box.error is not None or self._closed:
+        if not box.live or box.error is not None or self._closed:
+            return
+        # (in collect mode a batch's list holds only keep-going errors: result() waits on)
+        if box.pending and not self._collecting:
             return
         if box.waiter is not None:  # (a waiter resolved or dropped is always cleared)
             raise RuntimeError(
@@ -284,7 +296,7 @@ class Consumer:
             if timer is None or timer.when() > deadline + _CLOCK_SLACK:
                 if timer is not None:
                     timer.cancel()
-                self._idle_timer = loop.call_at(deadline, self._on_idle, box)
+                self._idle_timer = loop.call_at(deadline, _idle, weakref.ref(self), box)
         try:
             await waiter
         except asyncio.CancelledError:
@@ -306,7 +318,7 @@ class Consumer:
             box.waiter = None
             waiter.set_result(None)
         else:
-            self._idle_timer = loop.call_at(deadline, self._on_idle, box)
+            self._idle_timer = loop.call_at(deadline, _idle, weakref.ref(self), box)
 
     def _stop_idle_timer(self) -> None:
         timer = self._idle_timer

@@ -20,13 +20,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import inspect
 import itertools
 import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from types import MappingProxyType
 from typing import Final
 
@@ -41,6 +40,7 @@ from ._errors import (
     RequestTimeout,
     TetherError,
 )
+from ._notify import Notifier
 from ._state import Limits, RequestState
 from ._stats import RegistryStats, Summary, sample_buffer
 from .types import OnAbort
@@ -62,18 +62,15 @@ class Table:
     """
 
     __slots__ = (
-        "_abort_tasks",
-        "_abort_timeout",
         "_aborted",
         "_failed",
         "_finished",
         "_idle",
         "_ids",
         "_loop",
-        "_on_abort",
+        "_notifier",
         "_opened",
         "_prefix",
-        "_reserved",
         "_thread",
         "_total",
         "closed",
@@ -96,11 +93,7 @@ class Table:
         self.max_in_flight = max_in_flight
         self.limits = limits
         self.closed = False
-        self._on_abort = on_abort
-        self._abort_timeout = abort_timeout
-        self._abort_tasks: set[asyncio.Task[None]] = set()
-        # Freed rids whose on_abort has not run yet: not to be opened again before it has.
-        self._reserved: set[str] = set()
+        self._notifier = Notifier(on_abort, abort_timeout)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: int | None = None
         self._idle: asyncio.Event | None = None
@@ -144,10 +137,10 @@ class Table:
         """An id no live request has."""
         # A client may have chosen the next fresh id already (the prefix is visible
         # in every rid handed out): skip it rather than take its entry.
-        entries, reserved = self.entries, self._reserved
+        entries, notifier = self.entries, self._notifier
         while True:
             rid = f"{self._prefix}-{next(self._ids)}"
-            if rid not in entries and rid not in reserved:
+            if rid not in entries and not notifier.holds(rid):
                 return rid
 
     def insert(self, states: Sequence[RequestState]) -> None:
@@ -217,28 +210,33 @@ class Table:
 
         :returns: whether anything was live.
         """
+        told = self._abort_live(states, error)
+        self._tell(told, defer)
+        return bool(told)
+
+    def _abort_live(self, states: Sequence[RequestState], error: Aborted) -> list[str]:
+        """End the live ones of one consumer's ``states`` (a batch read whole: all of
+        it, and reading it raises ``error``); the rids ended, for :meth:`_tell`."""
         live = [state for state in states if state.live]
         if not live:
-            return False
+            return []
         group = live[0].group
         if group is not None and not group.split:
             live = [state for state in group.states if state.live]
-            group.error = error  # the batch as a whole was aborted: reading it raises this
-        self._tell(self._close(live, error, error.reason), defer)
-        return True
+            group.error = error
+        return self._close(live, error, error.reason)
 
     def too_slow(self, state: RequestState, finished: bool) -> None:
         """``state``'s backlog went over a limit (called from inside ``deliver``)."""
         limits = self.limits
         max_bytes = limits.max_bytes if state.over_bytes(limits) else None
         error = ConsumerTooSlow(state.rid, limits.max_pending, max_bytes=max_bytes)
+        # The consumer is too slow: its request ends, or its whole batch if read whole.
+        # A finished request's producer has forgotten it: no abort to report for it.
+        told = self._abort_live((state,), error)
         if finished:
-            # The producer is done with this rid and has forgotten it: the request ends
-            # with the error, but it is no abort to report (on_abort never hears of a
-            # finished request); in a batch, the batch's rule applies to the others.
-            self.end(state, error, tell=False, defer=True)
-            return
-        self.abort((state,), error, defer=True)  # (a batch read whole: the whole batch)
+            told.remove(state.rid)
+        self._tell(told, defer=True)
 
     def merge_failed(self, state: RequestState, exc: Exception, finished: bool) -> None:
         """``merge()`` raised while delivering to ``state``: fail that request alone.
@@ -303,9 +301,11 @@ class Table:
             if state.live:
                 error = Aborted(state.rid, AbortReason.SERVER, "the server is shutting down")
                 group = state.group
-                self.abort(group.states if group is not None else (state,), error, defer=False)
-        if self._abort_tasks:
-            await asyncio.wait(set(self._abort_tasks), timeout=self._abort_timeout)
+                if group is not None and group.keep_going:  # each ends in its own place
+                    self._tell(self._close((state,), error, AbortReason.SERVER), defer=False)
+                else:
+                    self.abort(group.states if group is not None else (state,), error, defer=False)
+        await self._notifier.wait()
 
     def _close(
         self, states: Iterable[RequestState], error: TetherError, reason: AbortReason | None
@@ -355,52 +355,13 @@ class Table:
         if self._idle is not None and not self.entries:
             self._idle.set()
 
-    # -- on_abort -----------------------------------------------------------------------
-
     def taken(self, rid: str) -> bool:
         """Whether ``rid`` cannot be opened now: live, or freed but not yet reported to
-        ``on_abort`` (a producer that has not heard of the abort would still route that
-        rid's outputs to whoever opened it next)."""
-        return rid in self.entries or rid in self._reserved
+        ``on_abort`` (see :class:`~tether._notify.Notifier`)."""
+        return rid in self.entries or self._notifier.holds(rid)
 
     def _tell(self, rids: list[str], defer: bool) -> None:
-        """Call ``on_abort`` for each of ``rids``: now, or soon (``defer``), the rid
-        reserved until it has run."""
-        if self._on_abort is None or not rids:
-            return
-        loop = self._loop
-        for rid in rids:
-            if defer and loop is not None:
-                self._reserved.add(rid)
-                loop.call_soon(self._call_on_abort, rid)
-            else:
-                self._call_on_abort(rid)
-
-    def _call_on_abort(self, rid: str) -> None:
-        callback = self._on_abort
-        try:
-            result = None if callback is None else callback(rid)
-        except Exception:
-            logger.exception("on_abort(%r) raised; the request was freed anyway", rid)
-            result = None
-        if inspect.isawaitable(result):
-            self._reserved.add(rid)  # until the producer has taken the abort in
-            task = asyncio.get_running_loop().create_task(self._await_on_abort(rid, result))
-            self._abort_tasks.add(task)
-            task.add_done_callback(self._abort_tasks.discard)
-        else:
-            self._reserved.discard(rid)
-
-    async def _await_on_abort(self, rid: str, awaitable: Awaitable[object]) -> None:
-        try:
-            async with asyncio.timeout(self._abort_timeout):
-                await awaitable
-        except TimeoutError:
-            logger.error("on_abort(%r) took longer than %gs; abandoned", rid, self._abort_timeout)
-        except Exception:
-            logger.exception("on_abort(%r) raised; the request was freed anyway", rid)
-        finally:
-            self._reserved.discard(rid)
+        self._notifier.tell(rids, self._loop if defer else None)
 
     # -- figures ------------------------------------------------------------------------
 

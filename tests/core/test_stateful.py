@@ -62,7 +62,6 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final, TypeAlias, TypeVar
 
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -106,7 +105,7 @@ def _holes_from_env(default: frozenset[str]) -> frozenset[str]:
 
 # As the core gets fixed: _holes_from_env(_KNOWN_HOLES - {"the_fixed_hole", ...}),
 # and frozenset() once every one is fixed.
-HOLES_STILL_OPEN: Final = _holes_from_env(_KNOWN_HOLES)
+HOLES_STILL_OPEN: Final = _holes_from_env(frozenset())  # every hole above is fixed
 """The known holes of the core this test steers around (see the module docstring)."""
 
 
@@ -1221,11 +1220,6 @@ def test_any_sequence_of_public_operations_keeps_the_registry_invariants() -> No
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs core: next_ready(timeout=...) must not leave an idle timer that refers to "
-    "the consumer once it returned (HOLES_STILL_OPEN: idle_timer_keeps_a_dropped_consumer_alive)",
-)
 async def test_a_consumer_dropped_after_an_idle_read_is_aborted_at_once() -> None:
     """What the machine found, as one example: the loop must not keep a dropped
     consumer alive, or its request runs on until the idle interval ends."""
