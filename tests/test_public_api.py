@@ -86,7 +86,10 @@ APPLICATION = {
     "Encoder",
     "InvalidRequestId",
     "MAX_RID_LENGTH",
+    "Observer",
+    "Outcome",
     "RegistryStats",
+    "RequestEnd",
     "Summary",
     "approximate_size",
 }

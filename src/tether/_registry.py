@@ -29,6 +29,7 @@ from ._errors import (
     InvalidRequestId,
     ProducerError,
 )
+from ._observe import Observer, announce_first_output, announce_open
 from ._scope import current_scope
 from ._state import DEFAULT_MAX_PENDING_BYTES, Group, Limits, RequestState, approximate_size
 from ._stats import RegistryStats
@@ -131,12 +132,34 @@ class Registry:
         """The merge function given to the constructor, if any."""
         return self._limits.merge
 
+    @property
+    def late_outputs(self) -> int:
+        """How many producer calls named a rid no longer in flight (a cheap counter,
+        read by metrics collectors without building a whole :meth:`stats` snapshot)."""
+        return self._table.late
+
     def __contains__(self, rid: object) -> bool:
         return rid in self._entries
 
     def stats(self) -> RegistryStats:
         """A frozen snapshot of the counters and timing summaries."""
         return self._table.stats()
+
+    def add_observer(self, observer: Observer) -> None:
+        """Attach an :class:`~tether.Observer`: from now on it hears of every request's
+        open, first output and end (metrics collectors and tracers attach this way).
+
+        :raises ValueError: ``observer`` is already attached.
+        """
+        table = self._table
+        if observer in table.observers:
+            raise ValueError(f"{observer!r} is already attached to this registry")
+        table.observers = (*table.observers, observer)
+
+    def remove_observer(self, observer: Observer) -> None:
+        """Detach an observer attached by :meth:`add_observer`; nothing if it is not."""
+        table = self._table
+        table.observers = tuple(kept for kept in table.observers if kept is not observer)
 
     def __repr__(self) -> str:
         return f"<Registry in_flight={len(self._entries)} closed={self._table.closed}>"
@@ -176,6 +199,10 @@ class Registry:
             raise DuplicateRequest(rid)
         state = RequestState(rid, 0, None, now())
         table.insert((state,))
+        if scope is not None:
+            state.request_id = scope.request_id
+        if table.observers:
+            announce_open(table.observers, (rid,), batch=False, request_id=state.request_id)
         if timeout is not None:
             state.timer = loop.call_later(timeout, table.expire, (state,), timeout)
         stream = Stream(table, state)
@@ -240,6 +267,12 @@ class Registry:
         states.extend(RequestState(rid, index, group, opened_at) for index, rid in enumerate(rids))
         group.remaining = count
         table.insert(states)
+        request_id = None if scope is None else scope.request_id
+        if request_id is not None:
+            for state in states:
+                state.request_id = request_id
+        if table.observers:
+            announce_open(table.observers, rids, batch=True, request_id=request_id)
         if timeout is not None:
             group.timer = loop.call_later(timeout, table.expire, tuple(states), timeout)
         batch = Batch(table, group)
@@ -265,7 +298,10 @@ class Registry:
             return False
         if not state.first_at:
             state.first_at = at = now()
-            self._table.ttfo.append(at - state.opened_at)
+            table = self._table
+            table.ttfo.append(at - state.opened_at)
+            if table.observers:
+                announce_first_output(table.observers, rid, at - state.opened_at)
         try:
             fits = state.put(output, self._limits)
         except Exception as exc:  # merge() raised: that request fails, the producer goes on

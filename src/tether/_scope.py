@@ -68,6 +68,7 @@ class RequestScope:
         "_prune_at",
         "_reason",
         "_token",
+        "request_id",
     )
 
     def __init__(
@@ -75,6 +76,7 @@ class RequestScope:
         *,
         on_first_track: Callable[[], object] | None = None,
         client_gone: Callable[[], bool] | None = None,
+        request_id: str | None = None,
     ) -> None:
         """:param on_first_track: called once, when the scope adopts its first stream
             or batch: an adapter can start watching the client only for requests that
@@ -82,7 +84,12 @@ class RequestScope:
         :param client_gone: tells whether the client has left; asked when a task
             waiting on one of the scope's streams is cancelled, so that a framework
             that cancels handlers on disconnect (aiohttp's ``handler_cancellation``)
-            records a client disconnect rather than a plain cancellation."""
+            records a client disconnect rather than a plain cancellation.
+        :param request_id: the client's own label for this request (an adapter takes
+            it from ``X-Request-Id``): stamped on every request opened in the scope,
+            for logs and observers. It never becomes a rid: a client must not be
+            able to choose another client's rid."""
+        self.request_id = request_id
         self._consumers: list[Consumer] = []
         self._prune_at = _PRUNE_FLOOR
         self._on_first_track = on_first_track
