@@ -4,7 +4,7 @@ For each server (Starlette on uvicorn, then aiohttp) it starts the server as a
 subprocess on 127.0.0.1 with an ephemeral port, drives it for a few seconds with
 concurrent clients (one prompt or a batch, streamed or not, a quarter of them
 abandoned part-way), checks every token against the engine's deterministic
-tokens, then reads the server's ``/metrics`` and prints a table.
+tokens, then reads the server's ``/stats`` and prints a table.
 
 Disconnect-to-abort latency is measured across the two processes: the client
 notes ``time.monotonic()`` when it drops a connection, the server's engine notes
@@ -69,7 +69,7 @@ async def settled(client: httpx.AsyncClient, *, timeout: float = 5.0) -> dict[st
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while True:
-        metrics: dict[str, Any] = (await client.get("/metrics")).json()
+        metrics: dict[str, Any] = (await client.get("/stats")).json()
         engine = metrics["engine"]
         idle = metrics["in_flight"] == 0 and engine["running"] == 0 and engine["waiting"] == 0
         if idle or loop.time() > end:
