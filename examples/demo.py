@@ -107,7 +107,20 @@ async def drive(name: str, *, seconds: float, clients: int) -> bool:
                 print("\r" + " " * 100 + "\r", end="")
             metrics = await settled(client)
             aborts = dict((await client.get("/metrics/aborts")).json()["aborts"])
-    return report(name, url, tally, metrics, aborts, elapsed, clients)
+            exposition = (await client.get("/metrics")).text
+    return report(name, url, tally, metrics, aborts, elapsed, clients, exposition)
+
+
+SCRAPED = (
+    "tether_requests_opened_total",
+    "tether_requests_finished_total",
+    "tether_requests_aborted_total",
+    "tether_late_outputs_total",
+    "tether_time_to_first_output_seconds_count",
+    "tether_time_to_first_output_seconds_sum",
+    "tether_request_duration_seconds_count",
+)
+"""The samples the demo shows of ``/metrics``."""
 
 
 def report(
@@ -118,8 +131,12 @@ def report(
     aborts: dict[str, float],
     elapsed: float,
     clients: int,
+    exposition: str = "",
 ) -> bool:
-    """Print one server's table; returns whether the run was clean."""
+    """Print one server's table; returns whether the run was clean.
+
+    :param exposition: the server's ``GET /metrics`` (Prometheus text), of which a
+        few lines are shown as a scraper sees them."""
     latencies = [aborts[rid] - t for rid, t in tally.disconnects.items() if rid in aborts]
     unaborted = [rid for rid in tally.disconnects if rid not in aborts]
     engine = metrics["engine"]
@@ -161,6 +178,12 @@ def report(
         problems.append(f"{len(unaborted)} abandoned requests never aborted: {unaborted[:3]}")
     if metrics["in_flight"] or engine["running"] or engine["waiting"]:
         problems.append("state left in flight after the run")
+    scraped = [line for line in exposition.splitlines() if line.startswith(SCRAPED)]
+    scraped = [line for line in scraped if not line.endswith(" 0.0")]  # the reasons seen
+    if scraped:
+        print("  scraped from /metrics (Prometheus):")
+        for line in scraped:
+            print(f"    {line}")
     for problem in problems[:10]:
         print(f"  FAIL: {problem}")
     print(f"  {'FAILED' if problems else 'OK'}\n")
