@@ -4,6 +4,7 @@ Run by hand from the repository root, with the project's virtual environment::
 
     .venv/bin/python bench/core.py            # N in 1, 100, 1000, 10000; 3 repetitions
     .venv/bin/python bench/core.py --sizes 10000 --reps 5
+    .venv/bin/python bench/core.py --observability   # collector and tracing costs
 
 The workload, for each N: N requests open at once, each read by its own task
 with ``async for``; a producer emits one output to every live request per step,
@@ -13,6 +14,15 @@ whole run (open, deliver, read, free). Implementations run interleaved, each
 repetition in a fresh event loop, and the medians are reported with the ratios
 tether/baseline. It also reports tracemalloc's memory per open idle ``Stream``.
 Baselines: ``core_baselines.py`` beside this file.
+
+``--observability`` runs the same workload on tether alone against tether with a
+Prometheus collector attached (scraped once at the end of each run), with
+OpenTelemetry tracing attached but no SDK (disabled: the global provider is the
+API's no-op), and with tracing enabled (an SDK provider, every span sampled and
+ended, no exporter: the cost of tracing itself, not of shipping spans).
+These figures are outputs per CPU second of the process, steadier than wall time
+on a shared machine. ``--outputs`` sets the outputs per request: observers cost
+per request, so fewer outputs per request show more of their cost.
 """
 
 from __future__ import annotations
@@ -28,11 +38,16 @@ import tracemalloc
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
+import prometheus_client
 from core_baselines import EventTable, QueueTable, SlotTable
+from opentelemetry.sdk.trace import TracerProvider
 
 import tether
+import tether_otel
+import tether_prometheus
 
 OUTPUTS_PER_REQUEST = 64
+"""Changed by ``--outputs``."""
 
 
 async def _drain(reader: AsyncIterator[Any]) -> int:
@@ -42,8 +57,8 @@ async def _drain(reader: AsyncIterator[Any]) -> int:
     return count
 
 
-async def run_tether(n: int) -> int:
-    registry = tether.Registry()
+async def run_tether(n: int, registry: tether.Registry | None = None) -> int:
+    registry = registry or tether.Registry()
     streams = [registry.open() for _ in range(n)]
     return await _produce(registry.deliver, [s.rid for s in streams], [_drain(s) for s in streams])
 
@@ -83,6 +98,45 @@ async def _produce(
 
 Runner = Callable[[int], Coroutine[Any, Any, int]]
 
+
+async def run_prometheus(n: int) -> int:
+    registry = tether.Registry()
+    collector = tether_prometheus.RegistryCollector()
+    collector.add(registry)
+    outputs = await run_tether(n, registry)
+    prometheus_client.generate_latest(_OneCollector(collector))  # one scrape per run
+    return outputs
+
+
+class _OneCollector:
+    """A collector registry of one collector (generate_latest reads ``collect()``)."""
+
+    def __init__(self, collector: Any) -> None:
+        self._collector = collector
+
+    def collect(self) -> Any:
+        return self._collector.collect()
+
+
+async def run_tracing_disabled(n: int) -> int:
+    registry = tether.Registry()
+    tether_otel.instrument(registry)  # the global provider: the API's no-op
+    return await run_tether(n, registry)
+
+
+async def run_tracing_enabled(n: int) -> int:
+    registry = tether.Registry()
+    tether_otel.instrument(registry, tracer_provider=TracerProvider())
+    return await run_tether(n, registry)
+
+
+OBSERVABILITY: dict[str, Runner] = {
+    "tether": run_tether,
+    "+prometheus": run_prometheus,
+    "+otel disabled": run_tracing_disabled,
+    "+otel enabled": run_tracing_enabled,
+}
+
 IMPLEMENTATIONS: dict[str, Runner] = {
     "tether": run_tether,
     "a:event+wait_for": _baseline(EventTable),
@@ -91,12 +145,12 @@ IMPLEMENTATIONS: dict[str, Runner] = {
 }
 
 
-def measure(runner: Runner, n: int) -> float:
-    """Outputs per second of one run in a fresh event loop."""
+def measure(runner: Runner, n: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Outputs per second of one run in a fresh event loop, by ``clock``."""
     gc.collect()
-    started = time.perf_counter()
+    started = clock()
     outputs = asyncio.run(runner(n))
-    return outputs / (time.perf_counter() - started)
+    return outputs / (clock() - started)
 
 
 def idle_stream_bytes(count: int = 10_000) -> float:
@@ -122,19 +176,32 @@ def idle_stream_bytes(count: int = 10_000) -> float:
 
 
 def main() -> None:
+    global OUTPUTS_PER_REQUEST
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1,100,1000,10000", help="comma-separated N")
     parser.add_argument("--reps", type=int, default=3, help="repetitions per N (median)")
+    parser.add_argument(
+        "--observability", action="store_true", help="tether with collectors and tracing"
+    )
+    parser.add_argument("--outputs", type=int, default=OUTPUTS_PER_REQUEST)
     args = parser.parse_args()
+    OUTPUTS_PER_REQUEST = args.outputs
     sizes = [int(size) for size in args.sizes.split(",")]
-    names = list(IMPLEMENTATIONS)
+    implementations = OBSERVABILITY if args.observability else IMPLEMENTATIONS
+    # Costs of a few percent drown in a shared machine's wall-clock noise: the
+    # observability runs count the process's CPU time (one thread: the loop's).
+    clock = time.process_time if args.observability else time.perf_counter
+    names = list(implementations)
 
     python = f"Python {platform.python_version()} on {platform.machine()}"
     print(f"{python}; tether {tether.__version__}")
     print(f"command: {' '.join([sys.executable, *sys.argv])}")
-    print(f"{OUTPUTS_PER_REQUEST} outputs per request; medians of {args.reps} interleaved runs\n")
+    unit = "per CPU second" if args.observability else "per second"
+    print(f"{OUTPUTS_PER_REQUEST} outputs per request, {unit}; medians of {args.reps} runs\n")
     header = f"{'N':>6} | " + " | ".join(f"{name:>16}" for name in names)
-    header += " | tether/a | tether/b | tether/c"
+    header += " | " + " | ".join(
+        f"{name}/tether" if args.observability else f"tether/{name[0]}" for name in names[1:]
+    )
     print(header)
     print("-" * len(header))
     for n in sizes:
@@ -143,13 +210,17 @@ def main() -> None:
         for rep in range(reps):
             order = names[rep % len(names) :] + names[: rep % len(names)]
             for name in order:
-                samples[name].append(measure(IMPLEMENTATIONS[name], n))
+                samples[name].append(measure(implementations[name], n, clock))
         medians = {name: statistics.median(values) for name, values in samples.items()}
-        ratios = [medians["tether"] / medians[name] for name in names[1:]]
+        if args.observability:
+            ratios = [medians[name] / medians["tether"] for name in names[1:]]
+        else:
+            ratios = [medians["tether"] / medians[name] for name in names[1:]]
         row = f"{n:>6} | " + " | ".join(f"{medians[name]:>14,.0f}/s" for name in names)
         row += " | " + " | ".join(f"{ratio:>7.2f}x" for ratio in ratios)
         print(row, flush=True)
-    print(f"\nmemory per open idle Stream: {idle_stream_bytes():.0f} bytes (tracemalloc)")
+    if not args.observability:
+        print(f"\nmemory per open idle Stream: {idle_stream_bytes():.0f} bytes (tracemalloc)")
 
 
 if __name__ == "__main__":

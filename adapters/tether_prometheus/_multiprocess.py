@@ -74,6 +74,9 @@ class MultiprocessMetrics:
     def add(self, registry: tether.Registry, *, name: str = "default") -> None:
         """Count ``registry``'s requests from now on, under ``registry="<name>"``.
 
+        Add it before the worker serves: the in-flight gauge counts opens and ends
+        it saw, so requests already open would take it below zero when they end.
+
         :raises ValueError: ``name`` is taken.
         """
         if name in self._names:
