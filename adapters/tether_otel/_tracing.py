@@ -8,24 +8,30 @@ attributes, an event at the first output and one for an abort, and an error
 status when the producer failed it. A batch gets a span of its own with one child
 per sub-request; it ends when the last sub-request does.
 
-Without an SDK (no tracer provider set) every span is non-recording: the tracer
-keeps nothing and each request costs one ``start_span`` call. Spans are kept in a
-dict by rid between the hooks, never on the request's state.
+Without an SDK (the global provider is still the API's proxy) the tracer starts
+no span at all: it looks for a provider at most once a second, so that one set
+later is used within a second, and until then a request costs a clock read. An
+explicit provider is used as given. Spans are kept in a dict by rid between the
+hooks, never on the request's state.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Final
 
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 import tether
 
 __all__ = ["RequestTracer"]
 
 _SCOPE: Final = "tether"
+
+_LOOK_INTERVAL: Final = 1.0
+"""Seconds between two looks for a global provider, while none is set."""
 
 RID: Final = "tether.rid"
 REQUEST_ID: Final = "tether.request_id"
@@ -53,18 +59,35 @@ class RequestTracer(tether.Observer):
     """Traces every request of the registries it is attached to.
 
     :param tracer_provider: where spans go; the global provider by default
-        (``opentelemetry.trace.set_tracer_provider``), looked up lazily, so a
-        provider set after this tracer was made is used too.
+        (``opentelemetry.trace.set_tracer_provider``), looked for until one is set.
     """
 
-    __slots__ = ("_spans", "_tracer")
+    __slots__ = ("_next_look", "_spans", "_tracer")
 
     def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
-        self._tracer = trace.get_tracer(_SCOPE, tether.__version__, tracer_provider)
+        self._tracer: Tracer | None = None
+        if tracer_provider is not None:
+            self._tracer = tracer_provider.get_tracer(_SCOPE, tether.__version__)
+        self._next_look = 0.0
         self._spans: dict[str, tuple[Span, _Batch | None]] = {}
 
+    def _find_tracer(self) -> Tracer | None:
+        """The global provider's tracer, once an SDK has set one; looked for at most
+        once per :data:`_LOOK_INTERVAL` until then."""
+        now = time.monotonic()
+        if now < self._next_look:
+            return None
+        self._next_look = now + _LOOK_INTERVAL
+        provider = trace.get_tracer_provider()
+        if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+            return None
+        self._tracer = tracer = provider.get_tracer(_SCOPE, tether.__version__)
+        return tracer
+
     def on_open(self, rids: Sequence[str], *, batch: bool, request_id: str | None) -> None:
-        tracer = self._tracer
+        tracer = self._tracer or self._find_tracer()
+        if tracer is None:
+            return
         if not batch:
             span = tracer.start_span("tether.request", kind=SpanKind.INTERNAL)
             if span.is_recording():

@@ -15,10 +15,10 @@ is attached; nothing is logged per output.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import logging
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from ._errors import TetherError
 from ._state import RequestState
@@ -51,16 +51,18 @@ class Outcome(enum.StrEnum):
     """It was closed before it finished; :attr:`RequestEnd.reason` says why."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class RequestEnd:
+class RequestEnd(NamedTuple):
     """What an observer learns when one request (or one sub-request) ends.
+
+    A named tuple, not a frozen dataclass: one is built per request whenever an
+    observer is attached, and a frozen dataclass costs several times as much to build.
 
     :param rid: the request id (tether's own, server-side).
     :param outcome: finished, failed or aborted.
     :param reason: the :class:`~tether.AbortReason` value of an aborted request, else ``None``.
     :param error: the error its consumer gets, ``None`` when it finished.
     :param request_id: the client's ``X-Request-Id`` label, if its adapter took one.
-    :param index: its index in its batch, ``None`` for a single request.
+    :param batch_index: its index in its batch, ``None`` for a single request.
     :param time_to_first_output: seconds from ``open()`` to the first output, or
         ``None`` when no output arrived.
     :param total_time: seconds from ``open()`` to the end.
@@ -71,7 +73,7 @@ class RequestEnd:
     reason: str | None
     error: TetherError | None
     request_id: str | None
-    index: int | None
+    batch_index: int | None
     time_to_first_output: float | None
     total_time: float
 
@@ -108,8 +110,12 @@ def observe_end(
     ``reason`` (``None``: not an abort) after ``total`` seconds; returns ``total``.
 
     Costs one check when no observer is attached and DEBUG is off."""
-    if observers or request_logger.isEnabledFor(logging.DEBUG):
-        announce_end(observers, _end_of(state, error, reason, total))
+    debug = request_logger.isEnabledFor(logging.DEBUG)
+    if observers or debug:
+        end = _end_of(state, error, reason, total)
+        if debug:
+            _log_end(end)
+        announce_end(observers, end)
     return total
 
 
@@ -124,14 +130,14 @@ def _end_of(
         outcome = Outcome.ABORTED
     first_at = state.first_at
     return RequestEnd(
-        rid=state.rid,
-        outcome=outcome,
-        reason=None if reason is None else str(reason),
-        error=error,
-        request_id=state.request_id,
-        index=None if state.group is None else state.index,
-        time_to_first_output=first_at - state.opened_at if first_at else None,
-        total_time=total,
+        state.rid,
+        outcome,
+        None if reason is None else str(reason),
+        error,
+        state.request_id,
+        None if state.group is None else state.index,
+        first_at - state.opened_at if first_at else None,
+        total,
     )
 
 
@@ -156,9 +162,7 @@ def announce_first_output(observers: Sequence[Observer], rid: str, elapsed: floa
 
 
 def announce_end(observers: Sequence[Observer], end: RequestEnd) -> None:
-    """Log ``end`` at DEBUG (when enabled), then call every observer's ``on_end``."""
-    if request_logger.isEnabledFor(logging.DEBUG):
-        _log_end(end)
+    """Call every observer's ``on_end``; one that raises is logged and skipped."""
     for observer in observers:
         try:
             observer.on_end(end)
@@ -185,7 +189,7 @@ def _log_end(end: RequestEnd) -> None:
                 "request_id": end.request_id,
                 "outcome": str(end.outcome),
                 "reason": end.reason,
-                "index": end.index,
+                "batch_index": end.batch_index,
                 "time_to_first_output": ttfo,
                 "total_time": end.total_time,
             }

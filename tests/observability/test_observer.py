@@ -55,7 +55,7 @@ async def test_a_finished_request_is_announced_open_first_output_once_and_finish
     assert end.outcome is tether.Outcome.FINISHED
     assert end.reason is None
     assert end.error is None
-    assert end.index is None
+    assert end.batch_index is None
     assert end.time_to_first_output is not None
     assert 0 <= end.time_to_first_output <= end.total_time
     assert end.time_to_first_output == seen.firsts[0][1]
@@ -113,7 +113,7 @@ async def test_a_batch_is_announced_once_and_each_sub_request_ends_with_its_inde
     registry.fail(batch.rids[1], RuntimeError("no"))  # the third is aborted as a sibling
     assert seen.opens == [(tuple(batch.rids), True, None)]
     ends = [seen.ends[rid] for rid in batch.rids]
-    assert [end.index for end in ends] == [0, 1, 2]
+    assert [end.batch_index for end in ends] == [0, 1, 2]
     assert [end.outcome for end in ends] == ["finished", "failed", "aborted"]
     assert ends[2].reason == "failed_sibling"
     await batch.aclose()

@@ -177,3 +177,33 @@ def test_without_the_api_installed_instrument_is_a_no_op() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_global_provider_set_after_instrument_is_picked_up() -> None:
+    probe = (
+        "import asyncio, time, tether, tether_otel\n"
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from opentelemetry.sdk.trace.export import SimpleSpanProcessor\n"
+        "from opentelemetry.sdk.trace.export.in_memory_span_exporter import "
+        "InMemorySpanExporter\n"
+        "async def main():\n"
+        "    registry = tether.Registry()\n"
+        "    tether_otel.instrument(registry)  # no provider yet\n"
+        "    registry.abort(registry.open().rid)\n"
+        "    exporter = InMemorySpanExporter()\n"
+        "    provider = TracerProvider()\n"
+        "    provider.add_span_processor(SimpleSpanProcessor(exporter))\n"
+        "    trace.set_tracer_provider(provider)\n"
+        "    deadline = time.monotonic() + 10\n"
+        "    while not exporter.get_finished_spans():  # within about a second\n"
+        "        assert time.monotonic() < deadline, 'the provider was never used'\n"
+        "        registry.abort(registry.open().rid)\n"
+        "        await asyncio.sleep(0.01)\n"
+        "    print(exporter.get_finished_spans()[0].name)\n"
+        "asyncio.run(main())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.stdout.strip() == "tether.request", done.stderr
