@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import math
 import platform
 import statistics
 import sys
@@ -131,6 +132,52 @@ async def run_tracing_enabled(n: int) -> int:
     return await run_tether(n, registry)
 
 
+def _with_prometheus(registry: tether.Registry) -> None:
+    tether_prometheus.RegistryCollector().add(registry)
+
+
+def _with_tracing_disabled(registry: tether.Registry) -> None:
+    tether_otel.instrument(registry)
+
+
+def _with_tracing_enabled(registry: tether.Registry) -> None:
+    tether_otel.instrument(registry, tracer_provider=TracerProvider())
+
+
+HOOKS: dict[str, Callable[[tether.Registry], None]] = {
+    "+prometheus": _with_prometheus,
+    "+otel disabled": _with_tracing_disabled,
+    "+otel enabled": _with_tracing_enabled,
+}
+
+
+def per_request_cost(count: int = 20_000, reps: int = 15) -> dict[str, float]:
+    """Nanoseconds each observer variant adds to one request's open, first output
+    and end (its only hooks), measured alone: ``count`` requests opened, finished by
+    one output and dropped, best of ``reps`` CPU-time runs, variants interleaved.
+
+    A small, steady figure where a whole-workload ratio drowns it in noise; divide
+    it by a request's share of the workload to get the overhead."""
+
+    async def one(attach: Callable[[tether.Registry], None] | None) -> float:
+        registry = tether.Registry()
+        if attach is not None:
+            attach(registry)
+        open_, deliver = registry.open, registry.deliver
+        gc.collect()
+        started = time.process_time()
+        for _ in range(count):
+            deliver(open_().rid, None, finished=True)
+        return (time.process_time() - started) / count * 1e9
+
+    variants: dict[str, Callable[[tether.Registry], None] | None] = {"tether": None, **HOOKS}
+    best = dict.fromkeys(variants, math.inf)
+    for _ in range(reps):
+        for name, attach in variants.items():
+            best[name] = min(best[name], asyncio.run(one(attach)))
+    return {name: best[name] - best["tether"] for name in HOOKS} | {"tether": best["tether"]}
+
+
 OBSERVABILITY: dict[str, Runner] = {
     "tether": run_tether,
     "+prometheus": run_prometheus,
@@ -226,6 +273,11 @@ def main() -> None:
         print(row, flush=True)
     if not args.observability:
         print(f"\nmemory per open idle Stream: {idle_stream_bytes():.0f} bytes (tracemalloc)")
+        return
+    costs = per_request_cost()
+    print(f"\none request alone (open, one finishing output, end): {costs['tether']:,.0f} ns")
+    for name in HOOKS:
+        print(f"  {name}: +{costs[name]:,.0f} ns per request")
 
 
 if __name__ == "__main__":
