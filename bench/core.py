@@ -256,6 +256,7 @@ def main() -> None:
     )
     print(header)
     print("-" * len(header))
+    verdicts: list[str] = []
     for n in sizes:
         samples: dict[str, list[float]] = {name: [] for name in names}
         reps = args.reps if n > 1 else max(args.reps, 50)  # N=1 is too short to time once
@@ -271,13 +272,34 @@ def main() -> None:
         row = f"{n:>6} | " + " | ".join(f"{medians[name]:>14,.0f}/s" for name in names)
         row += " | " + " | ".join(f"{ratio:>7.2f}x" for ratio in ratios)
         print(row, flush=True)
-    if not args.observability:
-        print(f"\nmemory per open idle Stream: {idle_stream_bytes():.0f} bytes (tracemalloc)")
+        if n == TARGET_N and not args.observability:
+            verdicts.extend(_verdicts(medians))
+    if args.observability:
+        costs = per_request_cost()
+        print(f"\none request alone (open, one finishing output, end): {costs['tether']:,.0f} ns")
+        for name in HOOKS:
+            print(f"  {name}: +{costs[name]:,.0f} ns per request")
         return
-    costs = per_request_cost()
-    print(f"\none request alone (open, one finishing output, end): {costs['tether']:,.0f} ns")
-    for name in HOOKS:
-        print(f"  {name}: +{costs[name]:,.0f} ns per request")
+    print(f"\nmemory per open idle Stream: {idle_stream_bytes():.0f} bytes (tracemalloc)")
+    for line in verdicts:
+        print(line)
+
+
+TARGET_N = 10_000
+TARGETS = {"b:merging-slot": 1.25, "a:event+wait_for": 2.0}
+"""Issue 12's targets at N = 10,000: tether's outputs/s over each baseline's, at least."""
+
+
+def _verdicts(medians: dict[str, float]) -> list[str]:
+    """One line per target of :data:`TARGETS`, met or missed."""
+    lines = []
+    for name, target in TARGETS.items():
+        ratio = medians["tether"] / medians[name]
+        verdict = "met" if ratio >= target else "MISSED"
+        lines.append(
+            f"target at N = {TARGET_N:,}: tether / {name} >= {target}x: {ratio:.2f}x, {verdict}"
+        )
+    return lines
 
 
 if __name__ == "__main__":

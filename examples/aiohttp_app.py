@@ -21,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
 
 import api
 import cli
+import workers
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
@@ -147,7 +149,7 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> web.Appli
     return app
 
 
-async def serve(options: cli.Options) -> None:
+async def serve(options: cli.Options, sock: socket.socket | None = None) -> None:
     """Serve until SIGINT or SIGTERM, with aiohttp's defaults (no handler cancellation).
 
     Either signal stops the server cleanly: the drain runs first (``on_shutdown``),
@@ -171,7 +173,9 @@ async def serve(options: cli.Options) -> None:
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=cli.SHUTDOWN_MARGIN / 2)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, cli.HOST, options.port)
+        site: web.BaseSite = web.TCPSite(runner, cli.HOST, options.port)
+        if sock is not None:  # --workers: the socket every worker shares
+            site = web.SockSite(runner, sock)
         await site.start()
         cli.announce("aiohttp", runner.addresses[0][1])
         await stop.wait()
@@ -197,7 +201,11 @@ async def _clean_up(runner: web.AppRunner, registry: tether.Registry, hurry: asy
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the example server in the foreground until Ctrl-C or SIGTERM (exit code 0)."""
-    asyncio.run(serve(cli.parse(argv, "tether example server on aiohttp")))
+    options = cli.parse(argv, "tether example server on aiohttp")
+    sock = None
+    if options.workers > 1:
+        sock = workers.listen(cli.HOST, options.port, options.workers)  # (returns in each)
+    asyncio.run(serve(options, sock))
 
 
 if __name__ == "__main__":

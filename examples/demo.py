@@ -1,6 +1,6 @@
-"""``make demo``: both example servers under real HTTP load, and what happened, as tables.
+"""``make demo``: the example servers under real HTTP load, and what happened, as tables.
 
-For each server (Starlette on uvicorn, then aiohttp) it starts the server as a
+For each server (Starlette on uvicorn, aiohttp, then FastAPI on uvicorn) it starts the server as a
 subprocess on 127.0.0.1 with an ephemeral port, drives it for a few seconds with
 concurrent clients (one prompt or a batch, streamed or not, a quarter of them
 abandoned part-way), checks every token against the engine's deterministic
@@ -11,11 +11,15 @@ notes ``time.monotonic()`` when it drops a connection, the server's engine notes
 ``time.monotonic()`` when tether calls its ``on_abort`` for that request id
 (``GET /metrics/aborts``); both read the same system-wide clock.
 
+Then the scale-out scene (``scaleout.py``; ``--no-scale-out`` skips it): one engine
+process, two front workers per server over ZeroMQ, the same verified load, the
+engine killed mid-run and restarted, one worker killed.
+
 Exits 1 if any output was lost, repeated or out of order, any request got an
 unexpected status, any abandoned request was not aborted, or anything was left
 in flight (in the registry or in the engine) after the run.
 
-    python examples/demo.py [--seconds 4] [--clients 16] [--server starlette|aiohttp]
+    python examples/demo.py [--seconds 4] [--clients 16] [--server starlette|aiohttp|fastapi]
 """
 
 from __future__ import annotations
@@ -29,10 +33,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
+import scaleout
 from launch import SERVERS, launched
 from load import KINDS, Client, Tally
 
-LABELS = {"starlette": "Starlette on uvicorn", "aiohttp": "aiohttp"}
+LABELS = {
+    "starlette": "Starlette on uvicorn",
+    "aiohttp": "aiohttp",
+    "fastapi": "FastAPI on uvicorn",
+}
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -203,11 +212,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seconds", type=float, default=4.0, help="load time per server")
     parser.add_argument("--clients", type=int, default=16, help="concurrent clients per server")
-    parser.add_argument("--server", choices=sorted(SERVERS), action="append", help="default: both")
+    parser.add_argument("--server", choices=sorted(SERVERS), action="append", help="default: all")
+    parser.add_argument(
+        "--scale-out",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run the scale-out scene (engine process + 2 workers, scaleout.py)",
+    )
     args = parser.parse_args(argv)
-    servers = args.server or ["starlette", "aiohttp"]
+    servers = args.server or ["starlette", "aiohttp", "fastapi"]
     print(f"tether demo: {', '.join(servers)}; {args.clients} clients, {args.seconds:g} s each\n")
     clean = asyncio.run(run(servers, seconds=args.seconds, clients=args.clients))
+    if args.scale_out:
+        # (the FastAPI example has no --engine/--workers: the scene runs the other two)
+        remote = [name for name in servers if name in ("starlette", "aiohttp")]
+        scene = scaleout.run(remote, seconds=args.seconds, clients=args.clients)
+        clean = asyncio.run(scene) and clean
     print("all checks passed" if clean else "some checks FAILED")
     return 0 if clean else 1
 

@@ -31,6 +31,7 @@ from types import FrameType
 import api
 import cli
 import uvicorn
+import workers
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -138,7 +139,10 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
             Route("/health", health),
             Route("/", index),
         ],
-        middleware=[Middleware(TetherMiddleware, registry=service.registry)],
+        middleware=[
+            # The middleware starts the drain when uvicorn's shutdown begins.
+            Middleware(TetherMiddleware, registry=service.registry, drain_timeout=drain_timeout)
+        ],
         exception_handlers={HTTPException: http_error},
         # The registry drains inside the engine's lifespan: the engine still runs.
         lifespan=lifespan(service.registry, drain_timeout=drain_timeout, inner=engine_running),
@@ -225,9 +229,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     app = create_app(service, drain_timeout=options.drain_timeout)
     grace = math.ceil(options.drain_timeout + cli.SHUTDOWN_MARGIN)  # (uvicorn takes an int)
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((cli.HOST, options.port))
+    sock = workers.listen(cli.HOST, options.port, options.workers)  # (returns in each worker)
     Server(config, service.registry, options.drain_timeout).run(sockets=[sock])
 
 

@@ -125,16 +125,27 @@ async def _write_stream(
     request: web.Request, response: web.StreamResponse, exchange: Exchange, first: bytes
 ) -> bool:
     """Write the whole stream, each write bounded; ``False`` if the client stalled."""
-    bounded = exchange.bounded
-    if not await bounded(response.prepare(request)):
+    if not await exchange.bounded(response.prepare(request)):
         return False
+    # The hot loop: per chunk, one write and (only when nothing is ready) one wait;
+    # the send timeout is bookkeeping around the write, not a coroutine.
+    writing, written, ready_chunk = exchange.writing, exchange.written, exchange.ready_chunk
+    write = response.write
     chunk = first
-    while True:
-        if not await bounded(response.write(chunk)):
-            return False
-        if exchange.done:
-            return await bounded(response.write_eof())
-        chunk = await exchange.next_chunk()
+    try:
+        while True:
+            writing()
+            await write(chunk)
+            written()
+            if exchange.done:
+                break
+            ready = ready_chunk()
+            chunk = await exchange.wait_chunk() if ready is None else ready
+    except asyncio.CancelledError:
+        if exchange.stalled():
+            return False  # the client read nothing for send_timeout: it counts as gone
+        raise
+    return await exchange.bounded(response.write_eof())
 
 
 async def _farewell(

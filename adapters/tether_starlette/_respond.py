@@ -34,8 +34,10 @@ so the client gets a whole stream; that last write is bounded by
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -60,10 +62,13 @@ async def respond(
     ping_interval: float = 15.0,
     headers: Mapping[str, str] | None = None,
     send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
+    transform: Callable[[Any], Any] | None = None,
 ) -> Response:
     """Answer ``request`` from ``source`` and close ``source`` when the response ends.
 
-    ``streaming=False``: one JSON body, the result (a list in order for a batch).
+    ``streaming=False``: one JSON body, the result (a list in order for a batch):
+    ``await source.result()``, which is the *last output only* unless the registry
+    has a ``merge`` that folds the outputs together (or ``transform`` shapes it).
     ``streaming=True``: a streamed body framed by ``encoder`` (SSE by default), with a
     terminal frame and a ping after ``ping_interval`` seconds of silence. A failure
     before the first output gets its HTTP status and a JSON body; after it, one error
@@ -79,10 +84,16 @@ async def respond(
     :param send_timeout: seconds one write of a stream may wait for a client that
         stopped reading before the request is aborted as if the client had left;
         ``None`` waits for ever.
+    :param transform: turns what is answered into the value written, with no round
+        trip through JSON: ``streaming=False``, the result (a batch's: the list of
+        results, in order); ``streaming=True``, each output. Its errors fail the
+        request as an unencodable output does (500, or an error event).
     :raises RuntimeError: :class:`TetherMiddleware` is not installed (``source`` is closed).
     :raises TypeError: ``source`` is not a tether Stream or Batch.
     :raises ValueError: ``ping_interval`` or ``send_timeout`` is not positive.
     """
+    if transform is not None:
+        encoder = _shaped(encoder, transform, streaming=streaming)
     exchange = Exchange(  # (bad options: it aborts the source, which it owns, and raises)
         source,
         streaming=streaming,
@@ -102,6 +113,24 @@ async def respond(
         await exchange.aclose()
         return Response(head.body, head.status, headers={**head.headers, **extra})
     return ExchangeResponse(exchange, head, extra)
+
+
+def _shaped(
+    encoder: tether.Encoder | type[tether.Encoder] | None,
+    transform: Callable[[Any], Any],
+    *,
+    streaming: bool,
+) -> tether.Encoder:
+    """``encoder`` with ``transform`` applied to each output (streaming), or to the
+    result before it is serialised (one JSON body, which the exchange writes with
+    the encoder's ``dumps``)."""
+    base = tether.SSE() if encoder is None else encoder() if isinstance(encoder, type) else encoder
+    if streaming:
+        return base.shaped(transform)
+    shaped = copy.copy(base)
+    dumps = base.dumps
+    shaped.dumps = lambda result: dumps(transform(result))
+    return shaped
 
 
 class ExchangeResponse(Response):
@@ -134,14 +163,22 @@ class ExchangeResponse(Response):
                 return
             started = True
             body = self._first
+            # The hot loop: per chunk, one send and (only when nothing is ready) one
+            # wait; the send timeout is bookkeeping around the send, not a coroutine.
+            writing, written, ready_chunk = exchange.writing, exchange.written, exchange.ready_chunk
             while True:
                 last = exchange.done
-                message = {"type": "http.response.body", "body": body, "more_body": not last}
-                if not await exchange.bounded(send(message)) or last:
+                writing()
+                await send({"type": "http.response.body", "body": body, "more_body": not last})
+                written()
+                if last:
                     break
                 body = b""
-                body = await exchange.next_chunk()
+                chunk = ready_chunk()
+                body = await exchange.wait_chunk() if chunk is None else chunk
         except asyncio.CancelledError:
+            if started and exchange.stalled():
+                return  # the client read nothing for send_timeout: it counts as gone
             await _farewell(exchange, send, started, body, last)
             raise
         finally:

@@ -12,7 +12,7 @@ and the error mapping in :mod:`tether.http`. Where each concept lives:
 path, ``on_abort``, counters), ``_state`` (mailboxes), ``_consumer`` (the reading
 loop of ``_stream`` and ``_batch``), ``_scope``, ``_errors``, ``_encoders``,
 ``_stats``, ``_observe`` (hooks for metrics, traces, logs); and for adapters
-``_exchange``, ``_responses``, ``_guard``.
+``_exchange``, ``_framing``, ``_responses``, ``_guard``.
 """
 
 from __future__ import annotations

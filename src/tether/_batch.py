@@ -102,7 +102,7 @@ class Batch(Consumer):
         states = self._states
         self._collect([pair for pair in unread if errors.get(pair[0]) is not pair[1]], states)
         while group.live and group.error is None and not self._closed:
-            await self._wait(group, None)
+            await self.wait_ready()
         if group.error is not None:
             raise group.error.with_traceback(None)
         errors = group.errors or {}

@@ -71,7 +71,7 @@ class Consumer:
         self._buf: list[Any] = EMPTY
         self._pos = 0
         self._closed = False
-        # The idle timer of timed waits (next_ready(timeout=...)), see _wait().
+        # The idle timer of timed waits (next_ready(timeout=...)), see wait_ready().
         self._deadline: float | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
 
@@ -165,7 +165,37 @@ class Consumer:
                 raise box.error.with_traceback(None)
             if not box.live:
                 raise StopAsyncIteration
-            await self._wait(box, None)
+            await self.wait_ready()
+
+    def ready(self) -> list[Any] | None:
+        """Every output (or pair) that is ready now, oldest first, without waiting.
+
+        The adapters' write loop polls with it, and waits with :meth:`wait_ready`
+        only when nothing is ready: no coroutine per output.
+
+        :returns: a non-empty list; ``[]`` when nothing is ready yet; ``None`` once
+            everything finished and was read.
+        :raises ProducerError: as for ``__anext__``.
+        :raises Aborted: as for ``__anext__``.
+        """
+        box = self._box or self._first_read()
+        if self._closed:
+            return None
+        rest = self._take_buffered()
+        if box.pending:
+            items = box.take()
+            if rest:
+                rest.extend(items)
+                return rest
+            return items
+        if rest:
+            return rest
+        if box.error is not None or not box.live:
+            self._stop_idle_timer()
+            if box.error is not None:
+                raise box.error.with_traceback(None)
+            return None
+        return []
 
     async def next_ready(self, *, timeout: float | None = None) -> list[Any] | None:
         """Every output (or pair) that is ready, oldest first, waiting for one if none is.
@@ -176,29 +206,13 @@ class Consumer:
         :raises ProducerError: as for ``__anext__``.
         :raises Aborted: as for ``__anext__``.
         """
-        box = self._box or self._first_read()
-        rest = self._take_buffered()
-        waited = False
-        while True:
-            if self._closed:
-                return None
-            if box.pending:
-                items = box.take()
-                if rest:
-                    rest.extend(items)
-                    return rest
-                return items
-            if rest:
-                return rest
-            if box.error is not None or not box.live:
-                self._stop_idle_timer()
-                if box.error is not None:
-                    raise box.error.with_traceback(None)
-                return None
-            if waited:
-                return []
-            await self._wait(box, timeout)
-            waited = timeout is not None
+        items = self.ready()
+        while items == []:
+            await self.wait_ready(timeout=timeout)
+            items = self.ready()
+            if timeout is not None:
+                break  # one timed wait: [] if it passed with nothing ready
+        return items
 
     def _take_buffered(self) -> list[Any] | None:
         buf, pos = self._buf, self._pos
@@ -221,11 +235,17 @@ class Consumer:
             state.collect = True
         return accs
 
-    async def _wait(self, box: RequestState | Group, timeout: float | None) -> None:
-        """Park until the producer wakes ``box``'s waiter (or ``timeout`` passes).
+    async def wait_ready(self, *, timeout: float | None = None) -> None:
+        """Wait until :meth:`ready` has something to say (an output, the end, an
+        error), or ``timeout`` seconds passed; at once if it has already.
 
-        Cancellation of the waiting task is an abort of this consumer.
+        The one place a consumer parks: on a future made only now, which the
+        producer's ``put`` (or the request's end) resolves. Cancellation of the
+        waiting task is an abort of this consumer.
         """
+        box = self._box or self._first_read()
+        if box.pending or not box.live or box.error is not None or self._closed:
+            return
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         box.waiter = waiter

@@ -21,27 +21,23 @@ from typing import Any, Final
 from ._batch import Batch
 from ._encoders import SSE, Encoder, default_dumps
 from ._errors import Aborted, AbortReason, TetherError
+from ._framing import Framer, jsonable
 from ._guard import SendGuard
 from ._responses import DEFAULT_SEND_TIMEOUT, JSON_HEADERS, error_response
 from ._scope import current_scope
 from ._stream import Stream
 
-__all__ = ["FAREWELL_TIMEOUT", "WRITE_BYTES", "Exchange", "Head"]
+__all__ = ["FAREWELL_TIMEOUT", "Exchange", "Head"]
 
 logger = logging.getLogger("tether")
-
-WRITE_BYTES: Final = 256 * 1024
-"""About how many bytes one chunk of a stream carries when a backlog is ready: ready
-outputs are coalesced into one write up to this, and a larger backlog goes out over
-several writes, so that it is never copied whole into one buffer."""
 
 FAREWELL_TIMEOUT: Final = 1.0
 """Seconds an adapter gives the last write of a response whose handler the server
 cancelled (:meth:`Exchange.farewell`): enough for a client that reads, short for one
 that stopped."""
 
-_FIRST_SLICE: Final = 4
-"""How many outputs are encoded before their size is known."""
+_CLIENT_GONE: Final = (AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED)
+"""Why a stream may end with nothing more written: nobody reads it."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -57,12 +53,6 @@ class Head:
     status: int
     headers: dict[str, str]
     body: bytes
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, BaseException):
-        return error_response(value).body
-    return value
 
 
 class Exchange:
@@ -81,12 +71,9 @@ class Exchange:
     """
 
     __slots__ = (
-        "_carry",
         "_done",
-        "_errors_inline",
-        "_frame_bytes",
+        "_framer",
         "_guard",
-        "_indexed",
         "encoder",
         "ping_interval",
         "send_timeout",
@@ -123,13 +110,10 @@ class Exchange:
         self.ping_interval = ping_interval
         self.send_timeout = send_timeout
         self._guard = SendGuard(send_timeout)
-        self._indexed = isinstance(source, Batch)
-        self._errors_inline = isinstance(source, Batch) and source.keep_going
+        indexed = isinstance(source, Batch)
+        errors_inline = isinstance(source, Batch) and source.keep_going
+        self._framer = Framer(encoder, indexed=indexed, errors_inline=errors_inline)
         self._done = False
-        # Ready outputs not written yet (a backlog larger than WRITE_BYTES), and the
-        # last chunk's bytes per output, to size the next one before encoding it.
-        self._carry: list[Any] | None = None
-        self._frame_bytes = 0
 
     @property
     def done(self) -> bool:
@@ -161,7 +145,7 @@ class Exchange:
             except TetherError as exc:
                 return self._error_head(exc)
             if isinstance(result, list):
-                result = [_jsonable(item) for item in result]
+                result = [jsonable(item) for item in result]
             try:
                 body = self.encoder.dumps(result)
             except Exception as exc:
@@ -180,10 +164,10 @@ class Exchange:
         if not items:
             return Head(200, headers, encoder.ping())
         try:
-            chunk = self._encode_some(items)
+            chunk = self._framer.some(items)
         except Exception as exc:
             return self._unencodable_head(exc)
-        if self._carry is None and self.source.exhausted:
+        if self._framer.carry is None and self.source.exhausted:
             self._done = True
             return Head(200, headers, chunk + encoder.terminal())
         return Head(200, headers, chunk)
@@ -217,43 +201,26 @@ class Exchange:
         await self.aclose()
         return Head(200, self._success_headers(), b"")
 
-    def _encode_some(self, items: list[Any]) -> bytes:
-        """Encode the ready ``items`` into one chunk of about :data:`WRITE_BYTES` at most
-        (at least one output); what does not fit waits in ``_carry`` for the next chunk.
+    def ready_chunk(self) -> bytes | None:
+        """The next bytes to write if they are ready now (outputs, the end, an error),
+        without waiting; ``None`` when the adapter has to wait: ``await next_chunk()``.
 
-        Outputs are encoded slice by slice, each slice sized from the bytes per output
-        measured last, so a backlog is never encoded or joined whole. The usual case
-        (small outputs, sizes known) is one slice and no copy of the list.
+        The write loop of an adapter: ``chunk = exchange.ready_chunk()``, and only if
+        that is ``None``, ``chunk = await exchange.next_chunk()``. No coroutine is made
+        for a chunk that was ready.
         """
-        count = len(items)
-        per_frame = self._frame_bytes
-        if per_frame and per_frame * count <= WRITE_BYTES:
-            chunk = self._encode(items)
-            self._frame_bytes = len(chunk) // count or 1
-            return chunk
-        parts: list[bytes] = []
-        size = done = 0
-        while done < count and size < WRITE_BYTES:
-            # Before anything was measured, a few outputs tell the size of the rest.
-            take = max(1, (WRITE_BYTES - size) // per_frame) if per_frame else _FIRST_SLICE
-            part = self._encode(items[done : done + take])
-            taken = min(take, count - done)
-            per_frame = len(part) // taken or 1
-            parts.append(part)
-            size += len(part)
-            done += taken
-        self._frame_bytes = per_frame
-        if done < count:
-            self._carry = items[done:]
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def _encode(self, items: list[Any]) -> bytes:
-        if self._indexed:
-            if self._errors_inline:
-                # a keep-going batch yields a failed sub-request's error in its place
-                items = [(index, _jsonable(output)) for index, output in items]
-            return self.encoder.encode_indexed(items)
-        return self.encoder.encode_many(items)
+        if self._done:
+            return b""
+        carry = self._framer.take_carry()
+        if carry is not None:
+            return self._chunk(carry)
+        try:
+            items = self.source.ready()
+        except TetherError as exc:
+            return self._failed(exc)
+        if items == []:
+            return None
+        return self._chunk(items)
 
     async def next_chunk(self) -> bytes:
         """The next bytes to write, while not :attr:`done`: every ready output in one
@@ -263,40 +230,76 @@ class Exchange:
         A client disconnect ends the response quietly (``b""``, and :attr:`done`):
         nobody is reading.
         """
-        if self._done:
-            return b""
+        chunk = self.ready_chunk()
+        return await self.wait_chunk() if chunk is None else chunk
+
+    async def wait_chunk(self) -> bytes:
+        """:meth:`next_chunk` for a write loop that just got ``None`` from
+        :meth:`ready_chunk`: wait (up to ``ping_interval``), then the next bytes."""
+        await self.source.wait_ready(timeout=self.ping_interval)
+        chunk = self.ready_chunk()
+        return self.encoder.ping() if chunk is None else chunk
+
+    def _chunk(self, items: list[Any] | None) -> bytes:
         encoder = self.encoder
-        carry = self._carry
-        try:
-            if carry is not None:
-                self._carry = None
-                items: list[Any] | None = carry
-            else:
-                items = await self.source.next_ready(timeout=self.ping_interval)
-        except Aborted as exc:
-            self._done = True
-            if exc.reason in (AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED):
-                return b""
-            return encoder.error(error_response(exc).body) + encoder.terminal()
-        except TetherError as exc:
-            self._done = True
-            return encoder.error(error_response(exc).body) + encoder.terminal()
         if items is None:
             self._done = True
             return encoder.terminal()
-        if not items:
-            return encoder.ping()
         try:
-            chunk = self._encode_some(items)
+            chunk = self._framer.some(items)
         except Exception as exc:
             self._unencodable(exc)
-            self._done = True
-            return encoder.error(error_response(exc).body) + encoder.terminal()
-        if self._carry is None and self.source.exhausted:
+            return self._failed(exc)
+        if self._framer.carry is None and self.source.exhausted:
             # The last outputs and the terminal frame go out in one write.
             self._done = True
             return chunk + encoder.terminal()
         return chunk
+
+    def _failed(self, exc: Exception) -> bytes:
+        """The end of a stream that failed after its start: one error event and the
+        terminal frame; nothing when its client left (nobody reads)."""
+        self._done = True
+        if isinstance(exc, Aborted) and exc.reason in _CLIENT_GONE:
+            return b""
+        encoder = self.encoder
+        return encoder.error(error_response(exc).body) + encoder.terminal()
+
+    def writing(self) -> None:
+        """A write of this response starts now: it is bounded by ``send_timeout``.
+
+        For the hot write loop, instead of :meth:`bounded`: call it before each
+        write and :meth:`written` after; when the write is interrupted by
+        ``CancelledError``, ask :meth:`stalled` whether the bound cut it.
+        """
+        self._guard.begin()
+
+    def written(self) -> None:
+        """The write started by :meth:`writing` is over."""
+        self._guard.end()
+
+    def stalled(self) -> bool:
+        """After ``CancelledError`` in a write begun with :meth:`writing`: whether the
+        send timeout cut it (the client stopped reading). Then the cancellation is
+        consumed, the request is aborted as for a disconnect, and the adapter ends
+        the response without raising; else the cancellation is someone else's."""
+        if not self._guard.stalled_out():
+            return False
+        self._client_stalled()
+        return True
+
+    def _client_stalled(self) -> None:
+        logger.warning(
+            "%r: the client read nothing for %gs; the request is aborted",
+            self.source,
+            self.send_timeout,
+        )
+        scope = current_scope()
+        if scope is not None:
+            scope.disconnect()
+        else:
+            self.source.cancel(AbortReason.CLIENT_DISCONNECTED)
+        self._done = True
 
     async def bounded(self, write: Awaitable[object]) -> bool:
         """Await one write of this response (a send, a flush), bounded by ``send_timeout``.
@@ -312,17 +315,7 @@ class Exchange:
         """
         if await self._guard.write(write):
             return True
-        logger.warning(
-            "%r: the client read nothing for %gs; the request is aborted",
-            self.source,
-            self.send_timeout,
-        )
-        scope = current_scope()
-        if scope is not None:
-            scope.disconnect()
-        else:
-            self.source.cancel(AbortReason.CLIENT_DISCONNECTED)
-        self._done = True
+        self._client_stalled()
         return False
 
     def farewell(self) -> bytes:
@@ -334,9 +327,9 @@ class Exchange:
         self._done = True
         source = self.source
         source.cancel(AbortReason.CANCELLED)
-        carry, self._carry = self._carry, None
+        carry = self._framer.take_carry()
         try:
-            held = self._encode(carry) if carry else b""
+            held = self._framer.encode(carry) if carry else b""
         except Exception:  # unencodable: what matters now is the end
             held = b""
         encoder = self.encoder

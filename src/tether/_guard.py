@@ -40,29 +40,47 @@ class SendGuard:
         self.stalled = False
         """Whether a write waited past the limit (the client stopped reading)."""
 
+    def begin(self) -> None:
+        """A write of the response starts now (the writing task is the current one).
+
+        Costs two attribute sets and, at most once per ``limit`` seconds, a timer:
+        adapters call it around every write, with no coroutine of its own.
+        """
+        limit = self._limit
+        if limit is None:
+            return
+        self._since = _now()
+        self._busy = True
+        if self._timer is None:
+            self._task = asyncio.current_task()
+            self._timer = asyncio.get_running_loop().call_later(limit, self._tick)
+
+    def end(self) -> None:
+        """The write started by :meth:`begin` completed (or failed)."""
+        self._busy = False
+
+    def stalled_out(self) -> bool:
+        """In a write interrupted by ``CancelledError``: whether the guard cancelled it
+        (the client stalled) rather than someone else; if so, the cancellation is
+        consumed here and the writer ends its response instead of raising."""
+        self._busy = False
+        task = self._task
+        return self.stalled and task is not None and task.uncancel() == 0
+
     async def write(self, write: Awaitable[object]) -> bool:
         """Await ``write``; ``False`` if it waited past the limit and was abandoned.
 
         Must be awaited by the task that writes the response.
         """
-        limit = self._limit
-        if limit is None:
-            await write
-            return True
-        self._since = _now()
-        if self._timer is None:
-            self._task = asyncio.current_task()
-            self._timer = asyncio.get_running_loop().call_later(limit, self._tick)
-        self._busy = True
+        self.begin()
         try:
             await write
         except asyncio.CancelledError:
-            task = self._task
-            if self.stalled and task is not None and task.uncancel() == 0:
+            if self.stalled_out():
                 return False
             raise
         finally:
-            self._busy = False
+            self.end()
         return True
 
     def _tick(self) -> None:

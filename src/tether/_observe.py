@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from ._errors import TetherError
+from ._scope import RequestScope
 from ._state import RequestState
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "announce_first_output",
     "announce_open",
     "observe_end",
+    "opened",
     "request_logger",
 ]
 
@@ -139,6 +141,24 @@ def _end_of(
         first_at - state.opened_at if first_at else None,
         total,
     )
+
+
+def opened(
+    observers: Sequence[Observer],
+    states: Sequence[RequestState],
+    scope: RequestScope | None,
+    *,
+    batch: bool,
+) -> None:
+    """``states`` were registered in ``scope``: stamp them with its request id (the
+    client's label), and tell the observers."""
+    request_id = None if scope is None else scope.request_id
+    if request_id is not None:
+        for state in states:
+            state.request_id = request_id
+    if observers:
+        rids = [state.rid for state in states]
+        announce_open(observers, rids, batch=batch, request_id=request_id)
 
 
 def announce_open(

@@ -15,7 +15,9 @@ other threads use the ``*_threadsafe`` methods, which hand over to that loop.
 
 from __future__ import annotations
 
+import asyncio
 import re
+import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -29,7 +31,7 @@ from ._errors import (
     InvalidRequestId,
     ProducerError,
 )
-from ._observe import Observer, announce_first_output, announce_open
+from ._observe import Observer, announce_first_output, opened
 from ._scope import current_scope
 from ._state import DEFAULT_MAX_PENDING_BYTES, Group, Limits, RequestState, approximate_size
 from ._stats import RegistryStats
@@ -134,8 +136,7 @@ class Registry:
 
     @property
     def late_outputs(self) -> int:
-        """How many producer calls named a rid no longer in flight (a cheap counter,
-        read by metrics collectors without building a whole :meth:`stats` snapshot)."""
+        """Producer calls for a rid no longer in flight (cheaper than :meth:`stats`)."""
         return self._table.late
 
     def __contains__(self, rid: object) -> bool:
@@ -146,11 +147,8 @@ class Registry:
         return self._table.stats()
 
     def add_observer(self, observer: Observer) -> None:
-        """Attach an :class:`~tether.Observer`: from now on it hears of every request's
-        open, first output and end (metrics collectors and tracers attach this way).
-
-        :raises ValueError: ``observer`` is already attached.
-        """
+        """Attach an :class:`~tether.Observer` (a metrics collector, a tracer) that hears
+        of every request's open, first output and end; twice raises ``ValueError``."""
         table = self._table
         if observer in table.observers:
             raise ValueError(f"{observer!r} is already attached to this registry")
@@ -158,8 +156,7 @@ class Registry:
 
     def remove_observer(self, observer: Observer) -> None:
         """Detach an observer attached by :meth:`add_observer`; nothing if it is not."""
-        table = self._table
-        table.observers = tuple(kept for kept in table.observers if kept is not observer)
+        self._table.observers = tuple(o for o in self._table.observers if o is not observer)
 
     def __repr__(self) -> str:
         return f"<Registry in_flight={len(self._entries)} closed={self._table.closed}>"
@@ -199,10 +196,8 @@ class Registry:
             raise DuplicateRequest(rid)
         state = RequestState(rid, 0, None, now())
         table.insert((state,))
-        if scope is not None:
-            state.request_id = scope.request_id
-        if table.observers:
-            announce_open(table.observers, (rid,), batch=False, request_id=state.request_id)
+        if scope is not None or table.observers:
+            opened(table.observers, (state,), scope, batch=False)
         if timeout is not None:
             state.timer = loop.call_later(timeout, table.expire, (state,), timeout)
         stream = Stream(table, state)
@@ -267,12 +262,8 @@ class Registry:
         states.extend(RequestState(rid, index, group, opened_at) for index, rid in enumerate(rids))
         group.remaining = count
         table.insert(states)
-        request_id = None if scope is None else scope.request_id
-        if request_id is not None:
-            for state in states:
-                state.request_id = request_id
-        if table.observers:
-            announce_open(table.observers, rids, batch=True, request_id=request_id)
+        if scope is not None or table.observers:
+            opened(table.observers, states, scope, batch=True)
         if timeout is not None:
             group.timer = loop.call_later(timeout, table.expire, tuple(states), timeout)
         batch = Batch(table, group)
@@ -289,19 +280,27 @@ class Registry:
         gets :class:`~tether.ProducerError`, the producer ``on_abort``), and a consumer
         that fell too far behind gets :class:`~tether.ConsumerTooSlow`.
 
+        Call it on the registry's event loop (the one requests are opened on); a
+        producer on another thread uses :meth:`deliver_threadsafe`. A call from
+        elsewhere would change the state behind the loop's back and wake nobody; it
+        is refused on each request's first output (one check per request, not per
+        output), before anything changes.
+
         :returns: ``True`` if the request was in flight; ``False`` (counted as a late
             output, never raised) if it had already finished, failed or been aborted.
+        :raises RuntimeError: called outside the registry's event loop (another
+            thread, or another loop).
         """
         state = self._entries.get(rid)
         if state is None:
             self._table.late += 1
             return False
         if not state.first_at:
+            self._require_own_loop(rid)
             state.first_at = at = now()
-            table = self._table
-            table.ttfo.append(at - state.opened_at)
-            if table.observers:
-                announce_first_output(table.observers, rid, at - state.opened_at)
+            self._table.ttfo.append(at - state.opened_at)
+            if self._table.observers:
+                announce_first_output(self._table.observers, rid, at - state.opened_at)
         try:
             fits = state.put(output, self._limits)
         except Exception as exc:  # merge() raised: that request fails, the producer goes on
@@ -312,6 +311,19 @@ class Registry:
         elif finished:
             self._table.finish(state)
         return True
+
+    def _require_own_loop(self, rid: str) -> None:
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not self._table.require_loop():
+            raise RuntimeError(
+                f"Registry.deliver({rid!r}) was called outside the registry's event loop "
+                f"(from thread {threading.current_thread().name!r}): the consumer would "
+                "not be woken. From another thread, use deliver_threadsafe() or "
+                "deliver_many_threadsafe()."
+            )
 
     def deliver_many(self, items: Iterable[tuple[str, Any, bool]]) -> int:
         """Deliver ``(rid, output, finished)`` triples in order; returns how many were live."""

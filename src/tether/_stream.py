@@ -79,7 +79,7 @@ class Stream(Consumer):
         unread = (self._take_buffered() or EMPTY) + state.take()
         self._collect([(0, output) for output in unread], (state,))
         while state.live and not self._closed:
-            await self._wait(state, None)
+            await self.wait_ready()
         if state.error is not None:
             raise state.error.with_traceback(None)
         return None if state.acc is NOTHING else state.acc

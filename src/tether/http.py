@@ -11,11 +11,17 @@ moves the bytes an :class:`Exchange` gives::
         head = await exchange.start()        # status, headers, first bytes
         write_head(head)                     # whole, if exchange.done
         while not exchange.done:
-            if not await exchange.bounded(write(await exchange.next_chunk())):
-                break                        # the client stopped reading
-    except asyncio.CancelledError:           # the server cancelled the handler
-        write(exchange.farewell())           # (or exchange.farewell_head())
-        raise
+            chunk = exchange.ready_chunk()   # no coroutine when something is ready
+            if chunk is None:
+                chunk = await exchange.wait_chunk()
+            exchange.writing()               # the send timeout, as bookkeeping
+            await write(chunk)
+            exchange.written()
+    except asyncio.CancelledError:
+        if exchange.stalled():               # the send timeout: the client stopped reading
+            return
+        write(exchange.farewell())           # the server cancelled the handler
+        raise                                # (or exchange.farewell_head(), not started)
     finally:
         await exchange.aclose()
 
