@@ -84,6 +84,8 @@ class Observer:
     """Hooks called by a registry at the edges of a request's life; override any.
 
     Every hook runs on the registry's loop, synchronously, and must return quickly.
+    ``on_end`` runs inside the table's end path, before the consumer is woken and
+    before ``on_abort``: it must not call back into the registry.
     """
 
     __slots__ = ()

@@ -192,7 +192,7 @@ class Registry:
             scope.check()
         if rid is None:
             rid = table.fresh_rid()
-        elif rid in self._entries:
+        elif table.taken(rid):
             raise DuplicateRequest(rid)
         state = RequestState(rid, 0, None, now())
         table.insert((state,))
@@ -249,7 +249,7 @@ class Registry:
         loop = table.admit(count, timeout)
         if rids is not None:
             for rid in rids:
-                if rid in self._entries:
+                if table.taken(rid):
                     raise DuplicateRequest(rid)
         scope = current_scope()
         if scope is not None:

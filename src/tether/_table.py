@@ -73,6 +73,7 @@ class Table:
         "_on_abort",
         "_opened",
         "_prefix",
+        "_reserved",
         "_thread",
         "_total",
         "closed",
@@ -99,6 +100,8 @@ class Table:
         self._on_abort = on_abort
         self._abort_timeout = abort_timeout
         self._abort_tasks: set[asyncio.Task[None]] = set()
+        # Freed rids whose on_abort has not run yet: not to be opened again before it has.
+        self._reserved: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: int | None = None
         self._idle: asyncio.Event | None = None
@@ -139,10 +142,10 @@ class Table:
         """An id no live request has."""
         # A client may have chosen the next fresh id already (the prefix is visible
         # in every rid handed out): skip it rather than take its entry.
-        entries = self.entries
+        entries, reserved = self.entries, self._reserved
         while True:
             rid = f"{self._prefix}-{next(self._ids)}"
-            if rid not in entries:
+            if rid not in entries and rid not in reserved:
                 return rid
 
     def insert(self, states: Sequence[RequestState]) -> None:
@@ -183,11 +186,15 @@ class Table:
         the same error (reason ``failed_sibling``), and the producer is told of each.
         """
         reason = error.reason if isinstance(error, Aborted) else None
-        self._close((state,), error, reason, tell=tell, defer=defer)
+        ended = self._close((state,), error, reason)
+        siblings: list[str] = []
         group = state.group
         if group is not None and not group.keep_going:
-            siblings = [sibling for sibling in group.states if sibling.live]
-            self._close(siblings, error, AbortReason.FAILED_SIBLING, tell=True, defer=defer)
+            live = [sibling for sibling in group.states if sibling.live]
+            siblings = self._close(live, error, AbortReason.FAILED_SIBLING)
+        # Told only once the table is consistent again: on_abort may re-enter it.
+        self._tell(ended if tell else [], defer)
+        self._tell(siblings, defer)
 
     def end_rid(self, rid: str, error: TetherError, *, tell: bool, defer: bool) -> bool:
         """:meth:`end` the request ``rid`` if it is live; else count a late call.
@@ -215,7 +222,7 @@ class Table:
         if group is not None and not group.split:
             live = [state for state in group.states if state.live]
             group.error = error  # the batch as a whole was aborted: reading it raises this
-        self._close(live, error, error.reason, tell=True, defer=defer)
+        self._tell(self._close(live, error, error.reason), defer)
         return True
 
     def too_slow(self, state: RequestState, finished: bool) -> None:
@@ -249,9 +256,9 @@ class Table:
     def fail_all(self, exc: BaseException) -> int:
         """Fail every live request with its own :class:`~tether.ProducerError`."""
         live = [state for state in self.entries.values() if state.live]
-        for state in live:
-            self._close((state,), ProducerError(state.rid, exc), None, tell=False, defer=True)
-        return len(live)
+        return sum(
+            len(self._close((state,), ProducerError(state.rid, exc), None)) for state in live
+        )
 
     def expire(self, states: tuple[RequestState, ...], timeout: float) -> None:
         """A deadline passed (a timer callback)."""
@@ -272,8 +279,7 @@ class Table:
                 functools.partial(self.abort, states, error, defer=True)
             )
         except RuntimeError:  # the loop is gone: free the entries, nobody is listening
-            live = [state for state in states if state.live]
-            self._close(live, error, AbortReason.CANCELLED, tell=False, defer=True)
+            self._close(states, error, AbortReason.CANCELLED)
 
     async def close(self, drain_timeout: float) -> None:
         """Stop admitting; wait up to ``drain_timeout`` for the table to empty; abort
@@ -300,19 +306,18 @@ class Table:
             await asyncio.wait(set(self._abort_tasks), timeout=self._abort_timeout)
 
     def _close(
-        self,
-        states: Iterable[RequestState],
-        error: TetherError,
-        reason: AbortReason | None,
-        *,
-        tell: bool,
-        defer: bool,
-    ) -> None:
-        """Free, count and end each of the live ``states`` with ``error``: aborted under
-        ``reason`` (their unread outputs dropped), or failed when ``reason`` is None
-        (what they delivered before stays readable)."""
+        self, states: Iterable[RequestState], error: TetherError, reason: AbortReason | None
+    ) -> list[str]:
+        """Free, count and end each of ``states`` still live with ``error``: aborted
+        under ``reason`` (their unread outputs dropped), or failed when ``reason`` is
+        None (what they delivered before stays readable). Calls nobody's code: the
+        rids it ended are returned, for :meth:`_tell` once the table is consistent."""
         aborted = reason is not None
+        ended: list[str] = []
         for state in states:
+            if not state.live:
+                continue  # ended meanwhile
+            ended.append(state.rid)
             if reason is None:
                 self._failed += 1
             else:
@@ -324,12 +329,12 @@ class Table:
                 if aborted and not group.split:
                     group.drop({state.index})
                 group.record(state)
-            if tell:
-                self._notify(state.rid, defer=defer)
+        return ended
 
     def _release(self, state: RequestState, error: TetherError | None, why: str | None) -> None:
         state.live = False
-        del self.entries[state.rid]
+        if self.entries.get(state.rid) is state:
+            del self.entries[state.rid]
         self._total.append(observe_end(self.observers, state, error, why, now() - state.opened_at))
         if state.timer is not None:
             state.timer.cancel()
@@ -350,27 +355,39 @@ class Table:
 
     # -- on_abort -----------------------------------------------------------------------
 
-    def _notify(self, rid: str, *, defer: bool) -> None:
-        if self._on_abort is None:
+    def taken(self, rid: str) -> bool:
+        """Whether ``rid`` cannot be opened now: live, or freed but not yet reported to
+        ``on_abort`` (a producer that has not heard of the abort would still route that
+        rid's outputs to whoever opened it next)."""
+        return rid in self.entries or rid in self._reserved
+
+    def _tell(self, rids: list[str], defer: bool) -> None:
+        """Call ``on_abort`` for each of ``rids``: now, or soon (``defer``), the rid
+        reserved until it has run."""
+        if self._on_abort is None or not rids:
             return
-        if defer and self._loop is not None:
-            self._loop.call_soon(self._call_on_abort, rid)
-        else:
-            self._call_on_abort(rid)
+        loop = self._loop
+        for rid in rids:
+            if defer and loop is not None:
+                self._reserved.add(rid)
+                loop.call_soon(self._call_on_abort, rid)
+            else:
+                self._call_on_abort(rid)
 
     def _call_on_abort(self, rid: str) -> None:
         callback = self._on_abort
-        if callback is None:
-            return
         try:
-            result = callback(rid)
+            result = None if callback is None else callback(rid)
         except Exception:
             logger.exception("on_abort(%r) raised; the request was freed anyway", rid)
-            return
+            result = None
         if inspect.isawaitable(result):
+            self._reserved.add(rid)  # until the producer has taken the abort in
             task = asyncio.get_running_loop().create_task(self._await_on_abort(rid, result))
             self._abort_tasks.add(task)
             task.add_done_callback(self._abort_tasks.discard)
+        else:
+            self._reserved.discard(rid)
 
     async def _await_on_abort(self, rid: str, awaitable: Awaitable[object]) -> None:
         try:
@@ -380,6 +397,8 @@ class Table:
             logger.error("on_abort(%r) took longer than %gs; abandoned", rid, self._abort_timeout)
         except Exception:
             logger.exception("on_abort(%r) raised; the request was freed anyway", rid)
+        finally:
+            self._reserved.discard(rid)
 
     # -- figures ------------------------------------------------------------------------
 

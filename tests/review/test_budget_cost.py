@@ -14,8 +14,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import pytest
-
 import tether
 
 TOKENS = 8000
@@ -28,11 +26,6 @@ def merge(older: dict[str, Any], newer: dict[str, Any]) -> dict[str, Any]:
     return older
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="each deliver re-weighs the whole merged backlog with approximate_size: "
-    "quadratic in the lag, milliseconds per deliver on the producer's loop",
-)
 async def test_delivering_to_a_lagging_consumer_costs_the_producer_no_more_than_its_outputs() -> (
     None
 ):

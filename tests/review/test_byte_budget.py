@@ -40,11 +40,6 @@ def _object_delta() -> Delta:
     return Delta("x" * MEGABYTE)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="approximate_size stops four levels down and trusts the shallow sys.getsizeof "
-    "for objects: 40 MB wait for a consumer under a 16 MiB budget",
-)
 @pytest.mark.parametrize(
     "make", [_tool_call_delta, _object_delta], ids=["tool-call-delta", "dataclass-output"]
 )
@@ -61,11 +56,6 @@ async def test_the_default_byte_budget_bounds_outputs_of_any_shape(
             await stream.next_ready()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with merge, only the merged output's approximate_size is weighed: an object "
-    "that accumulates weighs the same at 1 byte and at 40 MB, so nothing bounds it",
-)
 async def test_a_merged_object_backlog_is_bounded_by_the_default_byte_budget() -> None:
     def merge(older: Delta, newer: Delta) -> Delta:
         return Delta(older.text + newer.text)

@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-import pytest
-
 import tether
 
 REENTRANT = (
@@ -23,7 +21,6 @@ REENTRANT = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason=REENTRANT)
 async def test_closing_a_batch_survives_an_on_abort_that_aborts_its_siblings() -> None:
     calls: Counter[str] = Counter()
 
@@ -40,7 +37,6 @@ async def test_closing_a_batch_survives_an_on_abort_that_aborts_its_siblings() -
     assert calls == dict.fromkeys(batch.rids, 1)
 
 
-@pytest.mark.xfail(strict=True, reason=REENTRANT)
 async def test_registry_close_aborts_everything_even_when_on_abort_reenters() -> None:
     calls: Counter[str] = Counter()
     groups: dict[str, tuple[str, ...]] = {}
@@ -65,7 +61,6 @@ async def test_registry_close_aborts_everything_even_when_on_abort_reenters() ->
     await bystander.aclose()
 
 
-@pytest.mark.xfail(strict=True, reason=REENTRANT)
 async def test_cancelling_a_batch_survives_an_on_abort_that_finishes_a_sibling() -> None:
     def on_abort(rid: str) -> None:
         # An engine whose abort flushes the last output of the other sub-requests.
@@ -78,11 +73,6 @@ async def test_cancelling_a_batch_survives_an_on_abort_that_finishes_a_sibling()
     assert registry.in_flight == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the stale loop in Table._close deletes a live entry a re-entrant on_abort "
-    "opened under a rid it had just freed: the new request is orphaned (invariant 8)",
-)
 async def test_a_request_opened_from_on_abort_keeps_its_table_entry() -> None:
     reopened: list[tether.Stream] = []
 

@@ -1,4 +1,4 @@
-"""Review: a rid is free for reuse before its producer has heard it was aborted.
+"""A rid is never open again before its producer has heard it was aborted.
 
 ``Table`` frees an aborted entry at once but, on the paths entered from the
 producer (a batch sibling aborted because ``fail()`` ended another sub-request, a
@@ -8,7 +8,8 @@ closed), tells the producer later (``defer``: ``call_soon(on_abort)``). In betwe
 own id, or any client that read the id in a response). When ``on_abort(rid)``
 finally runs, the producer, which knows requests only by their id, aborts the
 newcomer; the old work goes on and its outputs go to the newcomer: one client's
-output sent to another, the very hole of issue 10 point 1, by another route.
+output sent to another. So a rid freed but not yet reported is refused
+(``DuplicateRequest``) until ``on_abort`` has run, and fresh ids skip it.
 """
 
 from __future__ import annotations
@@ -27,13 +28,7 @@ if str(EXAMPLES) not in sys.path:
 
 from engine import Engine, expected_text, merge_outputs  # noqa: E402
 
-REUSE = (
-    "a deferred on_abort(rid) reaches the producer after open(rid) already accepted a new "
-    "request under that id: the producer aborts the newcomer, not the request that ended"
-)
 
-
-@pytest.mark.xfail(strict=True, reason=REUSE)
 async def test_on_abort_never_names_a_rid_that_is_live_again() -> None:
     live_when_told: list[bool] = []
     told = asyncio.Event()
@@ -45,15 +40,16 @@ async def test_on_abort_never_names_a_rid_that_is_live_again() -> None:
     registry = tether.Registry(on_abort)
     batch = registry.open_batch(["s1", "s2"])
     registry.fail("s1", RuntimeError("the engine failed s1"))  # s2: aborted, told later
-    retry = registry.open("s2")  # a client retrying in the same turn of the loop
+    with pytest.raises(tether.DuplicateRequest):
+        registry.open("s2")  # a client retrying in the same turn of the loop: not yet
     async with asyncio.timeout(10):
         await told.wait()
     assert live_when_told == [False], "the producer was told to abort 's2' while 's2' was live"
+    retry = registry.open("s2")  # once the producer knows, the id is free again
     await retry.aclose()
     await batch.aclose()
 
 
-@pytest.mark.xfail(strict=True, reason=REUSE)
 async def test_a_retry_under_a_freed_rid_gets_its_own_tokens_on_the_example_engine() -> None:
     engine = Engine(max_batch=8)
     told = asyncio.Event()
@@ -71,11 +67,14 @@ async def test_a_retry_under_a_freed_rid_gets_its_own_tokens_on_the_example_engi
     engine.step()
     engine.step()  # s1 fails at its third token: s2 is aborted as its sibling
     assert "s2" not in registry
-    # A client whose request died with the batch retries at once, under its own id.
-    retry = registry.open("s2")
-    engine.submit("s2", "retry prompt", 3)
+    # A client whose request died with the batch retries at once, under its own id:
+    # refused until the engine heard of the abort, then its own.
+    with pytest.raises(tether.DuplicateRequest):
+        registry.open("s2")
     async with asyncio.timeout(10):
-        await told.wait()  # the deferred on_abort('s2') ran: the engine dropped the retry
+        await told.wait()  # the deferred on_abort('s2') ran: the engine dropped the old job
+        retry = registry.open("s2")
+        engine.submit("s2", "retry prompt", 3)
         for _ in range(20):
             engine.step()
             if "s2" not in registry:
