@@ -12,7 +12,7 @@ Run it and try it::
     curl -N 127.0.0.1:8001/generate -d '{"text": "hi", "max_tokens": 8, "stream": true}'
     curl 127.0.0.1:8001/generate -d '{"text": ["a", "b"], "max_tokens": 4}'
     curl 127.0.0.1:8001/v1/completions -d '{"model": "m", "prompt": "hi", "max_tokens": 4}'
-    curl 127.0.0.1:8001/metrics
+    curl 127.0.0.1:8001/metrics     # Prometheus; /stats is the same as JSON
     # and open http://127.0.0.1:8001/ in a browser
 """
 
@@ -105,7 +105,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE].metrics())
+    body, content_type = request.app[SERVICE].metrics()
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+async def stats(request: web.Request) -> web.Response:
+    return web.json_response(request.app[SERVICE].stats())
 
 
 async def aborts(request: web.Request) -> web.Response:
@@ -137,6 +142,7 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> web.Appli
     app.router.add_post("/generate", generate)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/stats", stats)
     app.router.add_get("/metrics/aborts", aborts)
     app.router.add_get("/health", health)
     app.router.add_get("/", index)

@@ -4,7 +4,7 @@ For each server (Starlette on uvicorn, aiohttp, then FastAPI on uvicorn) it star
 subprocess on 127.0.0.1 with an ephemeral port, drives it for a few seconds with
 concurrent clients (one prompt or a batch, streamed or not, a quarter of them
 abandoned part-way), checks every token against the engine's deterministic
-tokens, then reads the server's ``/metrics`` and prints a table.
+tokens, then reads the server's ``/stats`` and prints a table.
 
 Disconnect-to-abort latency is measured across the two processes: the client
 notes ``time.monotonic()`` when it drops a connection, the server's engine notes
@@ -78,7 +78,7 @@ async def settled(client: httpx.AsyncClient, *, timeout: float = 5.0) -> dict[st
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while True:
-        metrics: dict[str, Any] = (await client.get("/metrics")).json()
+        metrics: dict[str, Any] = (await client.get("/stats")).json()
         engine = metrics["engine"]
         idle = metrics["in_flight"] == 0 and engine["running"] == 0 and engine["waiting"] == 0
         if idle or loop.time() > end:
@@ -116,7 +116,20 @@ async def drive(name: str, *, seconds: float, clients: int) -> bool:
                 print("\r" + " " * 100 + "\r", end="")
             metrics = await settled(client)
             aborts = dict((await client.get("/metrics/aborts")).json()["aborts"])
-    return report(name, url, tally, metrics, aborts, elapsed, clients)
+            exposition = (await client.get("/metrics")).text
+    return report(name, url, tally, metrics, aborts, elapsed, clients, exposition)
+
+
+SCRAPED = (
+    "tether_requests_opened_total",
+    "tether_requests_finished_total",
+    "tether_requests_aborted_total",
+    "tether_late_outputs_total",
+    "tether_time_to_first_output_seconds_count",
+    "tether_time_to_first_output_seconds_sum",
+    "tether_request_duration_seconds_count",
+)
+"""The samples the demo shows of ``/metrics``."""
 
 
 def report(
@@ -127,8 +140,12 @@ def report(
     aborts: dict[str, float],
     elapsed: float,
     clients: int,
+    exposition: str = "",
 ) -> bool:
-    """Print one server's table; returns whether the run was clean."""
+    """Print one server's table; returns whether the run was clean.
+
+    :param exposition: the server's ``GET /metrics`` (Prometheus text), of which a
+        few lines are shown as a scraper sees them."""
     latencies = [aborts[rid] - t for rid, t in tally.disconnects.items() if rid in aborts]
     unaborted = [rid for rid in tally.disconnects if rid not in aborts]
     engine = metrics["engine"]
@@ -170,6 +187,12 @@ def report(
         problems.append(f"{len(unaborted)} abandoned requests never aborted: {unaborted[:3]}")
     if metrics["in_flight"] or engine["running"] or engine["waiting"]:
         problems.append("state left in flight after the run")
+    scraped = [line for line in exposition.splitlines() if line.startswith(SCRAPED)]
+    scraped = [line for line in scraped if not line.endswith(" 0.0")]  # the reasons seen
+    if scraped:
+        print("  scraped from /metrics (Prometheus):")
+        for line in scraped:
+            print(f"    {line}")
     for problem in problems[:10]:
         print(f"  FAIL: {problem}")
     print(f"  {'FAILED' if problems else 'OK'}\n")

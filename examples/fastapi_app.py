@@ -14,7 +14,7 @@ Run it and try it (the OpenAI client works against ``/v1``)::
     curl -N 127.0.0.1:8000/generate -d '{"text": "hi", "max_tokens": 8, "stream": true}'
     curl 127.0.0.1:8000/generate -d '{"text": ["a", "b"], "max_tokens": 4}'
     curl 127.0.0.1:8000/v1/completions -d '{"model": "m", "prompt": "hi", "max_tokens": 4}'
-    curl 127.0.0.1:8000/metrics
+    curl 127.0.0.1:8000/metrics     # Prometheus; /stats is the same as JSON
 """
 
 from __future__ import annotations
@@ -148,7 +148,12 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> FastAPI:
         return await respond(request, source, streaming=False, transform=shape)
 
     @app.get("/metrics")
-    async def metrics(registry: RegistryDep) -> dict[str, Any]:
+    async def metrics() -> Response:
+        body, content_type = service.metrics()
+        return Response(body, headers={"Content-Type": content_type})
+
+    @app.get("/stats")
+    async def stats(registry: RegistryDep) -> dict[str, Any]:
         # (the registry as a handler receives it: the middleware's, by dependency)
         return {**registry.stats().as_dict(), "engine": service.engine.stats().as_dict()}
 

@@ -29,7 +29,7 @@ __all__ = ["RemoteEngine", "RemoteStats"]
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RemoteStats:
-    """What this worker knows of the engine: its link's counters (``/metrics``)."""
+    """What this worker knows of the engine: its link's counters (``/stats``)."""
 
     link: dict[str, Any]
 
@@ -55,7 +55,7 @@ class RemoteEngine:
         self.client.submit(rid, {"prompt": prompt, "max_tokens": max_tokens})
 
     def abort(self, rid: str) -> None:
-        """The registry's ``on_abort``: batched to the engine, and noted for ``/metrics``."""
+        """The registry's ``on_abort``: batched to the engine, and noted for ``/metrics/aborts``."""
         self._aborts.append((rid, time.monotonic()))
         self.client.on_abort(rid)
 

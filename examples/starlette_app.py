@@ -11,7 +11,7 @@ Run it and try it::
     curl -N 127.0.0.1:8000/generate -d '{"text": "hi", "max_tokens": 8, "stream": true}'
     curl 127.0.0.1:8000/generate -d '{"text": ["a", "b"], "max_tokens": 4}'
     curl 127.0.0.1:8000/v1/completions -d '{"model": "m", "prompt": "hi", "max_tokens": 4}'
-    curl 127.0.0.1:8000/metrics
+    curl 127.0.0.1:8000/metrics     # Prometheus; /stats is the same as JSON
     # and open http://127.0.0.1:8000/ in a browser
 """
 
@@ -108,7 +108,11 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
         return JSONResponse(api.completion(generation, json.loads(bytes(response.body)), cid))
 
     async def metrics(request: Request) -> Response:
-        return JSONResponse(service.metrics())
+        body, content_type = service.metrics()
+        return Response(body, headers={"Content-Type": content_type})
+
+    async def stats(request: Request) -> Response:
+        return JSONResponse(service.stats())
 
     async def aborts(request: Request) -> Response:
         return JSONResponse(service.aborts())
@@ -130,6 +134,7 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
             Route("/generate", generate, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/metrics", metrics),
+            Route("/stats", stats),
             Route("/metrics/aborts", aborts),
             Route("/health", health),
             Route("/", index),

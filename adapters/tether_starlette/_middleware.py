@@ -55,7 +55,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tether
-from tether.http import FAREWELL_TIMEOUT, error_response
+from tether.http import FAREWELL_TIMEOUT, REQUEST_ID_HEADER, accept_request_id, error_response
 
 from ._shutdown import DrainOnSignal
 
@@ -195,7 +195,10 @@ class TetherMiddleware:
             return
         scope[REGISTRY_KEY] = self.registry
         channel = _Channel(receive, send)
-        with tether.RequestScope(on_first_track=channel.watch) as request_scope:
+        channel.request_id = request_id = _request_id(scope)
+        with tether.RequestScope(
+            on_first_track=channel.watch, request_id=request_id
+        ) as request_scope:
             scope[SCOPE_KEY] = channel.scope = request_scope
             try:
                 await self._answer(scope, channel)
@@ -269,6 +272,7 @@ class _Channel:
         "_send",
         "_wanted",
         "complete",
+        "request_id",
         "scope",
         "send_error",
         "started",
@@ -278,6 +282,7 @@ class _Channel:
         self._receive = receive
         self._send = send
         self.scope: tether.RequestScope | None = None
+        self.request_id: str | None = None  # echoed on the response
         self._reader: asyncio.Task[None] | None = None
         self._body: collections.deque[Message] = collections.deque()  # read, not yet taken
         self._buffered = 0  # bytes in _body
@@ -379,6 +384,8 @@ class _Channel:
         kind = message["type"]
         if kind == "http.response.start":
             self.started = True
+            if self.request_id is not None:
+                message = _with_request_id(message, self.request_id)
             # The app answers without the rest of its body: drop it, and free a reader
             # that waits for room, so that it goes on to see the disconnect.
             self._body.clear()
@@ -395,6 +402,24 @@ class _Channel:
             if self.scope is not None:
                 self.scope.disconnect()
             raise
+
+
+_REQUEST_ID_NAME: Final = REQUEST_ID_HEADER.lower().encode("latin-1")
+
+
+def _request_id(scope: Scope) -> str | None:
+    """The client's ``X-Request-Id`` (the first one), if it is an acceptable label."""
+    for name, value in scope.get("headers", ()):
+        if name == _REQUEST_ID_NAME:
+            return accept_request_id(value)
+    return None
+
+
+def _with_request_id(message: Message, request_id: str) -> Message:
+    """The response start ``message`` with the request id echoed (replacing the app's)."""
+    headers = [pair for pair in message.get("headers", ()) if pair[0].lower() != _REQUEST_ID_NAME]
+    headers.append((_REQUEST_ID_NAME, request_id.encode("ascii")))
+    return {**message, "headers": headers}
 
 
 async def _farewell(scope: Scope, channel: _Channel) -> None:

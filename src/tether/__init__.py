@@ -11,7 +11,8 @@ and the error mapping in :mod:`tether.http`. Where each concept lives:
 ``_registry`` (the public front), ``_table`` (admission, the one end-of-request
 path, ``on_abort``, counters), ``_state`` (mailboxes), ``_consumer`` (the reading
 loop of ``_stream`` and ``_batch``), ``_scope``, ``_errors``, ``_encoders``,
-``_stats``; and for adapters ``_exchange``, ``_framing``, ``_responses``, ``_guard``.
+``_stats``, ``_observe`` (hooks for metrics, traces, logs); and for adapters
+``_exchange``, ``_framing``, ``_responses``, ``_guard``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ._errors import (
     TetherError,
     UnknownRequest,
 )
+from ._observe import Observer, Outcome, RequestEnd
 from ._registry import Registry
 from ._scope import RequestScope
 from ._state import DEFAULT_MAX_PENDING_BYTES, approximate_size
@@ -56,11 +58,14 @@ __all__ = [
     "Encoder",
     "InvalidRequest",
     "InvalidRequestId",
+    "Observer",
+    "Outcome",
     "Overloaded",
     "ProducerError",
     "Registry",
     "RegistryClosed",
     "RegistryStats",
+    "RequestEnd",
     "RequestScope",
     "RequestTimeout",
     "Stream",

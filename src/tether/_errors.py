@@ -27,6 +27,7 @@ unknown rid (they return ``False`` and count a late output instead).
 from __future__ import annotations
 
 import enum
+import re
 from typing import Final
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "RequestTimeout",
     "TetherError",
     "UnknownRequest",
+    "check_rid",
     "client_facing",
     "declared_status",
 ]
@@ -119,6 +121,26 @@ class InvalidRequestId(InvalidRequest):
         shown = repr(rid) if len(repr(rid)) <= 80 else repr(rid)[:77] + "..."
         super().__init__(f"invalid request id {shown}: {why}; pass rid=None for a fresh id")
         self.rid = rid
+
+
+_UNSAFE_IN_RID = re.compile("[\\x00-\\x1f\\x7f-\\x9f\\ud800-\\udfff]")
+"""Control characters (log and header injection) and lone surrogates (no encoder takes them)."""
+
+
+def check_rid(rid: object) -> None:
+    """Refuse a client-chosen request id that is not a valid id.
+
+    :raises InvalidRequestId: ``rid`` is not a ``str``, is empty, is longer than
+        ``MAX_RID_LENGTH``, or holds a control character or a lone surrogate.
+    """
+    if not isinstance(rid, str):
+        raise InvalidRequestId(rid, f"a request id is a str, not {type(rid).__name__}")
+    if not rid:
+        raise InvalidRequestId(rid, "a request id cannot be empty")
+    if len(rid) > MAX_RID_LENGTH:
+        raise InvalidRequestId(rid, f"a request id has at most {MAX_RID_LENGTH} characters")
+    if _UNSAFE_IN_RID.search(rid) is not None:
+        raise InvalidRequestId(rid, "a control character or a lone surrogate is not allowed")
 
 
 class BatchTooLarge(TetherError, ValueError):

@@ -267,6 +267,7 @@ class RequestState:
         "opened_at",
         "pending",
         "pos",
+        "request_id",
         "rid",
         "timer",
         "waiter",
@@ -294,6 +295,8 @@ class RequestState:
         # wakes the consumer only when the request ends.
         self.collect = False
         self.acc: Any = NOTHING
+        # The client's own label (X-Request-Id), for logs and observers; never a key.
+        self.request_id: str | None = None
 
     def __repr__(self) -> str:
         return f"<RequestState {self.rid!r} live={self.live}>"

@@ -4,8 +4,8 @@
 requests, hands out fresh ids, and ends them. Every end goes through
 :meth:`Table.finish` (the producer's last output) or :meth:`Table.end` (an error:
 the producer's failure, a server abort, a consumer closing early), which free the
-entry, count the end once, record it in the mailbox and wake the consumer; and
-decide, in one place, whether the producer is told through ``on_abort``. The
+entry, count the end once, tell the observers, record it in the mailbox and wake
+the consumer; and decide, in one place, whether the producer is told through ``on_abort``. The
 batch rule lives here too: a sub-request that fails on its own ends its batch,
 unless the batch keeps going.
 
@@ -41,6 +41,7 @@ from ._errors import (
     TetherError,
 )
 from ._notify import Notifier
+from ._observe import Observer, observe_end
 from ._state import Limits, RequestState
 from ._stats import RegistryStats, Summary, sample_buffer
 from .types import OnAbort
@@ -78,6 +79,7 @@ class Table:
         "late",
         "limits",
         "max_in_flight",
+        "observers",
         "ttfo",
     )
 
@@ -99,15 +101,14 @@ class Table:
         self._idle: asyncio.Event | None = None
         self._prefix = os.urandom(4).hex()
         self._ids = itertools.count(1)
-        self._opened = 0
-        self._finished = 0
-        self._failed = 0
+        self._opened = self._finished = self._failed = 0
         self.late = 0
         """Producer calls for a rid no longer in flight (the registry counts them)."""
         self._aborted: collections.Counter[str] = collections.Counter()
         self.ttfo = sample_buffer()
         """Times from open to first output (the registry samples them in deliver)."""
         self._total = sample_buffer()
+        self.observers: tuple[Observer, ...] = ()  # attached by Registry.add_observer
 
     # -- admission ------------------------------------------------------------------
 
@@ -167,7 +168,7 @@ class Table:
     def finish(self, state: RequestState) -> None:
         """The producer delivered ``state``'s last output."""
         self._finished += 1
-        self._release(state)
+        self._release(state, None, None)
         state.end(None)
 
     def end(self, state: RequestState, error: TetherError, *, tell: bool, defer: bool) -> None:
@@ -324,7 +325,7 @@ class Table:
                 self._failed += 1
             else:
                 self._aborted[reason] += 1
-            self._release(state)
+            self._release(state, error, reason)
             state.end(error, drop=aborted)
             group = state.group
             if group is not None:
@@ -333,11 +334,11 @@ class Table:
                 group.record(state)
         return ended
 
-    def _release(self, state: RequestState) -> None:
+    def _release(self, state: RequestState, error: TetherError | None, why: str | None) -> None:
         state.live = False
         if self.entries.get(state.rid) is state:
             del self.entries[state.rid]
-        self._total.append(now() - state.opened_at)
+        self._total.append(observe_end(self.observers, state, error, why, now() - state.opened_at))
         if state.timer is not None:
             state.timer.cancel()
             state.timer = None

@@ -26,7 +26,9 @@ moves the bytes an :class:`Exchange` gives::
         await exchange.aclose()
 
 Failures before the status line go through :func:`error_response` (the one mapping
-from an exception to a status, a JSON body and headers).
+from an exception to a status, a JSON body and headers). A client's
+:data:`REQUEST_ID_HEADER` goes through :func:`accept_request_id` into the scope
+(``RequestScope(request_id=...)``) and back on the response.
 """
 
 from __future__ import annotations
@@ -39,15 +41,18 @@ from ._responses import (
     error_body,
     error_response,
 )
-from ._scope import current_scope
+from ._scope import MAX_REQUEST_ID_LENGTH, REQUEST_ID_HEADER, accept_request_id, current_scope
 
 __all__ = [
     "CLIENT_CLOSED_REQUEST",
     "DEFAULT_SEND_TIMEOUT",
     "FAREWELL_TIMEOUT",
+    "MAX_REQUEST_ID_LENGTH",
+    "REQUEST_ID_HEADER",
     "ErrorResponse",
     "Exchange",
     "Head",
+    "accept_request_id",
     "current_scope",
     "error_body",
     "error_response",

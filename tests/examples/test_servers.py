@@ -39,7 +39,7 @@ async def http(url: str) -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def metrics(http: httpx.AsyncClient) -> dict[str, Any]:
-    response = await http.get("/metrics")
+    response = await http.get("/stats")
     assert response.status_code == 200
     data: dict[str, Any] = response.json()
     return data
