@@ -38,6 +38,7 @@ REQUEST_ID: Final = "tether.request_id"
 OUTCOME: Final = "tether.outcome"
 ABORT_REASON: Final = "tether.abort_reason"
 TTFO: Final = "tether.time_to_first_output"
+OUTPUT_COUNT: Final = "tether.output_count"
 TOTAL: Final = "tether.total_time"
 BATCH_SIZE: Final = "tether.batch.size"
 BATCH_INDEX: Final = "tether.batch.index"
@@ -126,6 +127,7 @@ class RequestTracer(tether.Observer):
         if end.time_to_first_output is not None:
             span.set_attribute(TTFO, end.time_to_first_output)
         span.set_attribute(TOTAL, end.total_time)
+        span.set_attribute(OUTPUT_COUNT, end.outputs)
         span.end()
         if group is None:
             return

@@ -68,6 +68,7 @@ class RequestEnd(NamedTuple):
     :param time_to_first_output: seconds from ``open()`` to the first output, or
         ``None`` when no output arrived.
     :param total_time: seconds from ``open()`` to the end.
+    :param outputs: how many outputs the producer delivered to it (folded ones too).
     """
 
     rid: str
@@ -78,6 +79,7 @@ class RequestEnd(NamedTuple):
     batch_index: int | None
     time_to_first_output: float | None
     total_time: float
+    outputs: int = 0
 
 
 class Observer:
@@ -142,6 +144,7 @@ def _end_of(
         None if state.group is None else state.index,
         first_at - state.opened_at if first_at else None,
         total,
+        state.noutputs,
     )
 
 

@@ -275,6 +275,7 @@ class Registry:
         if state is None:
             self._table.late += 1
             return False
+        state.noutputs += 1
         if not state.first_at:
             self._require_own_loop(rid)
             state.first_at = at = now()

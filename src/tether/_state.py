@@ -158,16 +158,14 @@ class Group:
     )
 
     def __init__(self, states: list[RequestState], *, keep_going: bool) -> None:
-        # Emptied once every sub-request ended (see Table.release).
-        self.states: Sequence[RequestState] = states
+        self.states: Sequence[RequestState] = states  # () once all ended (Table._release)
         self.keep_going = keep_going
         self.pending: list[tuple[int, Any]] = []
         self.gen = 0
         self.remaining = 0
         self.live = True
         self.error: TetherError | None = None
-        # Per-index errors, created on the first one.
-        self.errors: dict[int, TetherError] | None = None
+        self.errors: dict[int, TetherError] | None = None  # per index, made on the first
         self.split = False
         self.whole = False
         self.waiter: asyncio.Future[None] | None = None
@@ -263,6 +261,7 @@ class RequestState:
         "index",
         "live",
         "nbytes",
+        "noutputs",
         "npending",
         "opened_at",
         "pending",
@@ -289,6 +288,7 @@ class RequestState:
         self.gen = -1
         self.pos = 0
         self.npending = 0
+        self.noutputs = 0  # delivered so far (for observers)
         # Bytes waiting behind the oldest output, estimated while a backlog exists.
         self.nbytes = 0
         # collect mode (result() is waiting): the producer folds into acc and

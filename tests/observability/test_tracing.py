@@ -133,10 +133,6 @@ async def test_a_batch_is_one_span_with_a_child_per_sub_request(
     await batch.aclose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs core: a per-request output count (RequestEnd.outputs), counted in deliver",
-)
 async def test_a_span_carries_the_number_of_outputs(
     registry: tether.Registry, exporter: InMemorySpanExporter
 ) -> None:
