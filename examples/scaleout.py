@@ -180,12 +180,15 @@ async def health(client: httpx.AsyncClient, *, times: int) -> bool:
     return True
 
 
-async def until_healthy(client: httpx.AsyncClient) -> None:
-    """Poll ``/health`` (bounded: 10 s) until the workers answer 200: a condition in
-    other processes, with no event to wait on."""
+async def until_healthy(client: httpx.AsyncClient, engine: Spawned, fronts: int = 2) -> None:
+    """Poll (bounded: 10 s) until the engine has a session with every worker and the
+    workers answer ``/health`` with 200: conditions in other processes, with no event
+    to wait on. (``/health`` alone may reach one worker only: the other, still
+    without its session, would answer the load's first requests with 503.)"""
     async with asyncio.timeout(10):
         while True:
-            if await health(client, times=4):
+            stats = await engine_stats(engine)
+            if stats["link"]["fronts"] >= fronts and await health(client, times=4):
                 return
             await asyncio.sleep(0.02)
 
@@ -221,7 +224,7 @@ async def scene(name: str, *, seconds: float, clients: int) -> bool:
                 async with httpx.AsyncClient(
                     base_url=url.rstrip("/"), limits=limits, timeout=30
                 ) as client:
-                    await until_healthy(client)
+                    await until_healthy(client, engine)
                     # 1. verified load across both workers
                     tally = await verified_load(client, name, seconds, clients)
                     stats = await engine_idle(engine)
@@ -242,7 +245,7 @@ async def scene(name: str, *, seconds: float, clients: int) -> bool:
                     engine_cm = spawned(*engine_cmd)
                     engine = await engine_cm.__aenter__()
                     await engine.line("listening on")
-                    await until_healthy(client)
+                    await until_healthy(client, engine)
                     again = await verified_load(client, name, 1.0, 4)
                     rows.append(
                         f"engine restarted: {again.total('requests')} requests, "
