@@ -130,25 +130,79 @@ async def _write_stream(
     """Write the whole stream, each write bounded; ``False`` if the client stalled."""
     if not await exchange.bounded(response.prepare(request)):
         return False
+    # The first chunk goes through aiohttp's writer, which sends the head if it is
+    # still buffered; after it, a chunk may go straight to the transport (_Direct).
+    direct = _Direct.of(request, response)
     # The hot loop: per chunk, one write and (only when nothing is ready) one wait;
-    # the send timeout is bookkeeping around the write, not a coroutine.
+    # the send timeout is bookkeeping around a write that may wait, not a coroutine.
     writing, written, ready_chunk = exchange.writing, exchange.written, exchange.ready_chunk
     write = response.write
     chunk = first
+    first_write = True
     try:
-        while True:
-            writing()
-            await write(chunk)
-            written()
-            if exchange.done:
-                break
+        while not exchange.done:
+            if first_write or direct is None or not direct.write(chunk):
+                first_write = False
+                writing()
+                await write(chunk)
+                written()
             ready = ready_chunk()
             chunk = await exchange.wait_chunk() if ready is None else ready
     except asyncio.CancelledError:
         if exchange.stalled():
             return False  # the client read nothing for send_timeout: it counts as gone
         raise
-    return await exchange.bounded(response.write_eof())
+    # The last chunk and the end of the body (the empty chunk) in one write.
+    return await exchange.bounded(response.write_eof(chunk))
+
+
+class _Direct:
+    """Writes a chunk of a started response straight to its transport when that
+    cannot wait: nothing is queued before it (so flow control has not paused
+    writing), the connection is open, and the body is plain chunked encoding (no
+    compression, no length). Otherwise the caller writes through aiohttp's
+    ``StreamResponse.write``, which waits for flow control. Both end in the same
+    ``transport.write``, in program order, so switching between them keeps the
+    bytes in order.
+
+    Per event this skips aiohttp's writer layers and the send timeout's bookkeeping
+    (a write that cannot wait needs no bound). aiohttp's own byte count of the
+    response (``body_length``, the access log's ``%b``) misses these bytes.
+    """
+
+    __slots__ = ("_transport",)
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+
+    @classmethod
+    def of(cls, request: web.Request, response: web.StreamResponse) -> _Direct | None:
+        """A direct writer for ``response`` once prepared, or ``None`` if its body is
+        framed otherwise (HTTP/1.0, compression, a length set by a signal handler)."""
+        transport = request.transport
+        if (
+            not isinstance(transport, asyncio.Transport)
+            or response.compression
+            or response.content_length is not None
+            or response.headers.get(hdrs.TRANSFER_ENCODING) != "chunked"
+        ):
+            return None
+        return cls(transport)
+
+    def writable(self) -> bool:
+        """Whether a write now goes out without waiting (nothing queued, still open)."""
+        transport = self._transport
+        return not transport.get_write_buffer_size() and not transport.is_closing()
+
+    def write(self, chunk: bytes) -> bool:
+        """Write ``chunk`` as one HTTP chunk if the transport is :meth:`writable`;
+        ``False`` (nothing written) if not."""
+        transport = self._transport
+        if transport.get_write_buffer_size() or transport.is_closing():
+            return False
+        if chunk:
+            transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        return True
 
 
 async def _farewell(
