@@ -286,8 +286,9 @@ class _Channel:
         self._reader: asyncio.Task[None] | None = None
         self._body: collections.deque[Message] = collections.deque()  # read, not yet taken
         self._buffered = 0  # bytes in _body
-        self._arrived = asyncio.Event()  # set by the reader: a message or the end is there
-        self._room = asyncio.Event()  # set by the app: it took a message
+        # Made with the reader (a request that opens no stream needs neither):
+        self._arrived: asyncio.Event | None = None  # set by the reader: a message or the end
+        self._room: asyncio.Event | None = None  # set by the app: it took a message
         self._last: Message | Exception | None = None
         self._in_receive = False  # the app is in a direct receive() now
         self._wanted = False
@@ -303,17 +304,19 @@ class _Channel:
 
     def _start(self) -> None:
         if self._reader is None and self._last is None:
+            arrived, room = asyncio.Event(), asyncio.Event()
+            self._arrived, self._room = arrived, room
             self._reader = asyncio.get_running_loop().create_task(
-                self._read(), name="tether-receive"
+                self._read(arrived, room), name="tether-receive"
             )
 
     def _gone(self) -> None:
         if not self.complete and self.scope is not None:
             self.scope.disconnect()
 
-    async def _read(self) -> None:
+    async def _read(self, arrived: asyncio.Event, room: asyncio.Event) -> None:
         """The reader task: read the body ahead of the app, then wait for the disconnect."""
-        receive, body, arrived, room = self._receive, self._body, self._arrived, self._room
+        receive, body = self._receive, self._body
         while True:
             while self._buffered >= READ_AHEAD:  # the app is behind: let the server hold on
                 room.clear()
@@ -367,16 +370,18 @@ class _Channel:
             elif self._wanted:
                 self._start()
             return message
-        body = self._body
+        body, arrived, room = self._body, self._arrived, self._room
+        assert arrived is not None  # (both made with the reader)
+        assert room is not None
         while not body:
             last = self._last
             if last is not None:
                 return _repeat(last)
-            self._arrived.clear()
-            await self._arrived.wait()
+            arrived.clear()
+            await arrived.wait()
         message = body.popleft()
         self._buffered -= len(message.get("body", b""))
-        self._room.set()
+        room.set()
         return message
 
     async def send(self, message: Message) -> None:
@@ -390,7 +395,8 @@ class _Channel:
             # that waits for room, so that it goes on to see the disconnect.
             self._body.clear()
             self._buffered = 0
-            self._room.set()
+            if self._room is not None:
+                self._room.set()
         elif kind == "http.response.body" and not message.get("more_body", False):
             # Marked before sending: the server may report its own end-of-response
             # disconnect before this coroutine resumes.

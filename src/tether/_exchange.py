@@ -39,6 +39,9 @@ that stopped."""
 _CLIENT_GONE: Final = (AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED)
 """Why a stream may end with nothing more written: nobody reads it."""
 
+_SSE: Final = SSE()
+"""The default framing, shared: an encoder holds no state of its own response."""
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Head:
@@ -101,7 +104,7 @@ class Exchange:
             source.cancel()  # the exchange owned the source all the same: nothing is left open
             raise ValueError(bad)
         if encoder is None:
-            encoder = SSE()
+            encoder = _SSE
         elif isinstance(encoder, type):
             encoder = encoder()
         self.source = source
@@ -109,11 +112,30 @@ class Exchange:
         self.encoder: Encoder = encoder
         self.ping_interval = ping_interval
         self.send_timeout = send_timeout
-        self._guard = SendGuard(send_timeout)
-        indexed = isinstance(source, Batch)
-        errors_inline = isinstance(source, Batch) and source.keep_going
-        self._framer = Framer(encoder, indexed=indexed, errors_inline=errors_inline)
+        # A one-shot JSON answer writes once, after its request finished: it needs
+        # neither the send timeout's guard nor the framing (made when first used).
+        self._guard: SendGuard | None = SendGuard(send_timeout) if streaming else None
+        self._framer: Framer | None = self._make_framer() if streaming else None
         self._done = False
+
+    def _make_framer(self) -> Framer:
+        source = self.source
+        errors_inline = isinstance(source, Batch) and source.keep_going
+        return Framer(self.encoder, indexed=isinstance(source, Batch), errors_inline=errors_inline)
+
+    @property
+    def _framing(self) -> Framer:
+        framer = self._framer
+        if framer is None:
+            framer = self._framer = self._make_framer()
+        return framer
+
+    @property
+    def _bound(self) -> SendGuard:
+        guard = self._guard
+        if guard is None:
+            guard = self._guard = SendGuard(self.send_timeout)
+        return guard
 
     @property
     def done(self) -> bool:
@@ -163,11 +185,12 @@ class Exchange:
             return Head(200, headers, encoder.terminal())
         if not items:
             return Head(200, headers, encoder.ping())
+        framer = self._framing
         try:
-            chunk = self._framer.some(items)
+            chunk = framer.some(items)
         except Exception as exc:
             return self._unencodable_head(exc)
-        if self._framer.carry is None and self.source.exhausted:
+        if framer.carry is None and self.source.exhausted:
             self._done = True
             return Head(200, headers, chunk + encoder.terminal())
         return Head(200, headers, chunk)
@@ -211,8 +234,10 @@ class Exchange:
         """
         if self._done:
             return b""
-        carry = self._framer.take_carry()
+        framer = self._framing
+        carry = framer.carry
         if carry is not None:
+            framer.carry = None
             return self._chunk(carry)
         try:
             items = self.source.ready()
@@ -221,6 +246,38 @@ class Exchange:
         if items == []:
             return None
         return self._chunk(items)
+
+    def output_chunk(self) -> bytes | None:
+        """The outputs ready now as one chunk, for a write made from the producer's
+        step (a sink; see the adapters): ``None`` when anything but plain outputs is
+        next (nothing ready, the end, an error, an output that does not encode),
+        which the handler's task then handles with :meth:`ready_chunk`, in order.
+
+        It never ends the response, aborts the work or raises: the producer's step
+        must go on whatever one response does. After it, :attr:`held` says whether
+        part of a large backlog is left for the handler's task.
+        """
+        framer = self._framing
+        if self._done or framer.carry is not None:
+            return None
+        try:
+            items = self.source.ready()
+        except TetherError:
+            return None  # (the error stays: the task's ready_chunk raises it again)
+        if not items:
+            return None
+        try:
+            return framer.some(items)
+        except Exception:
+            framer.carry = items  # the task encodes them again and fails the request
+            return None
+
+    @property
+    def held(self) -> bool:
+        """Whether outputs taken from the source wait in the exchange for a later
+        chunk (a backlog larger than one write)."""
+        framer = self._framer
+        return framer is not None and framer.carry is not None
 
     async def next_chunk(self) -> bytes:
         """The next bytes to write, while not :attr:`done`: every ready output in one
@@ -245,12 +302,13 @@ class Exchange:
         if items is None:
             self._done = True
             return encoder.terminal()
+        framer = self._framing
         try:
-            chunk = self._framer.some(items)
+            chunk = framer.some(items)
         except Exception as exc:
             self._unencodable(exc)
             return self._failed(exc)
-        if self._framer.carry is None and self.source.exhausted:
+        if framer.carry is None and self.source.exhausted:
             # The last outputs and the terminal frame go out in one write.
             self._done = True
             return chunk + encoder.terminal()
@@ -272,18 +330,18 @@ class Exchange:
         write and :meth:`written` after; when the write is interrupted by
         ``CancelledError``, ask :meth:`stalled` whether the bound cut it.
         """
-        self._guard.begin()
+        (self._guard or self._bound).begin()
 
     def written(self) -> None:
         """The write started by :meth:`writing` is over."""
-        self._guard.end()
+        (self._guard or self._bound).end()
 
     def stalled(self) -> bool:
         """After ``CancelledError`` in a write begun with :meth:`writing`: whether the
         send timeout cut it (the client stopped reading). Then the cancellation is
         consumed, the request is aborted as for a disconnect, and the adapter ends
         the response without raising; else the cancellation is someone else's."""
-        if not self._guard.stalled_out():
+        if not self._bound.stalled_out():
             return False
         self._client_stalled()
         return True
@@ -313,7 +371,7 @@ class Exchange:
 
         :returns: ``True`` once the write completed.
         """
-        if await self._guard.write(write):
+        if await self._bound.write(write):
             return True
         self._client_stalled()
         return False
@@ -327,9 +385,10 @@ class Exchange:
         self._done = True
         source = self.source
         source.cancel(AbortReason.CANCELLED)
-        carry = self._framer.take_carry()
+        framer = self._framing
+        carry = framer.take_carry()
         try:
-            held = self._framer.encode(carry) if carry else b""
+            held = framer.encode(carry) if carry else b""
         except Exception:  # unencodable: what matters now is the end
             held = b""
         encoder = self.encoder
@@ -355,5 +414,7 @@ class Exchange:
         in a ``finally`` even while their task is being cancelled.
         """
         self._done = True
-        self._guard.close()
+        guard = self._guard
+        if guard is not None:
+            guard.close()
         await self.source.aclose()
