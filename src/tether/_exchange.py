@@ -185,7 +185,7 @@ class Exchange:
             return Head(200, headers, encoder.terminal())
         if not items:
             return Head(200, headers, encoder.ping())
-        framer = self._framing
+        framer = self._framer or self._framing
         try:
             chunk = framer.some(items)
         except Exception as exc:
@@ -234,7 +234,7 @@ class Exchange:
         """
         if self._done:
             return b""
-        framer = self._framing
+        framer = self._framer or self._framing
         carry = framer.carry
         if carry is not None:
             framer.carry = None
@@ -257,7 +257,7 @@ class Exchange:
         must go on whatever one response does. After it, :attr:`held` says whether
         part of a large backlog is left for the handler's task.
         """
-        framer = self._framing
+        framer = self._framer or self._framing
         if self._done or framer.carry is not None:
             return None
         try:
@@ -302,7 +302,7 @@ class Exchange:
         if items is None:
             self._done = True
             return encoder.terminal()
-        framer = self._framing
+        framer = self._framer or self._framing
         try:
             chunk = framer.some(items)
         except Exception as exc:
@@ -385,7 +385,7 @@ class Exchange:
         self._done = True
         source = self.source
         source.cancel(AbortReason.CANCELLED)
-        framer = self._framing
+        framer = self._framer or self._framing
         carry = framer.take_carry()
         try:
             held = framer.encode(carry) if carry else b""
