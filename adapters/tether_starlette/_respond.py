@@ -168,6 +168,7 @@ class ExchangeResponse(Response):
             # The hot loop: per chunk, one send and (only when nothing is ready) one
             # wait; the send timeout is bookkeeping around the send, not a coroutine.
             writing, written, ready_chunk = exchange.writing, exchange.written, exchange.ready_chunk
+            wait, ping_interval = exchange.source.wait_ready, exchange.ping_interval
             while True:
                 last = exchange.done
                 writing()
@@ -177,7 +178,10 @@ class ExchangeResponse(Response):
                     break
                 body = b""
                 chunk = ready_chunk()
-                body = await exchange.wait_chunk() if chunk is None else chunk
+                if chunk is None:
+                    await wait(timeout=ping_interval)
+                    chunk = exchange.waited_chunk()
+                body = chunk
         except asyncio.CancelledError:
             if started and exchange.stalled():
                 return  # the client read nothing for send_timeout: it counts as gone

@@ -294,6 +294,12 @@ class Exchange:
         """:meth:`next_chunk` for a write loop that just got ``None`` from
         :meth:`ready_chunk`: wait (up to ``ping_interval``), then the next bytes."""
         await self.source.wait_ready(timeout=self.ping_interval)
+        return self.waited_chunk()
+
+    def waited_chunk(self) -> bytes:
+        """The next bytes once ``await source.wait_ready(timeout=ping_interval)``
+        returned: what is ready, or a ping. A write loop that awaits the source's wait
+        itself (one coroutine less per wait than :meth:`wait_chunk`) ends with it."""
         chunk = self.ready_chunk()
         return self.encoder.ping() if chunk is None else chunk
 
