@@ -183,3 +183,18 @@ def sse_events(body: bytes) -> list[Any]:
             data = frame[len(b"data: ") :]
             events.append("[DONE]" if data == b"[DONE]" else json.loads(data))
     return events
+
+
+def chunked_body(raw: bytes) -> bytes:
+    """The body of a chunked HTTP/1.1 response (head stripped, chunks joined)."""
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower(), head
+    body = b""
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return body
+        body += rest[:size]
+        assert rest[size : size + 2] == b"\r\n"
+        rest = rest[size + 2 :]

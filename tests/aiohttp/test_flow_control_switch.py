@@ -17,7 +17,7 @@ import tether
 import tether_aiohttp
 from tests.stalled import http_get
 
-from .conftest import StartServer
+from .conftest import StartServer, chunked_body
 
 BOUND: Final = 10.0
 OUTPUTS: Final = 400
@@ -61,21 +61,6 @@ def paced_app(
     tether_aiohttp.setup(app, registry)
     app.router.add_get("/paced", handle)
     return app
-
-
-def chunked_body(raw: bytes) -> bytes:
-    """The body of a chunked HTTP/1.1 response (head stripped, chunks joined)."""
-    head, _, rest = raw.partition(b"\r\n\r\n")
-    assert b"transfer-encoding: chunked" in head.lower(), head
-    body = b""
-    while True:
-        size_line, _, rest = rest.partition(b"\r\n")
-        size = int(size_line, 16)
-        if size == 0:
-            return body
-        body += rest[:size]
-        assert rest[size : size + 2] == b"\r\n"
-        rest = rest[size + 2 :]
 
 
 async def test_outputs_arrive_once_and_in_order_when_a_slow_reader_turns_fast(

@@ -296,3 +296,44 @@ async def test_a_large_backlog_goes_out_in_bounded_chunks_in_order_never_copied_
     largest = max(len(chunk) for chunk in chunks)
     assert largest <= 512 * 1024  # the 4 MB backlog was never joined into one buffer
     assert len(chunks) >= 8
+
+
+async def test_output_chunk_hands_an_unencodable_output_back_to_the_write_loop_in_order(
+    registry: tether.Registry, aborts: AbortLog
+) -> None:
+    stream = registry.open()
+    exchange = tether.http.Exchange(stream, streaming=True)
+    registry.deliver(stream.rid, "first")
+    async with asyncio.timeout(10):
+        await exchange.start()
+        registry.deliver(stream.rid, "second")
+        assert _sse_values(exchange.output_chunk() or b"") == ["second"]
+        assert exchange.output_chunk() is None  # nothing ready
+        registry.deliver(stream.rid, object())  # not JSON
+        # From the producer's step: nothing written, nothing aborted, nothing raised.
+        assert exchange.output_chunk() is None
+        assert (aborts.calls, exchange.done, exchange.held) == ({}, False, True)
+        # The write loop then takes it and ends the response with the error event.
+        chunk = exchange.ready_chunk() or b""
+    error, end = _sse_values(chunk)
+    assert error["error"]["code"] == 500  # type: ignore[index]
+    assert end == "[DONE]"
+    assert aborts.calls == {stream.rid: 1}
+    assert registry.in_flight == 0
+
+
+async def test_output_chunk_leaves_the_end_and_errors_to_the_write_loop(
+    registry: tether.Registry,
+) -> None:
+    stream = registry.open()
+    exchange = tether.http.Exchange(stream, streaming=True)
+    registry.deliver(stream.rid, "first")
+    async with asyncio.timeout(10):
+        await exchange.start()
+        registry.fail(stream.rid, RuntimeError("the engine broke"))
+        assert exchange.output_chunk() is None
+        assert not exchange.done
+        error, end = _sse_values(exchange.ready_chunk() or b"")
+    assert error["error"]["type"] == "ProducerError"  # type: ignore[index]
+    assert end == "[DONE]"
+    assert exchange.done

@@ -1,0 +1,60 @@
+"""Outputs written from the producer's step (a parked stream on an idle transport):
+a failure there ends that response as the handler's own write loop would, and never
+reaches the producer."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Final
+
+from aiohttp import web
+
+import tether
+import tether_aiohttp
+from tests.stalled import http_get
+
+from .conftest import StartServer, chunked_body, read_until, sse_events
+
+BOUND: Final = 10.0
+
+
+def one_stream_app(registry: tether.Registry, opened: asyncio.Queue[str]) -> web.Application:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        stream = registry.open()
+        opened.put_nowait(stream.rid)
+        return await tether_aiohttp.respond(request, stream, streaming=True)
+
+    app = web.Application()
+    tether_aiohttp.setup(app, registry)
+    app.router.add_get("/one", handle)
+    return app
+
+
+async def test_an_unencodable_output_written_from_the_producers_step_ends_with_an_error_event(
+    start_server: StartServer,
+) -> None:
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    port = await start_server(one_stream_app(registry, opened))
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        async with asyncio.timeout(BOUND):
+            writer.write(http_get("/one"))
+            rid = await opened.get()
+            assert registry.deliver(rid, {"n": 0})
+            seen = await read_until(reader, b'{"n":0}')
+            # The handler is parked now: these go out from deliver() itself.
+            assert registry.deliver(rid, {"n": 1})
+            seen += await read_until(reader, b'{"n":1}')
+            assert registry.deliver(rid, object())  # not JSON: never raised to the producer
+            seen += await read_until(reader, b"\r\n0\r\n\r\n")
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    events = sse_events(chunked_body(seen))
+    assert events[:2] == [{"n": 0}, {"n": 1}]
+    assert events[2]["error"]["code"] == 500
+    assert events[3:] == ["[DONE]"]
+    assert aborted == [rid]
+    assert registry.in_flight == 0
