@@ -58,3 +58,32 @@ async def test_an_unencodable_output_written_from_the_producers_step_ends_with_a
     assert events[3:] == ["[DONE]"]
     assert aborted == [rid]
     assert registry.in_flight == 0
+
+
+async def test_an_http_1_0_stream_is_written_unchunked_through_every_path(
+    start_server: StartServer,
+) -> None:
+    registry = tether.Registry()
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    port = await start_server(one_stream_app(registry, opened))
+
+    async def produce() -> None:
+        rid = await opened.get()
+        for n in range(50):  # one per step: the handler parks between them
+            assert registry.deliver(rid, {"n": n}, finished=n == 49)
+            await asyncio.sleep(0)
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        async with asyncio.timeout(BOUND):
+            producer = asyncio.create_task(produce())
+            writer.write(b"GET /one HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            raw = await reader.read()  # HTTP/1.0: the body ends with the connection
+            await producer
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert b"transfer-encoding" not in head.lower()
+    assert sse_events(body) == [{"n": n} for n in range(50)] + ["[DONE]"]
+    assert registry.in_flight == 0
