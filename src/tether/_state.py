@@ -220,10 +220,20 @@ class Group:
             self.error = error
 
     def drop(self, indices: set[int]) -> None:
-        """Forget the waiting outputs of the sub-requests at ``indices`` (aborted ones)."""
-        if self.pending:
-            self.pending = [pair for pair in self.pending if pair[0] not in indices]
-            self.gen += 1
+        """Forget the waiting outputs of the sub-requests at ``indices`` (aborted ones).
+
+        The others' outputs stay waiting where they were, so each survivor's place
+        in the list is moved with it (not forgotten: its next output must still fold
+        into, or count against, what already waits).
+        """
+        pending, states = self.pending, self.states
+        if not pending:
+            return
+        kept = [pair for pair in pending if pair[0] not in indices]
+        if states:  # (() once every sub-request ended: nobody puts any more)
+            for pos, (index, _) in enumerate(kept):
+                states[index].pos = pos  # the last pair of each is its newest
+        self.pending = kept
 
     def split_up(self, states: Sequence[RequestState]) -> None:
         """Make each sub-request its own mailbox: from now on each state keeps its
