@@ -201,11 +201,12 @@ async def _clean_up(runner: web.AppRunner, registry: tether.Registry, hurry: asy
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the example server in the foreground until Ctrl-C or SIGTERM (exit code 0)."""
-    options = cli.parse(argv, "tether example server on aiohttp")
+    options = cli.parse(argv, "tether example server on aiohttp", uvicorn=False)
     sock = None
     if options.workers > 1:
         sock = workers.listen(cli.HOST, options.port, options.workers)  # (returns in each)
-    asyncio.run(serve(options, sock))
+    with asyncio.Runner(loop_factory=cli.loop_factory(options.loop)) as runner:
+        runner.run(serve(options, sock))
 
 
 if __name__ == "__main__":
