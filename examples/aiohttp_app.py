@@ -8,7 +8,7 @@ the engine at once, although aiohttp does not cancel handlers by default.
 
 Run it and try it::
 
-    python examples/aiohttp_app.py --port 8001
+    python examples/aiohttp_app.py --port 8001    # or add --loop uvloop
     curl -N 127.0.0.1:8001/generate -d '{"text": "hi", "max_tokens": 8, "stream": true}'
     curl 127.0.0.1:8001/generate -d '{"text": ["a", "b"], "max_tokens": 4}'
     curl 127.0.0.1:8001/v1/completions -d '{"model": "m", "prompt": "hi", "max_tokens": 4}'

@@ -10,7 +10,7 @@ of its own: ``TetherMiddleware`` drains when uvicorn's shutdown begins, so
 
 Run it and try it (the OpenAI client works against ``/v1``)::
 
-    python examples/fastapi_app.py --port 8000
+    python examples/fastapi_app.py --port 8000    # or add --http h11 --loop asyncio
     curl -N 127.0.0.1:8000/generate -d '{"text": "hi", "max_tokens": 8, "stream": true}'
     curl 127.0.0.1:8000/generate -d '{"text": ["a", "b"], "max_tokens": 4}'
     curl 127.0.0.1:8000/v1/completions -d '{"model": "m", "prompt": "hi", "max_tokens": 4}'

@@ -7,7 +7,7 @@ away aborts its work in the engine at once.
 
 Run it and try it::
 
-    python examples/starlette_app.py --port 8000
+    python examples/starlette_app.py --port 8000    # or add --http h11 --loop asyncio
     curl -N 127.0.0.1:8000/generate -d '{"text": "hi", "max_tokens": 8, "stream": true}'
     curl 127.0.0.1:8000/generate -d '{"text": ["a", "b"], "max_tokens": 4}'
     curl 127.0.0.1:8000/v1/completions -d '{"model": "m", "prompt": "hi", "max_tokens": 4}'
