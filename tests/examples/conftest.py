@@ -60,23 +60,23 @@ UVICORN_STACKS: Final = tuple(
 requests and resume reading differently, and asyncio's loop and uvloop run the next
 request's task from different places (the difference behind issue 17's scope mix-up)."""
 
-AIOHTTP_STACK: Final = Stack(None, "asyncio")
-"""The aiohttp example as it runs by default (``--loop`` only picks the loop there)."""
+AIOHTTP_STACKS: Final = (Stack(None, "asyncio"), Stack(None, "uvloop"))
+"""The aiohttp example on its default loop and on uvloop (it has its own HTTP parser:
+``--loop`` is its only choice)."""
 
 SERVER_STACKS: Final = (
     *(pytest.param("starlette", stack, id=f"starlette-{stack.id}") for stack in UVICORN_STACKS),
     *(pytest.param("fastapi", stack, id=f"fastapi-{stack.id}") for stack in UVICORN_STACKS),
-    pytest.param("aiohttp", AIOHTTP_STACK, id="aiohttp"),
+    *(pytest.param("aiohttp", stack, id=f"aiohttp-{stack.id}") for stack in AIOHTTP_STACKS),
 )
-"""``(name, stack)`` parameters: each uvicorn-based example on every stack, and the
-aiohttp example once."""
+"""``(name, stack)`` parameters: each example server on every stack it can run on."""
 
 STACK_SETS: Final = (
     *(
         pytest.param((("starlette", stack), ("fastapi", stack)), id=stack.id)
         for stack in UVICORN_STACKS
     ),
-    pytest.param((("aiohttp", AIOHTTP_STACK),), id="aiohttp"),
+    pytest.param(tuple(("aiohttp", stack) for stack in AIOHTTP_STACKS), id="aiohttp"),
 )
 """The same servers as :data:`SERVER_STACKS` grouped by stack, for tests that run
 a group at once to pay a wait (a drain, a signal) once per group."""

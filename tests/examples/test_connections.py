@@ -8,7 +8,7 @@ once answered pipelined JSON + JSON with ``[200, 499]``, and let the client of a
 request after a large upload leave unnoticed. Each test speaks HTTP/1.1 over a raw
 socket, so that its requests really share one connection, to every example server on
 every uvicorn stack (h11 or httptools, asyncio's loop or uvloop) and to the aiohttp
-server.
+server on both loops.
 
 One server per (server, stack) serves the module; counters are compared before and
 after, so the tests do not depend on their order. Once it has stopped, its output

@@ -4,8 +4,8 @@ Each server runs as a subprocess on 127.0.0.1 (ephemeral port), as ``make serve`
 runs it; the test sends the signal itself, reads every response to its end, and
 checks the exit code and what the server wrote on stderr. The uvicorn-based
 servers run on each of uvicorn's stacks (h11 or httptools, asyncio's loop or
-uvloop: ``conftest.UVICORN_STACKS``); the servers of one test run at once, so a
-wait costs its time once per test.
+uvloop: ``conftest.UVICORN_STACKS``), the aiohttp one on both loops; the servers of
+one test run at once, so a wait costs its time once per test.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from launch import SERVERS
 import tether
 
 from .conftest import (
-    AIOHTTP_STACK,
+    AIOHTTP_STACKS,
     STACK_SETS,
     UVICORN_STACKS,
     Stack,
@@ -51,11 +51,11 @@ LONG_DRAIN_SERVERS: Final = (
     ("starlette", HTTPTOOLS_UVLOOP),
     ("fastapi", H11_UVLOOP),
     ("fastapi", HTTPTOOLS_ASYNCIO),
-    ("aiohttp", AIOHTTP_STACK),
+    ("aiohttp", AIOHTTP_STACKS[0]),
 )
 """The servers of the long-drain test: a covering set rather than every server on
 every stack. That test lasts the drain timeout (over 5 s) whatever it runs on, and its
-servers run at once on a two-core machine: nine would starve one another. These five
+servers run at once on a two-core machine: all ten would starve one another. These five
 put each uvicorn-based server on both HTTP implementations and both loops, and
 every one of the four stacks under one of them; the short shutdown tests below run
 every server on every stack."""
