@@ -13,6 +13,15 @@ is aborted and freed) and the connection is dropped at once, so that aiohttp
 does not wait on it again when it finishes the response. A plain JSON answer is
 written by aiohttp after its request finished, so nothing waits on it.
 
+Writing from the producer's step. While a stream's handler waits with nothing in
+flight and its transport holds no bytes (so flow control has not paused it), the
+stream's sink (``Stream.set_sink``) writes each output the producer delivers
+straight to the transport, inside ``deliver()``: no wake-up of the handler's task
+per output. The task still wakes for the end, an error, a ping, or once the
+transport holds bytes back; it then writes through aiohttp's ``write()`` (which
+waits for flow control, bounded by ``send_timeout``), in order, until the transport
+is idle again.
+
 A handler cancelled while its client is still connected (``handler_cancellation``
 on, or the end of ``shutdown_timeout``) ends its response before the cancellation
 goes on: the work is aborted, and the client, told that the server ended its
@@ -28,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
@@ -132,10 +142,12 @@ async def _write_stream(
         return False
     # The first chunk goes through aiohttp's writer, which sends the head if it is
     # still buffered; after it, a chunk may go straight to the transport (_Direct).
-    direct = _Direct.of(request, response)
+    direct = _Direct.of(request, response, exchange)
     # The hot loop: per chunk, one write and (only when nothing is ready) one wait;
     # the send timeout is bookkeeping around a write that may wait, not a coroutine.
     writing, written, ready_chunk = exchange.writing, exchange.written, exchange.ready_chunk
+    source = exchange.source
+    wait, set_sink, ping_interval = source.wait_ready, source.set_sink, exchange.ping_interval
     write = response.write
     chunk = first
     first_write = True
@@ -147,7 +159,19 @@ async def _write_stream(
                 await write(chunk)
                 written()
             ready = ready_chunk()
-            chunk = await exchange.wait_chunk() if ready is None else ready
+            if ready is None:
+                if direct is not None and direct.writable() and set_sink(direct.sink):
+                    # Parked with nothing in flight on an idle transport: the producer's
+                    # step writes what it delivers (_Direct.sink); this task wakes for
+                    # the end, an error, a ping, or once the transport holds bytes back.
+                    try:
+                        await wait(timeout=ping_interval)
+                    finally:
+                        set_sink(None)
+                else:
+                    await wait(timeout=ping_interval)
+                ready = exchange.waited_chunk()
+            chunk = ready
     except asyncio.CancelledError:
         if exchange.stalled():
             return False  # the client read nothing for send_timeout: it counts as gone
@@ -170,13 +194,16 @@ class _Direct:
     response (``body_length``, the access log's ``%b``) misses these bytes.
     """
 
-    __slots__ = ("_transport",)
+    __slots__ = ("_exchange", "_transport")
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(self, transport: asyncio.Transport, exchange: Exchange) -> None:
         self._transport = transport
+        self._exchange = exchange
 
     @classmethod
-    def of(cls, request: web.Request, response: web.StreamResponse) -> _Direct | None:
+    def of(
+        cls, request: web.Request, response: web.StreamResponse, exchange: Exchange
+    ) -> _Direct | None:
         """A direct writer for ``response`` once prepared, or ``None`` if its body is
         framed otherwise (HTTP/1.0, compression, a length set by a signal handler)."""
         transport = request.transport
@@ -187,7 +214,7 @@ class _Direct:
             or response.headers.get(hdrs.TRANSFER_ENCODING) != "chunked"
         ):
             return None
-        return cls(transport)
+        return cls(transport, exchange)
 
     def writable(self) -> bool:
         """Whether a write now goes out without waiting (nothing queued, still open)."""
@@ -202,6 +229,20 @@ class _Direct:
             return False
         if chunk:
             transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        return True
+
+    def sink(self, outputs: list[Any]) -> bool:
+        """The stream's sink (``Stream.set_sink``), called in the producer's step with
+        what it delivered: write it now if the transport is still :meth:`writable`;
+        ``False`` (nothing written) hands it back to the handler's task, which goes
+        on through aiohttp's writer, in order."""
+        transport = self._transport
+        if transport.get_write_buffer_size() or transport.is_closing():
+            return False
+        chunk = self._exchange.sink_chunk(outputs)
+        if chunk is None:
+            return False
+        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
         return True
 
 
@@ -229,8 +270,13 @@ async def _farewell(
         logger.debug("%r: the end of a cancelled response was not sent: %r", exchange.source, exc)
 
 
-def _headers(base: Mapping[str, str], extra: Mapping[str, str] | None) -> CIMultiDict[str]:
+def _headers(
+    base: Mapping[str, str], extra: Mapping[str, str] | None
+) -> Mapping[str, str] | CIMultiDict[str]:
+    """``base`` with ``extra`` laid over it (aiohttp copies what it is given: with no
+    ``extra``, ``base`` goes as it is)."""
+    if not extra:
+        return base
     merged = CIMultiDict(base)
-    if extra:
-        merged.update(extra)
+    merged.update(extra)
     return merged

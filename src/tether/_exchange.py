@@ -247,37 +247,23 @@ class Exchange:
             return None
         return self._chunk(items)
 
-    def output_chunk(self) -> bytes | None:
-        """The outputs ready now as one chunk, for a write made from the producer's
-        step (a sink; see the adapters): ``None`` when anything but plain outputs is
-        next (nothing ready, the end, an error, an output that does not encode),
-        which the handler's task then handles with :meth:`ready_chunk`, in order.
+    def sink_chunk(self, outputs: list[Any]) -> bytes | None:
+        """``outputs`` (what a :meth:`~tether.Stream.set_sink` sink is handed, in the
+        producer's step) as one chunk to write now; ``None`` when they must go the
+        usual way instead: the sink then declines them, they wait again in the source,
+        and the handler's write loop reads them with :meth:`ready_chunk` (an output the
+        encoder cannot serialise fails the request there, not in the producer's step).
 
         It never ends the response, aborts the work or raises: the producer's step
-        must go on whatever one response does. After it, :attr:`held` says whether
-        part of a large backlog is left for the handler's task.
+        must go on whatever one response does.
         """
-        framer = self._framer or self._framing
-        if self._done or framer.carry is not None:
-            return None
-        try:
-            items = self.source.ready()
-        except TetherError:
-            return None  # (the error stays: the task's ready_chunk raises it again)
-        if not items:
-            return None
-        try:
-            return framer.some(items)
-        except Exception:
-            framer.carry = items  # the task encodes them again and fails the request
-            return None
-
-    @property
-    def held(self) -> bool:
-        """Whether outputs taken from the source wait in the exchange for a later
-        chunk (a backlog larger than one write)."""
         framer = self._framer
-        return framer is not None and framer.carry is not None
+        if self._done or framer is None or framer.carry is not None:
+            return None
+        try:
+            return framer.encode(outputs)
+        except Exception:
+            return None
 
     async def next_chunk(self) -> bytes:
         """The next bytes to write, while not :attr:`done`: every ready output in one

@@ -298,7 +298,25 @@ async def test_a_large_backlog_goes_out_in_bounded_chunks_in_order_never_copied_
     assert len(chunks) >= 8
 
 
-async def test_output_chunk_hands_an_unencodable_output_back_to_the_write_loop_in_order(
+class _Writer:
+    """A stream's sink that writes what the exchange encodes for it, as an adapter's."""
+
+    def __init__(self, exchange: tether.http.Exchange) -> None:
+        self.exchange = exchange
+        self.written: list[bytes] = []
+
+    def __call__(self, outputs: list[object]) -> bool:
+        chunk = self.exchange.sink_chunk(outputs)
+        if chunk is None:
+            return False
+        self.written.append(chunk)
+        return True
+
+    def values(self) -> list[object]:
+        return _sse_values(b"".join(self.written))
+
+
+async def test_an_unencodable_output_is_declined_by_the_sink_and_fails_the_request_in_the_loop(
     registry: tether.Registry, aborts: AbortLog
 ) -> None:
     stream = registry.open()
@@ -306,34 +324,40 @@ async def test_output_chunk_hands_an_unencodable_output_back_to_the_write_loop_i
     registry.deliver(stream.rid, "first")
     async with asyncio.timeout(10):
         await exchange.start()
-        registry.deliver(stream.rid, "second")
-        assert _sse_values(exchange.output_chunk() or b"") == ["second"]
-        assert exchange.output_chunk() is None  # nothing ready
-        registry.deliver(stream.rid, object())  # not JSON
-        # From the producer's step: nothing written, nothing aborted, nothing raised.
-        assert exchange.output_chunk() is None
-        assert (aborts.calls, exchange.done, exchange.held) == ({}, False, True)
-        # The write loop then takes it and ends the response with the error event.
-        chunk = exchange.ready_chunk() or b""
-    error, end = _sse_values(chunk)
+    sink = _Writer(exchange)
+    assert stream.set_sink(sink)
+    assert registry.deliver(stream.rid, "second")
+    assert registry.deliver(stream.rid, object())  # not JSON: declined, never raised
+    assert registry.deliver(stream.rid, "third")  # the sink is gone: this one waits
+    assert sink.values() == ["second"]
+    assert (aborts.calls, exchange.done) == ({}, False)
+    # The write loop reads what waits, in order, and fails the request there.
+    error, end = _sse_values(exchange.ready_chunk() or b"")
     assert error["error"]["code"] == 500  # type: ignore[index]
     assert end == "[DONE]"
     assert aborts.calls == {stream.rid: 1}
     assert registry.in_flight == 0
 
 
-async def test_output_chunk_leaves_the_end_and_errors_to_the_write_loop(
+async def test_the_end_and_errors_reach_the_write_loop_past_the_sink(
     registry: tether.Registry,
 ) -> None:
-    stream = registry.open()
-    exchange = tether.http.Exchange(stream, streaming=True)
-    registry.deliver(stream.rid, "first")
+    ended, failed = registry.open(), registry.open()
+    exchanges = [tether.http.Exchange(stream, streaming=True) for stream in (ended, failed)]
     async with asyncio.timeout(10):
-        await exchange.start()
-        registry.fail(stream.rid, RuntimeError("the engine broke"))
-        assert exchange.output_chunk() is None
-        assert not exchange.done
-        error, end = _sse_values(exchange.ready_chunk() or b"")
+        for stream, exchange in zip((ended, failed), exchanges, strict=True):
+            registry.deliver(stream.rid, "first")
+            await exchange.start()
+    sinks = [_Writer(exchange) for exchange in exchanges]
+    assert ended.set_sink(sinks[0])
+    assert failed.set_sink(sinks[1])
+    registry.deliver(ended.rid, "last", finished=True)
+    registry.deliver(failed.rid, "second")
+    registry.fail(failed.rid, RuntimeError("the engine broke"))
+    assert [sink.values() for sink in sinks] == [["last"], ["second"]]
+    assert not any(exchange.done for exchange in exchanges)
+    assert exchanges[0].ready_chunk() == b"data: [DONE]\n\n"
+    error, end = _sse_values(exchanges[1].ready_chunk() or b"")
     assert error["error"]["type"] == "ProducerError"  # type: ignore[index]
     assert end == "[DONE]"
-    assert exchange.done
+    assert all(exchange.done for exchange in exchanges)
