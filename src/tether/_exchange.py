@@ -13,7 +13,6 @@ ends its response: :meth:`Exchange.farewell` gives the last bytes.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Awaitable
 from typing import Any, Final
@@ -23,11 +22,11 @@ from ._encoders import SSE, Encoder, default_dumps
 from ._errors import Aborted, AbortReason, TetherError
 from ._framing import Framer, jsonable
 from ._guard import SendGuard
-from ._responses import DEFAULT_SEND_TIMEOUT, JSON_HEADERS, error_response
+from ._responses import DEFAULT_SEND_TIMEOUT, JSON_HEADERS, Head, error_response
 from ._scope import current_scope
 from ._stream import Stream
 
-__all__ = ["FAREWELL_TIMEOUT", "Exchange", "Head"]
+__all__ = ["FAREWELL_TIMEOUT", "Exchange"]
 
 logger = logging.getLogger("tether")
 
@@ -41,21 +40,6 @@ _CLIENT_GONE: Final = (AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED)
 
 _SSE: Final = SSE()
 """The default framing, shared: an encoder holds no state of its own response."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Head:
-    """How a response starts.
-
-    :param status: the HTTP status.
-    :param headers: lower-case header names to values.
-    :param body: the first bytes of the body; the whole body when the exchange is
-        :attr:`~Exchange.done` once it returned this head.
-    """
-
-    status: int
-    headers: dict[str, str]
-    body: bytes
 
 
 class Exchange:
@@ -119,23 +103,21 @@ class Exchange:
         self._done = False
 
     def _make_framer(self) -> Framer:
-        source = self.source
-        errors_inline = isinstance(source, Batch) and source.keep_going
-        return Framer(self.encoder, indexed=isinstance(source, Batch), errors_inline=errors_inline)
+        batch = self.source if isinstance(self.source, Batch) else None
+        inline = batch is not None and batch.keep_going
+        return Framer(self.encoder, indexed=batch is not None, errors_inline=inline)
 
     @property
     def _framing(self) -> Framer:
-        framer = self._framer
-        if framer is None:
-            framer = self._framer = self._make_framer()
-        return framer
+        if self._framer is None:
+            self._framer = self._make_framer()
+        return self._framer
 
     @property
     def _bound(self) -> SendGuard:
-        guard = self._guard
-        if guard is None:
-            guard = self._guard = SendGuard(self.send_timeout)
-        return guard
+        if self._guard is None:
+            self._guard = SendGuard(self.send_timeout)
+        return self._guard
 
     @property
     def done(self) -> bool:
@@ -406,7 +388,6 @@ class Exchange:
         in a ``finally`` even while their task is being cancelled.
         """
         self._done = True
-        guard = self._guard
-        if guard is not None:
-            guard.close()
+        if self._guard is not None:
+            self._guard.close()
         await self.source.aclose()

@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_SEND_TIMEOUT",
     "JSON_HEADERS",
     "ErrorResponse",
+    "Head",
     "error_body",
     "error_response",
 ]
@@ -127,3 +128,18 @@ def error_response(exc: BaseException) -> ErrorResponse:
         # The text, not the error: a kept log record must not keep its traceback's frames.
         logger.error("%s (the client sees no detail)", str(exc), exc_info=exc.__cause__)
     return ErrorResponse(status, error_body(exc, status), headers)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Head:
+    """How a response starts.
+
+    :param status: the HTTP status.
+    :param headers: lower-case header names to values.
+    :param body: the first bytes of the body; the whole body when the exchange is
+        :attr:`~Exchange.done` once it returned this head.
+    """
+
+    status: int
+    headers: dict[str, str]
+    body: bytes

@@ -33,11 +33,12 @@ from an exception to a status, a JSON body and headers). A client's
 
 from __future__ import annotations
 
-from ._exchange import FAREWELL_TIMEOUT, Exchange, Head
+from ._exchange import FAREWELL_TIMEOUT, Exchange
 from ._responses import (
     CLIENT_CLOSED_REQUEST,
     DEFAULT_SEND_TIMEOUT,
     ErrorResponse,
+    Head,
     error_body,
     error_response,
 )
