@@ -1,11 +1,11 @@
 """Outputs written from the producer's step (a parked stream on an idle transport):
-a failure there ends that response as the handler's own write loop would, and never
-reaches the producer."""
+they reach the socket inside ``deliver()``; a failure there ends that response as the
+handler's own write loop would, and never reaches the producer."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Final
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -18,8 +18,19 @@ from .conftest import StartServer, chunked_body, read_until, sse_events
 BOUND: Final = 10.0
 
 
-def one_stream_app(registry: tether.Registry, opened: asyncio.Queue[str]) -> web.Application:
+def one_stream_app(
+    registry: tether.Registry, opened: asyncio.Queue[str], writes: list[bytes] | None = None
+) -> web.Application:
     async def handle(request: web.Request) -> web.StreamResponse:
+        transport = request.transport
+        if writes is not None and isinstance(transport, asyncio.Transport):
+            write = transport.write
+
+            def noted(data: Any) -> None:  # what reaches the socket, and when
+                writes.append(bytes(data))
+                write(data)
+
+            transport.write = noted  # type: ignore[method-assign]
         stream = registry.open()
         opened.put_nowait(stream.rid)
         return await tether_aiohttp.respond(request, stream, streaming=True)
@@ -30,13 +41,14 @@ def one_stream_app(registry: tether.Registry, opened: asyncio.Queue[str]) -> web
     return app
 
 
-async def test_an_unencodable_output_written_from_the_producers_step_ends_with_an_error_event(
+async def test_outputs_go_out_inside_deliver_and_an_unencodable_one_ends_with_an_error_event(
     start_server: StartServer,
 ) -> None:
     aborted: list[str] = []
     registry = tether.Registry(aborted.append)
     opened: asyncio.Queue[str] = asyncio.Queue()
-    port = await start_server(one_stream_app(registry, opened))
+    writes: list[bytes] = []
+    port = await start_server(one_stream_app(registry, opened, writes))
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         async with asyncio.timeout(BOUND):
@@ -44,8 +56,11 @@ async def test_an_unencodable_output_written_from_the_producers_step_ends_with_a
             rid = await opened.get()
             assert registry.deliver(rid, {"n": 0})
             seen = await read_until(reader, b'{"n":0}')
-            # The handler is parked now: these go out from deliver() itself.
+            # The handler is parked now: the output reaches the socket inside deliver(),
+            # before anything else runs (no task of the handler's was woken for it).
+            written = len(writes)
             assert registry.deliver(rid, {"n": 1})
+            assert writes[written:] == [b'f\r\ndata: {"n":1}\n\n\r\n']
             seen += await read_until(reader, b'{"n":1}')
             assert registry.deliver(rid, object())  # not JSON: never raised to the producer
             seen += await read_until(reader, b"\r\n0\r\n\r\n")
