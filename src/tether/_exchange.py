@@ -8,7 +8,9 @@ and the terminal frame when the request fails after the stream has started. An
 adapter only moves the bytes it gives: ``start()``, then ``next_chunk()`` until
 :attr:`Exchange.done`, each write through :meth:`Exchange.bounded`; and
 ``aclose()`` in a ``finally``. A handler cancelled by its server (shutdown) still
-ends its response: :meth:`Exchange.farewell` gives the last bytes.
+ends its response: :meth:`Exchange.farewell` gives the last bytes. An adapter that
+can write without waiting may also write from the producer's step, through the
+stream's sink (``Stream.set_sink``), framing with :meth:`Exchange.sink_chunk`.
 """
 
 from __future__ import annotations
