@@ -86,6 +86,8 @@ APPLICATION = {
     "Encoder",
     "InvalidRequestId",
     "MAX_RID_LENGTH",
+    "MemoryStore",
+    "Resume",
     "RegistryStats",
     "Summary",
     "approximate_size",
@@ -97,10 +99,15 @@ ADAPTER_AUTHORS = {
     "FAREWELL_TIMEOUT",
     "ErrorResponse",
     "Exchange",
+    "Follower",
     "Head",
+    "NOT_RESUMABLE",
+    "ResumePoint",
+    "TOKEN_HEADER",
     "current_scope",
     "error_body",
     "error_response",
+    "resume_point",
 }
 
 
@@ -119,7 +126,7 @@ def test_adapter_authors_find_their_names_in_tether_http() -> None:
 
 
 def test_both_adapters_export_the_same_verbs_and_their_own_install_call() -> None:
-    verbs = {"REGISTRY_KEY", "get_registry", "respond"}
+    verbs = {"REGISTRY_KEY", "get_registry", "respond", "resume"}
     assert set(tether_starlette.__all__) == verbs | {"TetherMiddleware", "lifespan"}
     assert set(tether_aiohttp.__all__) == verbs | {"setup"}
     for adapter in (tether_starlette, tether_aiohttp):

@@ -33,24 +33,33 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
 import tether
-from tether.http import DEFAULT_SEND_TIMEOUT, FAREWELL_TIMEOUT, Exchange
+from tether.http import (
+    DEFAULT_SEND_TIMEOUT,
+    FAREWELL_TIMEOUT,
+    NOT_RESUMABLE,
+    TOKEN_HEADER,
+    Exchange,
+    Follower,
+    resume_point,
+)
 
 from ._plugin import request_scope
 
-__all__ = ["respond"]
+__all__ = ["respond", "resume"]
 
 logger = logging.getLogger("tether.aiohttp")
 
 
 async def respond(
     request: web.Request,
-    source: tether.Stream | tether.Batch,
+    source: tether.Stream | tether.Batch | Follower,
     *,
     streaming: bool,
     encoder: tether.Encoder | type[tether.Encoder] | None = None,
     ping_interval: float = 15.0,
     headers: Mapping[str, str] | None = None,
     send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
+    resume: tether.Resume | None = None,
 ) -> web.StreamResponse:
     """Answer ``request`` from ``source`` and close ``source`` when the response ends.
 
@@ -70,10 +79,22 @@ async def respond(
     :param send_timeout: seconds one write of a stream may wait for a client that
         stopped reading before the request is aborted as if the client had left and
         its connection dropped; ``None`` waits for ever.
+    :param resume: make the stream resumable (``streaming=True``, SSE, a
+        :class:`tether.Stream`): a client that leaves parks it rather than aborting it,
+        and a reconnect answered by :func:`resume` continues it; the response carries
+        the ``Tether-Resume-Token`` header and an event id per output.
     :raises RuntimeError: ``tether_aiohttp.setup(app, ...)`` was not called.
     :raises TypeError: ``source`` is not a tether Stream or Batch.
-    :raises ValueError: ``ping_interval`` or ``send_timeout`` is not positive.
+    :raises ValueError: ``ping_interval`` or ``send_timeout`` is not positive; ``resume``
+        without ``streaming`` or with an encoder that has no event ids.
     """
+    if resume is not None:
+        try:
+            request_scope(request)  # before the stream outlives the request: checked now
+        except RuntimeError:
+            source.cancel()
+            raise
+        source = resume.open(source)  # (anything but a Stream: aborted, TypeError)
     exchange = Exchange(  # (bad options: it aborts the source, which it owns, and raises)
         source,
         streaming=streaming,
@@ -98,6 +119,52 @@ async def respond(
         raise
     finally:
         await exchange.aclose()
+
+
+async def resume(
+    request: web.Request,
+    resume: tether.Resume,
+    *,
+    encoder: tether.Encoder | type[tether.Encoder] | None = None,
+    ping_interval: float = 15.0,
+    headers: Mapping[str, str] | None = None,
+    send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
+) -> web.StreamResponse | None:
+    """Answer a reconnect to a resumable stream, or ``None`` if ``request`` is none.
+
+    A reconnect carries ``Last-Event-ID`` (header, or ``last_event_id`` query
+    parameter) or the resume token alone (``Tether-Resume-Token`` header, or
+    ``resume_token`` parameter): it gets every event after that id, then the live
+    tail, and the client it replaces ends. A wrong or expired token, or an event no
+    longer held, is a 404 that says nothing more. Call it first in a handler that
+    answers with ``respond(..., resume=resume)``: a browser ``EventSource``
+    reconnects to the same URL.
+
+    :param request: the request, which went through the middleware of ``setup()``.
+    :param resume: the :class:`tether.Resume` the stream was answered with.
+    :returns: the response, or ``None`` when the request asks to resume nothing.
+    :raises RuntimeError: ``tether_aiohttp.setup(app, ...)`` was not called.
+    """
+    query = request.query
+    point = resume_point(
+        request.headers.get("Last-Event-ID") or query.get("last_event_id"),
+        request.headers.get(TOKEN_HEADER) or query.get("resume_token"),
+    )
+    if point is None:
+        return None
+    request_scope(request)
+    follower = await resume.follow(point)
+    if follower is None:
+        return web.json_response(NOT_RESUMABLE.body, status=NOT_RESUMABLE.status)
+    return await respond(
+        request,
+        follower,
+        streaming=True,
+        encoder=encoder,
+        ping_interval=ping_interval,
+        headers=headers,
+        send_timeout=send_timeout,
+    )
 
 
 async def _stream(

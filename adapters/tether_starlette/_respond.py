@@ -38,28 +38,38 @@ import logging
 from collections.abc import Mapping
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 import tether
-from tether.http import DEFAULT_SEND_TIMEOUT, FAREWELL_TIMEOUT, Exchange, Head
+from tether.http import (
+    DEFAULT_SEND_TIMEOUT,
+    FAREWELL_TIMEOUT,
+    NOT_RESUMABLE,
+    TOKEN_HEADER,
+    Exchange,
+    Follower,
+    Head,
+    resume_point,
+)
 
 from ._middleware import request_scope
 
-__all__ = ["ExchangeResponse", "respond"]
+__all__ = ["ExchangeResponse", "respond", "resume"]
 
 logger = logging.getLogger("tether.starlette")
 
 
 async def respond(
     request: Request,
-    source: tether.Stream | tether.Batch,
+    source: tether.Stream | tether.Batch | Follower,
     *,
     streaming: bool,
     encoder: tether.Encoder | type[tether.Encoder] | None = None,
     ping_interval: float = 15.0,
     headers: Mapping[str, str] | None = None,
     send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
+    resume: tether.Resume | None = None,
 ) -> Response:
     """Answer ``request`` from ``source`` and close ``source`` when the response ends.
 
@@ -79,10 +89,22 @@ async def respond(
     :param send_timeout: seconds one write of a stream may wait for a client that
         stopped reading before the request is aborted as if the client had left;
         ``None`` waits for ever.
+    :param resume: make the stream resumable (``streaming=True``, SSE, a
+        :class:`tether.Stream`): a client that leaves parks it rather than aborting it,
+        and a reconnect answered by :func:`resume` continues it; the response carries
+        the ``Tether-Resume-Token`` header and an event id per output.
     :raises RuntimeError: :class:`TetherMiddleware` is not installed (``source`` is closed).
     :raises TypeError: ``source`` is not a tether Stream or Batch.
-    :raises ValueError: ``ping_interval`` or ``send_timeout`` is not positive.
+    :raises ValueError: ``ping_interval`` or ``send_timeout`` is not positive; ``resume``
+        without ``streaming`` or with an encoder that has no event ids.
     """
+    if resume is not None:
+        try:
+            request_scope(request)  # before the stream outlives the request: checked now
+        except RuntimeError:
+            source.cancel()
+            raise
+        source = resume.open(source)  # (anything but a Stream: aborted, TypeError)
     exchange = Exchange(  # (bad options: it aborts the source, which it owns, and raises)
         source,
         streaming=streaming,
@@ -102,6 +124,52 @@ async def respond(
         await exchange.aclose()
         return Response(head.body, head.status, headers={**head.headers, **extra})
     return ExchangeResponse(exchange, head, extra)
+
+
+async def resume(
+    request: Request,
+    resume: tether.Resume,
+    *,
+    encoder: tether.Encoder | type[tether.Encoder] | None = None,
+    ping_interval: float = 15.0,
+    headers: Mapping[str, str] | None = None,
+    send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
+) -> Response | None:
+    """Answer a reconnect to a resumable stream, or ``None`` if ``request`` is none.
+
+    A reconnect carries ``Last-Event-ID`` (header, or ``last_event_id`` query
+    parameter) or the resume token alone (``Tether-Resume-Token`` header, or
+    ``resume_token`` parameter): it gets every event after that id, then the live
+    tail, and the client it replaces ends. A wrong or expired token, or an event no
+    longer held, is a 404 that says nothing more. Call it first in a handler that
+    answers with ``respond(..., resume=resume)``: a browser ``EventSource``
+    reconnects to the same URL.
+
+    :param request: the request, which went through :class:`TetherMiddleware`.
+    :param resume: the :class:`tether.Resume` the stream was answered with.
+    :returns: the response, or ``None`` when the request asks to resume nothing.
+    :raises RuntimeError: :class:`TetherMiddleware` is not installed.
+    """
+    query = request.query_params
+    point = resume_point(
+        request.headers.get("last-event-id") or query.get("last_event_id"),
+        request.headers.get(TOKEN_HEADER) or query.get("resume_token"),
+    )
+    if point is None:
+        return None
+    request_scope(request)
+    follower = await resume.follow(point)
+    if follower is None:
+        return JSONResponse(NOT_RESUMABLE.body, NOT_RESUMABLE.status)
+    return await respond(
+        request,
+        follower,
+        streaming=True,
+        encoder=encoder,
+        ping_interval=ping_interval,
+        headers=headers,
+        send_timeout=send_timeout,
+    )
 
 
 class ExchangeResponse(Response):

@@ -11,7 +11,8 @@ and the error mapping in :mod:`tether.http`. Where each concept lives:
 ``_registry`` (the public front), ``_table`` (admission, the one end-of-request
 path, ``on_abort``, counters), ``_state`` (mailboxes), ``_consumer`` (the reading
 loop of ``_stream`` and ``_batch``), ``_scope``, ``_errors``, ``_encoders``,
-``_stats``; and for adapters ``_exchange``, ``_responses``, ``_guard``.
+``_stats``, ``_resume`` (resumable streams); and for adapters ``_exchange``,
+``_responses``, ``_guard``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from ._errors import (
     UnknownRequest,
 )
 from ._registry import Registry
+from ._replay import MemoryStore
+from ._resume import Resume
 from ._scope import RequestScope
 from ._state import DEFAULT_MAX_PENDING_BYTES, approximate_size
 from ._stats import RegistryStats, Summary
@@ -54,6 +57,7 @@ __all__ = [
     "DuplicateRequest",
     "Encoder",
     "InvalidRequestId",
+    "MemoryStore",
     "Overloaded",
     "ProducerError",
     "Registry",
@@ -61,6 +65,7 @@ __all__ = [
     "RegistryStats",
     "RequestScope",
     "RequestTimeout",
+    "Resume",
     "Stream",
     "Summary",
     "TetherError",

@@ -22,7 +22,9 @@ from ._batch import Batch
 from ._encoders import SSE, Encoder, default_dumps
 from ._errors import Aborted, AbortReason, TetherError
 from ._guard import SendGuard
+from ._replay import Follower
 from ._responses import DEFAULT_SEND_TIMEOUT, JSON_HEADERS, error_response
+from ._resume import TOKEN_HEADER
 from ._scope import current_scope
 from ._stream import Stream
 
@@ -71,7 +73,8 @@ def _jsonable(value: Any) -> Any:
 class Exchange:
     """Drives one HTTP response from a :class:`~tether.Stream` or :class:`~tether.Batch`.
 
-    :param source: what to answer with.
+    :param source: what to answer with (a :class:`~tether.Follower` for a resumable
+        stream: its outputs carry event ids, its error event is named ``error``).
     :param streaming: stream every output (``True``) or answer with one JSON body.
     :param encoder: the streaming framing; :class:`~tether.SSE` by default.
     :param ping_interval: seconds of silence after which a keep-alive is sent.
@@ -90,6 +93,7 @@ class Exchange:
         "_frame_bytes",
         "_guard",
         "_indexed",
+        "_numbered",
         "encoder",
         "ping_interval",
         "send_timeout",
@@ -99,27 +103,31 @@ class Exchange:
 
     def __init__(
         self,
-        source: Stream | Batch,
+        source: Stream | Batch | Follower,
         *,
         streaming: bool,
         encoder: Encoder | type[Encoder] | None = None,
         ping_interval: float = 15.0,
         send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
     ) -> None:
-        if not isinstance(source, Stream | Batch):
+        if not isinstance(source, Stream | Batch | Follower):
             raise TypeError(f"expected a tether Stream or Batch, got {type(source).__name__}")
-        bad = None
-        if not ping_interval > 0:
-            bad = f"ping_interval must be positive, got {ping_interval}"
-        elif send_timeout is not None and not send_timeout > 0:
-            bad = f"send_timeout must be positive or None, got {send_timeout}"
-        if bad is not None:
-            source.cancel()  # the exchange owned the source all the same: nothing is left open
-            raise ValueError(bad)
         if encoder is None:
             encoder = SSE()
         elif isinstance(encoder, type):
             encoder = encoder()
+        numbered = isinstance(source, Follower)
+        bad = None
+        if numbered and not (streaming and encoder.has_event_ids):
+            bad = "a resumable stream is streamed with event ids: streaming=True and SSE"
+        elif not ping_interval > 0:
+            bad = f"ping_interval must be positive, got {ping_interval}"
+        elif send_timeout is not None and not send_timeout > 0:
+            bad = f"send_timeout must be positive or None, got {send_timeout}"
+        if bad is not None:
+            # the exchange owned the source all the same: nothing is left open
+            (source.abort if isinstance(source, Follower) else source.cancel)()
+            raise ValueError(bad)
         self.source = source
         self.streaming = streaming
         self.encoder: Encoder = encoder
@@ -127,6 +135,8 @@ class Exchange:
         self.send_timeout = send_timeout
         self._guard = SendGuard(send_timeout)
         self._indexed = isinstance(source, Batch)
+        # A resumable stream's outputs come with their event ids (see _resume).
+        self._numbered = numbered
         self._errors_inline = isinstance(source, Batch) and source.keep_going
         self._done = False
         # Ready outputs not written yet (a backlog larger than WRITE_BYTES), and the
@@ -177,19 +187,20 @@ class Exchange:
             return self._error_head(exc)
         encoder = self.encoder
         headers = self._success_headers()
+        first = encoder.preamble()
         if items is None:
             self._done = True
-            return Head(200, headers, encoder.terminal())
+            return Head(200, headers, first + encoder.terminal())
         if not items:
-            return Head(200, headers, encoder.ping())
+            return Head(200, headers, first + encoder.ping())
         try:
             chunk = self._encode_some(items)
         except Exception as exc:
             return self._unencodable_head(exc)
         if self._carry is None and self.source.exhausted:
             self._done = True
-            return Head(200, headers, chunk + encoder.terminal())
-        return Head(200, headers, chunk)
+            return Head(200, headers, first + chunk + encoder.terminal())
+        return Head(200, headers, first + chunk if first else chunk)
 
     def _unencodable(self, exc: Exception) -> None:
         logger.error(
@@ -205,10 +216,14 @@ class Exchange:
         if not self.streaming:
             return dict(JSON_HEADERS)
         encoder = self.encoder
-        return {
+        headers = {
             "content-type": encoder.media_type,
             **{k.lower(): v for k, v in encoder.headers.items()},
         }
+        source = self.source
+        if isinstance(source, Follower):
+            headers[TOKEN_HEADER] = source.token
+        return headers
 
     async def start_head_only(self) -> Head:
         """Answer a HEAD request: abort the work now and return a successful head.
@@ -251,6 +266,8 @@ class Exchange:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _encode(self, items: list[Any]) -> bytes:
+        if self._numbered:
+            return self.encoder.encode_events(items)
         if self._indexed:
             if self._errors_inline:
                 # a keep-going batch yields a failed sub-request's error in its place
@@ -319,7 +336,12 @@ class Exchange:
         if isinstance(exc, Aborted) and exc.reason in _CLIENT_GONE:
             return b""
         encoder = self.encoder
-        return encoder.error(error_response(exc).body) + encoder.terminal()
+        return encoder.error(error_response(exc).body, event=self._error_event) + encoder.terminal()
+
+    @property
+    def _error_event(self) -> str | None:
+        # A resumable stream names its error event: a reconnecting client tells it apart.
+        return "error" if self._numbered else None
 
     def writing(self) -> None:
         """A write of this response starts now: it is bounded by ``send_timeout``.
@@ -390,7 +412,7 @@ class Exchange:
             held = b""
         encoder = self.encoder
         body = error_response(self._server_abort()).body
-        return held + encoder.error(body) + encoder.terminal()
+        return held + encoder.error(body, event=self._error_event) + encoder.terminal()
 
     def farewell_head(self) -> Head:
         """The whole answer to a request whose handler the server cancelled before its
@@ -400,7 +422,7 @@ class Exchange:
 
     def _server_abort(self) -> Aborted:
         source = self.source
-        rid = source.rid if isinstance(source, Stream) else source.rids[0]
+        rid = source.rids[0] if isinstance(source, Batch) else source.rid
         return Aborted(rid, AbortReason.SERVER, f"request {rid!r} was ended by the server")
 
     async def aclose(self) -> None:

@@ -146,6 +146,16 @@ class RequestScope:
             self._on_first_track = None
             hook()
 
+    def release(self, consumer: Consumer) -> None:
+        """Stop tracking ``consumer``: something else owns it now (a resumable stream
+        outlives the request that opened it), so neither a disconnect nor the end of
+        this scope cancels it. Releasing what is not tracked does nothing."""
+        consumers = self._consumers
+        for index, kept in enumerate(consumers):
+            if kept is consumer:
+                del consumers[index]
+                return
+
     def check(self) -> None:
         """Raise :class:`~tether.Aborted` if the client already disconnected."""
         if self._reason is not None:

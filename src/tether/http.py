@@ -26,6 +26,7 @@ from an exception to a status, a JSON body and headers).
 from __future__ import annotations
 
 from ._exchange import FAREWELL_TIMEOUT, Exchange, Head
+from ._replay import Follower
 from ._responses import (
     CLIENT_CLOSED_REQUEST,
     DEFAULT_SEND_TIMEOUT,
@@ -33,16 +34,22 @@ from ._responses import (
     error_body,
     error_response,
 )
+from ._resume import NOT_RESUMABLE, TOKEN_HEADER, ResumePoint, resume_point
 from ._scope import current_scope
 
 __all__ = [
     "CLIENT_CLOSED_REQUEST",
     "DEFAULT_SEND_TIMEOUT",
     "FAREWELL_TIMEOUT",
+    "NOT_RESUMABLE",
+    "TOKEN_HEADER",
     "ErrorResponse",
     "Exchange",
+    "Follower",
     "Head",
+    "ResumePoint",
     "current_scope",
     "error_body",
     "error_response",
+    "resume_point",
 ]
