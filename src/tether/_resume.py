@@ -33,9 +33,10 @@ from __future__ import annotations
 from typing import Final
 
 from ._batch import Batch
+from ._errors import AbortReason
 from ._replay import Follower, MemoryStore
 from ._responses import ErrorResponse
-from ._scope import current_scope
+from ._scope import RequestScope, current_scope
 from ._stream import Stream
 
 __all__ = [
@@ -149,7 +150,7 @@ class Resume:
         scope = current_scope()
         if scope is not None:
             scope.release(stream)
-            scope.track(follower)
+            _join(scope, follower)
         return follower
 
     async def follow(self, point: ResumePoint) -> Follower | None:
@@ -163,7 +164,7 @@ class Resume:
         if follower is not None:
             scope = current_scope()
             if scope is not None:
-                scope.track(follower)
+                _join(scope, follower)
         return follower
 
     async def cancel(self, token: str) -> bool:
@@ -177,3 +178,10 @@ class Resume:
     async def aclose(self) -> None:
         """Abort every parked or live resumable stream and forget every log."""
         await self.store.aclose()
+
+
+def _join(scope: RequestScope, follower: Follower) -> None:
+    """Let ``scope`` track ``follower``; a client already gone detaches it at once."""
+    scope.track(follower)
+    if scope.disconnected:
+        follower.cancel(AbortReason.CLIENT_DISCONNECTED)

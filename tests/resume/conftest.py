@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import json
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Final
 
 import aiohttp
@@ -31,11 +31,13 @@ from starlette.routing import Route
 import tether
 import tether_aiohttp
 import tether_starlette
+from tests.core._eager import new_eager_loop
 from tests.ready_server import ReadyServer
 from tether.http import TOKEN_HEADER
 
 BOUND: Final = 10.0
-ADAPTERS: Final = ("starlette", "aiohttp")
+ADAPTERS: Final = ("starlette", "aiohttp", "aiohttp-cancel")
+"""Starlette on uvicorn; aiohttp as ``web.run_app`` serves; aiohttp cancelling handlers."""
 PING: Final = 0.05
 """The apps' ping interval: a stream's status line goes out this soon, before any output."""
 
@@ -164,7 +166,11 @@ async def serving(
                 async with asyncio.timeout(BOUND):
                     await task
         else:
-            runner = web.AppRunner(_aiohttp_app(registry, resume, books), access_log=None)
+            runner = web.AppRunner(
+                _aiohttp_app(registry, resume, books),
+                access_log=None,
+                handler_cancellation=adapter == "aiohttp-cancel",
+            )
             await runner.setup()
             try:
                 await web.SockSite(runner, sock).start()
@@ -174,6 +180,16 @@ async def serving(
                 await resume.aclose()
                 async with asyncio.timeout(BOUND):
                     await runner.cleanup()
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """The core tests run on a plain loop and an eager-task loop (a follower must not
+    depend on when a task first runs); the tests with servers on the plain one."""
+    if item.path.name == "test_resume_core.py":
+        return {"lazy": asyncio.new_event_loop, "eager": new_eager_loop}
+    return {"asyncio": asyncio.new_event_loop}
 
 
 @pytest.fixture(params=ADAPTERS)
