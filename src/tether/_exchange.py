@@ -19,10 +19,10 @@ from collections.abc import Awaitable
 from typing import Any, Final
 
 from ._batch import Batch
+from ._channel import Follower
 from ._encoders import SSE, Encoder, default_dumps
 from ._errors import Aborted, AbortReason, TetherError
 from ._guard import SendGuard
-from ._replay import Follower
 from ._responses import DEFAULT_SEND_TIMEOUT, JSON_HEADERS, error_response
 from ._resume import TOKEN_HEADER
 from ._scope import current_scope

@@ -33,8 +33,9 @@ from __future__ import annotations
 from typing import Final
 
 from ._batch import Batch
+from ._channel import Follower
 from ._errors import AbortReason
-from ._replay import Follower, MemoryStore
+from ._replay import MemoryStore
 from ._responses import ErrorResponse
 from ._scope import RequestScope, current_scope
 from ._stream import Stream
@@ -160,7 +161,7 @@ class Resume:
         The follower joins the current request scope; the client it replaces, if
         any, ends.
         """
-        follower = self.store.follow(point.token, point.after)
+        follower = await self.store.follow(point.token, point.after)
         if follower is not None:
             scope = current_scope()
             if scope is not None:
@@ -173,7 +174,7 @@ class Resume:
         :returns: whether the token named a stream (a live one is aborted; one that
             ended is only forgotten).
         """
-        return self.store.cancel(token)
+        return await self.store.cancel(token)
 
     async def aclose(self) -> None:
         """Abort every parked or live resumable stream and forget every log."""

@@ -25,8 +25,8 @@ from an exception to a status, a JSON body and headers).
 
 from __future__ import annotations
 
+from ._channel import Follower
 from ._exchange import FAREWELL_TIMEOUT, Exchange, Head
-from ._replay import Follower
 from ._responses import (
     CLIENT_CLOSED_REQUEST,
     DEFAULT_SEND_TIMEOUT,
