@@ -99,14 +99,17 @@ ADAPTER_AUTHORS = {
     "FAREWELL_TIMEOUT",
     "ErrorResponse",
     "Exchange",
+    "Channel",
     "Follower",
     "Head",
+    "Keeper",
     "NOT_RESUMABLE",
     "ResumePoint",
     "TOKEN_HEADER",
     "current_scope",
     "error_body",
     "error_response",
+    "new_token",
     "resume_point",
 }
 

@@ -49,6 +49,10 @@ class Keeper(Protocol):
         """``follower`` is ``channel``'s client now."""
         ...
 
+    def detached(self, channel: Channel, follower: Follower) -> None:
+        """``follower``, ``channel``'s client, left after event ``follower.pos``."""
+        ...
+
 
 class Channel:
     """One resumable stream's log of events, in one process: the owner's record of
@@ -177,6 +181,7 @@ class Channel:
         self.follower = None
         self.sent = follower.pos
         self.wake()
+        self.keeper.detached(self, follower)
         if self.keeper.holds(self):
             self.arm()
 

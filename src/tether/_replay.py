@@ -57,12 +57,13 @@ class MemoryStore:
         self.spawn(_pump(channel, stream))
         return follower
 
-    def spawn(self, job: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, job: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``job`` as a task this store owns (:meth:`aclose` cancels and awaits it),
         in a context of its own: it belongs to no HTTP request's scope."""
         task = asyncio.get_running_loop().create_task(job, context=contextvars.Context())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def channel(self, token: str) -> Channel | None:
         """The channel of ``token`` if this process holds it."""
@@ -77,6 +78,9 @@ class MemoryStore:
 
     def attached(self, channel: Channel, follower: Follower) -> None:
         """``follower`` is ``channel``'s client now."""
+
+    def detached(self, channel: Channel, follower: Follower) -> None:
+        """``follower``, ``channel``'s client, left."""
 
     async def follow(self, token: str, after: int) -> Follower | None:
         """A new client of the stream of ``token`` after event ``after``, or ``None``."""

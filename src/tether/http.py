@@ -25,8 +25,9 @@ from an exception to a status, a JSON body and headers).
 
 from __future__ import annotations
 
-from ._channel import Follower
+from ._channel import Channel, Follower, Keeper
 from ._exchange import FAREWELL_TIMEOUT, Exchange, Head
+from ._replay import new_token
 from ._responses import (
     CLIENT_CLOSED_REQUEST,
     DEFAULT_SEND_TIMEOUT,
@@ -43,13 +44,16 @@ __all__ = [
     "FAREWELL_TIMEOUT",
     "NOT_RESUMABLE",
     "TOKEN_HEADER",
+    "Channel",
     "ErrorResponse",
     "Exchange",
     "Follower",
     "Head",
+    "Keeper",
     "ResumePoint",
     "current_scope",
     "error_body",
     "error_response",
+    "new_token",
     "resume_point",
 ]
