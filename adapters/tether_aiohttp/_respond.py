@@ -94,7 +94,7 @@ async def respond(
         except RuntimeError:
             source.cancel()
             raise
-        source = resume.open(source)  # (anything but a Stream: aborted, TypeError)
+        source = await resume.open(source)  # (not a Stream: aborted, TypeError)
     exchange = Exchange(  # (bad options: it aborts the source, which it owns, and raises)
         source,
         streaming=streaming,

@@ -43,6 +43,8 @@ logger = logging.getLogger("tether.redis")
 _Fields = dict[bytes, bytes]
 
 _DUMPS: Final = tether.SSE().dumps
+_CLOSE_TIMEOUT: Final = 2.0
+"""Seconds :meth:`RedisStore.aclose` gives the writers to put their end entries."""
 _GONE_MS: Final = 1000
 """How long the keys of a stream that is resumable no more linger (for clients
 elsewhere to read its end entry)."""
@@ -89,6 +91,18 @@ class RedisStore(tether.MemoryStore):
             writer.task = self.spawn(writer.run())
         return follower
 
+    async def opened(self, follower: Follower) -> None:
+        """Publish the token before its client sees it: a reconnect or a Stop on any
+        worker finds it from then on."""
+        channel = self.channel(follower.token)
+        if channel is None:
+            return
+        meta = self.key(channel.token, "meta")
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.hset(meta, mapping={"rid": channel.rid, "w": self.worker})
+            pipe.pexpire(meta, _keep_ms(channel))
+            await pipe.execute()
+
     def recorded(self, channel: Channel, outputs: list[Any]) -> None:
         writer = self._writers.get(channel.token)
         if writer is not None:
@@ -121,6 +135,15 @@ class RedisStore(tether.MemoryStore):
             return await super().follow(token, after)
         return await _Mirror(self, token, after).start()
 
+    async def aclose(self) -> None:
+        """Abort every stream still running and let each writer put its end entry in
+        Redis (bounded), so that clients on other workers are told; then end every task."""
+        self.abort_all()
+        writers = [writer.task for writer in self._writers.values() if writer.task is not None]
+        if writers:
+            await asyncio.wait(writers, timeout=_CLOSE_TIMEOUT)
+        await super().aclose()
+
     async def cancel(self, token: str) -> bool:
         if self.channel(token) is not None or not _plain(token):
             return await super().cancel(token)
@@ -128,6 +151,12 @@ class RedisStore(tether.MemoryStore):
             return False
         await self.client.xadd(self.key(token, "ctl"), {"op": "cancel", "w": self.worker})
         return True
+
+
+def _keep_ms(channel: Channel) -> int:
+    """How long the keys of a running stream live unless renewed: a stalled owner's
+    lapse once its grace period (and a margin) passed."""
+    return int((channel.grace + 60) * 1000)
 
 
 def _plain(token: str) -> bool:
@@ -182,21 +211,18 @@ class _Writer:
         store, channel = self._store, self._channel
         token = channel.token
         keys = tuple(store.key(token, kind) for kind in ("log", "ctl", "meta"))
-        keep_ms = int((channel.grace + 60) * 1000)
+        keep_ms = _keep_ms(channel)
         watcher: asyncio.Task[None] | None = None
         try:
-            async with store.client.pipeline(transaction=False) as pipe:
-                pipe.hset(keys[2], mapping={"rid": channel.rid, "w": store.worker})
-                pipe.pexpire(keys[2], keep_ms)
-                await pipe.execute()
             watcher = asyncio.create_task(self._watch(keys, keep_ms))
             while True:
                 await self._flush(keys)
+                if self._outbox:
+                    continue  # (more came during that flush: the end entry, say)
                 if self._ended:
                     break
                 self._wake.clear()
-                if not self._outbox:
-                    await self._wake.wait()
+                await self._wake.wait()
             await self._expire(keys, _GONE_MS if self._forgotten else int(channel.grace * 1000))
             while not self._forgotten:
                 self._wake.clear()
@@ -352,7 +378,14 @@ class _Mirror:
                         if op == "attach" and _text(fields, b"f") != self._fid:
                             channel.attach_remote()  # a newer client, elsewhere: this one ends
                             return
-            await client.set(lease, self._fid, px=3 * store.block_ms)
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.set(lease, self._fid, px=3 * store.block_ms)
+                pipe.exists(self._key("meta"))
+                _, alive = await pipe.execute()
+            if not alive:  # the owner is gone (its keys expired): nobody will write more
+                gone = "the worker that ran this request is gone"
+                channel.end(tether.Aborted(channel.rid, tether.AbortReason.SERVER, gone))
+                return
 
     def _record(self, channel: Channel, fields: _Fields) -> bool:
         """One entry of the log; whether the stream goes on."""

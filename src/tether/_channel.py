@@ -118,7 +118,8 @@ class Channel:
         events.extend(outputs)
         self.count += len(outputs)
         follower = self.follower
-        sent = follower.pos if follower is not None else self.sent
+        # (a client in another process reads from there: the cap is its store's to keep)
+        sent = follower.pos if follower is not None else self.count if self.remote else self.sent
         if self.count - sent > self.max_events:
             logger.warning(
                 "resumable request %r: more than %d events wait for a client; aborted",

@@ -57,6 +57,10 @@ class MemoryStore:
         self.spawn(_pump(channel, stream))
         return follower
 
+    async def opened(self, follower: Follower) -> None:
+        """``follower``'s stream was just opened: a shared store publishes its token
+        before the client can see it; nothing to do in one process."""
+
     def spawn(self, job: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``job`` as a task this store owns (:meth:`aclose` cancels and awaits it),
         in a context of its own: it belongs to no HTTP request's scope."""
@@ -114,12 +118,16 @@ class MemoryStore:
             del self._channels[channel.token]
         channel.disarm()
 
-    async def aclose(self) -> None:
-        """Abort every stream still recorded and forget every log."""
+    def abort_all(self) -> None:
+        """Forget every log and abort every stream still running (reason ``server``)."""
         for channel in list(self._channels.values()):
             self.forget(channel)
             if not channel.ended:
                 channel.abort(AbortReason.SERVER)
+
+    async def aclose(self) -> None:
+        """Abort every stream still recorded, forget every log, end every task."""
+        self.abort_all()
         tasks = set(self._tasks)
         for task in tasks:
             task.cancel()

@@ -135,14 +135,16 @@ class Resume:
     def __repr__(self) -> str:
         return f"<Resume grace={self.grace:g} max_events={self.max_events}>"
 
-    def open(self, stream: Stream | Batch | Follower) -> Follower:
+    async def open(self, stream: Stream | Batch | Follower) -> Follower:
         """Make ``stream`` resumable; the follower that answers its first request.
 
         The stream leaves the current request scope (a client that leaves no longer
         aborts it); the follower joins it instead. From now on the store owns the
-        stream.
+        stream. Returns once the store knows the token everywhere (a shared store
+        publishes it first), so a client that has seen it can resume or stop anywhere.
 
         :raises TypeError: ``stream`` is not a :class:`~tether.Stream` (it is aborted).
+        :raises Exception: whatever the store raised publishing it (it is aborted).
         """
         if not isinstance(stream, Stream):
             (stream.abort if isinstance(stream, Follower) else stream.cancel)()
@@ -152,6 +154,11 @@ class Resume:
         if scope is not None:
             scope.release(stream)
             _join(scope, follower)
+        try:
+            await self.store.opened(follower)
+        except BaseException:
+            follower.abort()
+            raise
         return follower
 
     async def follow(self, point: ResumePoint) -> Follower | None:

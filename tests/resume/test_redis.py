@@ -191,3 +191,22 @@ async def test_a_newer_client_on_another_worker_ends_the_older_one(redis_url: st
         assert seen == [*({"n": n} for n in range(150)), "[DONE]"]
         owner = await until(session, a, lambda found: found["in_flight"] == 0)
         assert owner["aborts"] == {}
+
+
+async def test_a_client_on_another_worker_is_told_when_the_owner_shuts_down(
+    redis_url: str,
+) -> None:
+    async with front("aiohttp", redis_url) as b, client() as session:
+        async with front("starlette", redis_url) as a:
+            first = await connect(session, f"{a}/gen", params={"n": "100000", "every": "0.01"})
+            await first.take(2)
+            follower = await connect(
+                session, f"{b}/gen", headers={"Last-Event-ID": str(first.last_id)}
+            )
+            await follower.take(2)
+        told = await follower.next()  # the owner aborted its request as it stopped
+        while told is not None and told.event != "error":
+            told = await follower.next()
+        assert told is not None
+        assert told.data["error"]["code"] == 503
+        assert await follower.rest() == ["[DONE]"]

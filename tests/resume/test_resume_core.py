@@ -60,7 +60,7 @@ async def test_only_a_stream_can_be_resumable_and_a_batch_offered_is_aborted() -
     registry = tether.Registry(aborted.append)
     batch = registry.open_batch(2)
     with pytest.raises(TypeError, match="only a tether Stream"):
-        tether.Resume().open(batch)  # type: ignore[arg-type]
+        await tether.Resume().open(batch)  # type: ignore[arg-type]
     assert sorted(aborted) == sorted(batch.rids)
     assert registry.in_flight == 0
 
@@ -70,7 +70,7 @@ async def test_a_resumable_stream_needs_an_encoder_with_event_ids() -> None:
     registry = tether.Registry(aborted.append)
     resume = tether.Resume()
     stream = registry.open()
-    follower = resume.open(stream)
+    follower = await resume.open(stream)
     with pytest.raises(ValueError, match="event ids"):
         Exchange(follower, streaming=True, encoder=tether.NDJSON)
     async with asyncio.timeout(10):
@@ -83,7 +83,7 @@ async def test_a_follower_hands_over_every_output_once_in_order_however_they_arr
     registry = tether.Registry()
     resume = tether.Resume()
     stream = registry.open()
-    follower = resume.open(stream)
+    follower = await resume.open(stream)
     seen: list[object] = []
 
     async def read() -> None:
@@ -108,7 +108,7 @@ async def test_a_follower_that_cannot_encode_aborts_the_request_not_just_its_cli
     registry = tether.Registry(aborted.append)
     resume = tether.Resume()
     stream = registry.open()
-    follower = resume.open(stream)
+    follower = await resume.open(stream)
     assert isinstance(follower, Follower)
     assert follower.cancel(tether.AbortReason.SERVER)
     assert aborted == [stream.rid]
@@ -126,7 +126,7 @@ async def test_a_follower_cancelled_by_its_scope_parks_the_stream() -> None:
     resume = tether.Resume(grace=30)
     with tether.RequestScope() as scope:
         stream = registry.open()
-        follower = resume.open(stream)
+        follower = await resume.open(stream)
         scope.disconnect()
     assert follower.finished
     assert not aborted
