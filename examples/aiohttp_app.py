@@ -32,7 +32,7 @@ from aiohttp.typedefs import Handler
 import tether
 import tether.http
 import tether_aiohttp
-from tether_aiohttp import respond
+from tether_aiohttp import respond, resume
 
 SERVICE: web.AppKey[api.Service] = web.AppKey("service", api.Service)
 
@@ -72,6 +72,9 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
 
 async def generate(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
+    resumed = await resume(request, service.resume)  # a reconnect (Last-Event-ID)?
+    if resumed is not None:
+        return resumed
     try:
         generation = api.parse_generate(await read_body(request))
         source = service.open(generation)
@@ -79,7 +82,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return refuse(exc)
     except api.ClientGone:
         return client_gone()
-    return await respond(request, source, streaming=generation.stream)
+    resumable = service.resume if generation.resume else None
+    return await respond(request, source, streaming=generation.stream, resume=resumable)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:

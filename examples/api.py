@@ -7,8 +7,10 @@ through their adapter's ``respond()``. Everything that decides what the API
 accepts and what its answers look like lives here, once:
 
 * ``POST /generate``: ``{"text": str | [str], "max_tokens": int, "stream": bool,
-  "rid": str | [str], "timeout": float}`` (``rid``: client-chosen request ids, and
-  ``timeout``: a deadline in seconds, both optional);
+  "rid": str | [str], "timeout": float, "resume": bool}`` (``rid``: client-chosen
+  request ids, ``timeout``: a deadline in seconds, ``resume``: a stream that a
+  dropped client continues by sending ``POST /generate`` again with the
+  ``Last-Event-ID`` header, all optional; see ``docs/resume.md``);
 * ``POST /v1/completions``: the OpenAI completions shape (``prompt``, ``max_tokens``,
   ``stream``, ``model``), with :class:`CompletionChunks` framing its stream and
   :func:`completion` building its JSON body;
@@ -108,6 +110,8 @@ class Generation:
     :param rids: client-chosen request ids, one per prompt, or ``None``.
     :param model: the model named by a completions request.
     :param timeout: a deadline in seconds for the whole request, or ``None``.
+    :param resume: make the stream resumable (``"resume": true``): a client that drops
+        reconnects with ``Last-Event-ID`` and continues (see ``docs/resume.md``).
     """
 
     prompts: tuple[str, ...]
@@ -117,6 +121,7 @@ class Generation:
     rids: tuple[str, ...] | None = None
     model: str = MODEL
     timeout: float | None = None
+    resume: bool = False
 
 
 class ClientGone(Exception):
@@ -259,13 +264,17 @@ def parse_generate(body: bytes) -> Generation:
     """
     data = _load_object(body)
     prompts, batched = _prompts(data, "text")
+    stream, resume = _flag(data, "stream"), _flag(data, "resume")
+    if resume and (batched or not stream):
+        raise BadRequest(422, "'resume' needs 'stream': true and a single prompt")
     return Generation(
         prompts=prompts,
         batched=batched,
         max_tokens=_max_tokens(data),
-        stream=_flag(data, "stream"),
+        stream=stream,
         rids=_rids(data, prompts, batched),
         timeout=_timeout(data),
+        resume=resume,
     )
 
 
@@ -376,6 +385,8 @@ class Service:
     def __init__(self, engine: Engine, registry: tether.Registry) -> None:
         self.engine = engine
         self.registry = registry
+        self.resume = tether.Resume(grace=30.0)
+        """Resumable ``/generate`` streams (closing the registry ends the parked ones)."""
 
     def open(self, request: Generation) -> tether.Stream | tether.Batch:
         """Register ``request`` (a stream, or a batch for a list) and submit it.

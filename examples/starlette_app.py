@@ -40,7 +40,7 @@ from starlette.routing import Route
 
 import tether
 import tether.http
-from tether_starlette import TetherMiddleware, lifespan, respond
+from tether_starlette import TetherMiddleware, lifespan, respond, resume
 
 
 def refuse(exc: api.BadRequest | tether.TetherError) -> JSONResponse:
@@ -80,6 +80,9 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
     page = api.page()
 
     async def generate(request: Request) -> Response:
+        resumed = await resume(request, service.resume)  # a reconnect (Last-Event-ID)?
+        if resumed is not None:
+            return resumed
         try:
             generation = api.parse_generate(await read_body(request))
             source = service.open(generation)
@@ -87,7 +90,8 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
             return refuse(exc)
         except api.ClientGone:
             return client_gone()
-        return await respond(request, source, streaming=generation.stream)
+        resumable = service.resume if generation.resume else None
+        return await respond(request, source, streaming=generation.stream, resume=resumable)
 
     async def completions(request: Request) -> Response:
         try:

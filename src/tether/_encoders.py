@@ -150,10 +150,12 @@ class SSE(Encoder):
         return b"data: " + payload + b"\n\n"
 
     def encode_events(self, events: Iterable[tuple[str, Any]]) -> bytes:
-        dumps = self.dumps
+        # Each output through encode_many, so that a subclass that shapes its outputs
+        # there (an OpenAI chunk, say) keeps its shape with an id.
+        encode_many = self.encode_many
         return b"".join(
             [
-                b"id: " + event_id.encode() + b"\ndata: " + dumps(output) + b"\n\n"
+                b"id: " + event_id.encode() + b"\n" + encode_many((output,))
                 for event_id, output in events
             ]
         )

@@ -4,6 +4,8 @@ event; none of them unless asked, so the default framing stays byte for byte."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
+from typing import Any
 
 import pytest
 
@@ -84,3 +86,13 @@ async def test_a_stream_over_before_it_started_still_opens_with_retry() -> None:
         head = await exchange.start()
     assert head.body == b'retry: 5\n\ndata: "x"\n\ndata: [DONE]\n\n'
     assert exchange.done
+
+
+def test_a_subclass_that_shapes_its_outputs_keeps_its_shape_with_ids() -> None:
+    class Wrapped(tether.SSE):
+        def encode_many(self, outputs: Iterable[Any]) -> bytes:
+            return super().encode_many([{"wrapped": output} for output in outputs])
+
+    assert Wrapped().encode_events([("t.1", 1), ("t.2", 2)]) == (
+        b'id: t.1\ndata: {"wrapped":1}\n\nid: t.2\ndata: {"wrapped":2}\n\n'
+    )
