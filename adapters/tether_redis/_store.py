@@ -82,15 +82,6 @@ class RedisStore(tether.MemoryStore):
 
     # -- the owner's side ------------------------------------------------------------
 
-    def open(self, stream: tether.Stream, grace: float, max_events: int) -> Follower:
-        follower = super().open(stream, grace, max_events)
-        channel = self.channel(follower.token)
-        if channel is not None:  # (None only if it ended and was forgotten already)
-            writer = _Writer(self, channel)
-            self._writers[channel.token] = writer
-            writer.task = self.spawn(writer.run())
-        return follower
-
     async def opened(self, follower: Follower) -> None:
         """Publish the token before its client sees it: a reconnect or a Stop on any
         worker finds it from then on."""
@@ -103,19 +94,28 @@ class RedisStore(tether.MemoryStore):
             pipe.pexpire(meta, _keep_ms(channel))
             await pipe.execute()
 
-    def recorded(self, channel: Channel, outputs: list[Any]) -> None:
+    def _writer(self, channel: Channel) -> _Writer | None:
+        """The writer of ``channel``, started at its first event (which may come while
+        the channel is being opened, before ``open()`` returns: an eager task)."""
         writer = self._writers.get(channel.token)
+        if writer is None and self.holds(channel):
+            writer = self._writers[channel.token] = _Writer(self, channel)
+            writer.task = self.spawn(writer.run())
+        return writer
+
+    def recorded(self, channel: Channel, outputs: list[Any]) -> None:
+        writer = self._writer(channel)
         if writer is not None:
             writer.put(outputs)
 
     def ended(self, channel: Channel) -> None:
-        writer = self._writers.get(channel.token)
+        writer = self._writer(channel)
         if writer is not None:
             writer.end(channel.error)
 
     def attached(self, channel: Channel, follower: Follower) -> None:
-        writer = self._writers.get(channel.token)
-        if writer is not None:  # a reconnect here: the clients elsewhere end
+        writer = self._writer(channel)
+        if writer is not None:  # (a reconnect here: the clients elsewhere end)
             writer.attach_here()
 
     def forget(self, channel: Channel) -> None:

@@ -149,6 +149,7 @@ class Channel:
         self.wake()
 
     def attach(self, follower: Follower) -> None:
+        """``follower`` is the client now: the one before it ends, the timer stops."""
         old = self.follower
         self.follower = follower
         self.remote = False
@@ -177,6 +178,7 @@ class Channel:
                 self.arm()
 
     def detach(self, follower: Follower) -> None:
+        """``follower`` left (if it still was the client): the stream parks."""
         if self.follower is not follower:
             return
         self.follower = None
@@ -187,11 +189,13 @@ class Channel:
             self.arm()
 
     def arm(self) -> None:
+        """Start the grace period (again)."""
         self.disarm()
         loop = asyncio.get_running_loop()
         self.timer = loop.call_later(self.grace, self.expire)
 
     def disarm(self) -> None:
+        """Stop the grace period."""
         timer = self.timer
         if timer is not None:
             self.timer = None
@@ -207,6 +211,7 @@ class Channel:
             self.abort(AbortReason.CLIENT_DISCONNECTED)
 
     def wake(self) -> None:
+        """Wake the follower waiting for more, if one is."""
         waiter = self.waiter
         if waiter is not None:
             self.waiter = None

@@ -14,6 +14,8 @@ import collections
 import contextlib
 import dataclasses
 import json
+import os
+import shutil
 import socket
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Final
@@ -187,7 +189,7 @@ def pytest_asyncio_loop_factories(
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
     """The core tests run on a plain loop and an eager-task loop (a follower must not
     depend on when a task first runs); the tests with servers on the plain one."""
-    if item.path.name == "test_resume_core.py":
+    if item.path.name in ("test_resume_core.py", "test_redis_store.py"):
         return {"lazy": asyncio.new_event_loop, "eager": new_eager_loop}
     return {"asyncio": asyncio.new_event_loop}
 
@@ -275,3 +277,42 @@ async def connect(
     response = await session.get(url, headers=headers, params=params)
     assert response.status == 200, (response.status, await response.text())
     return Reader(response)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+async def redis_url() -> AsyncIterator[str]:
+    """A ``redis-server`` of its own on 127.0.0.1 (no persistence), stopped after."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is not installed (.ci/run installs it)")
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    port = _free_port()
+    process = await asyncio.create_subprocess_exec(
+        binary,
+        "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(BOUND):
+            while True:
+                try:
+                    _, writer = await asyncio.open_connection("127.0.0.1", port)
+                except OSError:
+                    await asyncio.sleep(0.02)
+                    continue
+                writer.close()
+                await writer.wait_closed()
+                break
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        async with asyncio.timeout(BOUND):
+            await process.wait()

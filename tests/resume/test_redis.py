@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import pathlib
-import shutil
-import socket
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -25,45 +22,6 @@ from .conftest import BOUND, Reader, client, connect
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@pytest.fixture
-async def redis_url() -> AsyncIterator[str]:
-    """A ``redis-server`` of its own on 127.0.0.1 (no persistence), stopped after."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("redis-server is not installed (.ci/run installs it)")
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    port = _free_port()
-    process = await asyncio.create_subprocess_exec(
-        binary,
-        "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        async with asyncio.timeout(BOUND):
-            while True:
-                try:
-                    _, writer = await asyncio.open_connection("127.0.0.1", port)
-                except OSError:
-                    await asyncio.sleep(0.02)
-                    continue
-                writer.close()
-                await writer.wait_closed()
-                break
-        yield f"redis://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        async with asyncio.timeout(BOUND):
-            await process.wait()
 
 
 @contextlib.asynccontextmanager
