@@ -38,13 +38,17 @@ PORT ?= 8000
 serve: venv
 	$(PY) examples/$(SERVER)_app.py --port $(PORT)
 
-# Every benchmark, about eight minutes on 2 cores: the core microbenchmark, then
-# the HTTP ones (servers and load client as subprocesses on 127.0.0.1), which
-# rewrite their section of bench/README.md.
+# Every benchmark, about ten minutes on 2 cores: the core microbenchmark, then
+# the HTTP ones (servers and load client as subprocesses on 127.0.0.1) and a
+# py-spy profile of each server, which rewrite their sections of bench/README.md.
+# py-spy is the benchmark's tool, not a dependency of tether: installed here.
 bench: venv
+	$(PY) -m pip install --quiet py-spy
 	@if [ -f bench/core.py ]; then $(PY) bench/core.py; \
 	else echo "bench/core.py not found: core benchmark skipped"; fi
-	$(PY) -m bench.run
+	$(PY) -m bench.run --profile
+	$(PY) bench/zmq_relay.py
+	$(PY) bench/zmq_liveness.py
 
 wheel: venv
 	$(PY) -m build --wheel --outdir dist .

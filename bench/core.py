@@ -4,6 +4,7 @@ Run by hand from the repository root, with the project's virtual environment::
 
     .venv/bin/python bench/core.py            # N in 1, 100, 1000, 10000; 3 repetitions
     .venv/bin/python bench/core.py --sizes 10000 --reps 5
+    .venv/bin/python bench/core.py --observability   # collector and tracing costs
 
 The workload, for each N: N requests open at once, each read by its own task
 with ``async for``; a producer emits one output to every live request per step,
@@ -13,6 +14,16 @@ whole run (open, deliver, read, free). Implementations run interleaved, each
 repetition in a fresh event loop, and the medians are reported with the ratios
 tether/baseline. It also reports tracemalloc's memory per open idle ``Stream``.
 Baselines: ``core_baselines.py`` beside this file.
+
+``--observability`` runs the same workload on tether alone against tether with a
+Prometheus collector attached (scraped once at the end of each run), with
+OpenTelemetry tracing attached but no SDK (disabled: the global provider is the
+API's no-op), and with tracing enabled (an SDK provider, every span sampled and
+ended, no exporter: the cost of tracing itself, not of shipping spans).
+These figures are outputs per CPU second of the process, the best of the runs,
+steadier than wall-time medians on a shared machine. ``--outputs`` sets the
+outputs per request: observers cost per request, so fewer outputs per request
+show more of their cost.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import math
 import platform
 import statistics
 import sys
@@ -28,11 +40,16 @@ import tracemalloc
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
+import prometheus_client
 from core_baselines import EventTable, QueueTable, SlotTable
+from opentelemetry.sdk.trace import TracerProvider
 
 import tether
+import tether_otel
+import tether_prometheus
 
 OUTPUTS_PER_REQUEST = 64
+"""Changed by ``--outputs``."""
 
 
 async def _drain(reader: AsyncIterator[Any]) -> int:
@@ -42,8 +59,8 @@ async def _drain(reader: AsyncIterator[Any]) -> int:
     return count
 
 
-async def run_tether(n: int) -> int:
-    registry = tether.Registry()
+async def run_tether(n: int, registry: tether.Registry | None = None) -> int:
+    registry = registry or tether.Registry()
     streams = [registry.open() for _ in range(n)]
     return await _produce(registry.deliver, [s.rid for s in streams], [_drain(s) for s in streams])
 
@@ -83,6 +100,91 @@ async def _produce(
 
 Runner = Callable[[int], Coroutine[Any, Any, int]]
 
+
+async def run_prometheus(n: int) -> int:
+    registry = tether.Registry()
+    collector = tether_prometheus.RegistryCollector()
+    collector.add(registry)
+    outputs = await run_tether(n, registry)
+    prometheus_client.generate_latest(_OneCollector(collector))  # one scrape per run
+    return outputs
+
+
+class _OneCollector:
+    """A collector registry of one collector (generate_latest reads ``collect()``)."""
+
+    def __init__(self, collector: Any) -> None:
+        self._collector = collector
+
+    def collect(self) -> Any:
+        return self._collector.collect()
+
+
+async def run_tracing_disabled(n: int) -> int:
+    registry = tether.Registry()
+    tether_otel.instrument(registry)  # the global provider: the API's no-op
+    return await run_tether(n, registry)
+
+
+async def run_tracing_enabled(n: int) -> int:
+    registry = tether.Registry()
+    tether_otel.instrument(registry, tracer_provider=TracerProvider())
+    return await run_tether(n, registry)
+
+
+def _with_prometheus(registry: tether.Registry) -> None:
+    tether_prometheus.RegistryCollector().add(registry)
+
+
+def _with_tracing_disabled(registry: tether.Registry) -> None:
+    tether_otel.instrument(registry)
+
+
+def _with_tracing_enabled(registry: tether.Registry) -> None:
+    tether_otel.instrument(registry, tracer_provider=TracerProvider())
+
+
+HOOKS: dict[str, Callable[[tether.Registry], None]] = {
+    "+prometheus": _with_prometheus,
+    "+otel disabled": _with_tracing_disabled,
+    "+otel enabled": _with_tracing_enabled,
+}
+
+
+def per_request_cost(count: int = 20_000, reps: int = 15) -> dict[str, float]:
+    """Nanoseconds each observer variant adds to one request's open, first output
+    and end (its only hooks), measured alone: ``count`` requests opened, finished by
+    one output and dropped, best of ``reps`` CPU-time runs, variants interleaved.
+
+    A small, steady figure where a whole-workload ratio drowns it in noise; divide
+    it by a request's share of the workload to get the overhead."""
+
+    async def one(attach: Callable[[tether.Registry], None] | None) -> float:
+        registry = tether.Registry()
+        if attach is not None:
+            attach(registry)
+        open_, deliver = registry.open, registry.deliver
+        gc.collect()
+        started = time.process_time()
+        for _ in range(count):
+            deliver(open_().rid, None, finished=True)
+        return (time.process_time() - started) / count * 1e9
+
+    variants: dict[str, Callable[[tether.Registry], None] | None] = {"tether": None, **HOOKS}
+    best = dict.fromkeys(variants, math.inf)
+    for _ in range(reps):
+        for name, attach in variants.items():
+            best[name] = min(best[name], asyncio.run(one(attach)))
+    return {name: best[name] - best["tether"] for name in HOOKS} | {"tether": best["tether"]}
+
+
+OBSERVABILITY: dict[str, Runner] = {
+    "tether": run_tether,
+    "+prometheus": run_prometheus,
+    "+otel disabled": run_tracing_disabled,
+    "+otel enabled": run_tracing_enabled,
+}
+
 IMPLEMENTATIONS: dict[str, Runner] = {
     "tether": run_tether,
     "a:event+wait_for": _baseline(EventTable),
@@ -91,12 +193,12 @@ IMPLEMENTATIONS: dict[str, Runner] = {
 }
 
 
-def measure(runner: Runner, n: int) -> float:
-    """Outputs per second of one run in a fresh event loop."""
+def measure(runner: Runner, n: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Outputs per second of one run in a fresh event loop, by ``clock``."""
     gc.collect()
-    started = time.perf_counter()
+    started = clock()
     outputs = asyncio.run(runner(n))
-    return outputs / (time.perf_counter() - started)
+    return outputs / (clock() - started)
 
 
 def idle_stream_bytes(count: int = 10_000) -> float:
@@ -122,34 +224,82 @@ def idle_stream_bytes(count: int = 10_000) -> float:
 
 
 def main() -> None:
+    global OUTPUTS_PER_REQUEST
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1,100,1000,10000", help="comma-separated N")
     parser.add_argument("--reps", type=int, default=3, help="repetitions per N (median)")
+    parser.add_argument(
+        "--observability", action="store_true", help="tether with collectors and tracing"
+    )
+    parser.add_argument("--outputs", type=int, default=OUTPUTS_PER_REQUEST)
     args = parser.parse_args()
+    OUTPUTS_PER_REQUEST = args.outputs
     sizes = [int(size) for size in args.sizes.split(",")]
-    names = list(IMPLEMENTATIONS)
+    implementations = OBSERVABILITY if args.observability else IMPLEMENTATIONS
+    # Costs of a few percent drown in a shared machine's wall-clock noise: the
+    # observability runs count the process's CPU time (one thread: the loop's).
+    clock = time.process_time if args.observability else time.perf_counter
+    # ... and keep each variant's best run, as timeit does: what slows a run down on
+    # a busy machine (another process's cache traffic, a late GC) is not the variant's.
+    summary = max if args.observability else statistics.median
+    names = list(implementations)
 
     python = f"Python {platform.python_version()} on {platform.machine()}"
     print(f"{python}; tether {tether.__version__}")
     print(f"command: {' '.join([sys.executable, *sys.argv])}")
-    print(f"{OUTPUTS_PER_REQUEST} outputs per request; medians of {args.reps} interleaved runs\n")
+    unit = "per CPU second" if args.observability else "per second"
+    kind = "best" if args.observability else "medians"
+    print(f"{OUTPUTS_PER_REQUEST} outputs per request, {unit}; {kind} of {args.reps} runs\n")
     header = f"{'N':>6} | " + " | ".join(f"{name:>16}" for name in names)
-    header += " | tether/a | tether/b | tether/c"
+    header += " | " + " | ".join(
+        f"{name}/tether" if args.observability else f"tether/{name[0]}" for name in names[1:]
+    )
     print(header)
     print("-" * len(header))
+    verdicts: list[str] = []
     for n in sizes:
         samples: dict[str, list[float]] = {name: [] for name in names}
         reps = args.reps if n > 1 else max(args.reps, 50)  # N=1 is too short to time once
         for rep in range(reps):
             order = names[rep % len(names) :] + names[: rep % len(names)]
             for name in order:
-                samples[name].append(measure(IMPLEMENTATIONS[name], n))
-        medians = {name: statistics.median(values) for name, values in samples.items()}
-        ratios = [medians["tether"] / medians[name] for name in names[1:]]
+                samples[name].append(measure(implementations[name], n, clock))
+        medians = {name: summary(values) for name, values in samples.items()}
+        if args.observability:
+            ratios = [medians[name] / medians["tether"] for name in names[1:]]
+        else:
+            ratios = [medians["tether"] / medians[name] for name in names[1:]]
         row = f"{n:>6} | " + " | ".join(f"{medians[name]:>14,.0f}/s" for name in names)
         row += " | " + " | ".join(f"{ratio:>7.2f}x" for ratio in ratios)
         print(row, flush=True)
+        if n == TARGET_N and not args.observability:
+            verdicts.extend(_verdicts(medians))
+    if args.observability:
+        costs = per_request_cost()
+        print(f"\none request alone (open, one finishing output, end): {costs['tether']:,.0f} ns")
+        for name in HOOKS:
+            print(f"  {name}: +{costs[name]:,.0f} ns per request")
+        return
     print(f"\nmemory per open idle Stream: {idle_stream_bytes():.0f} bytes (tracemalloc)")
+    for line in verdicts:
+        print(line)
+
+
+TARGET_N = 10_000
+TARGETS = {"b:merging-slot": 1.25, "a:event+wait_for": 2.0}
+"""Issue 12's targets at N = 10,000: tether's outputs/s over each baseline's, at least."""
+
+
+def _verdicts(medians: dict[str, float]) -> list[str]:
+    """One line per target of :data:`TARGETS`, met or missed."""
+    lines = []
+    for name, target in TARGETS.items():
+        ratio = medians["tether"] / medians[name]
+        verdict = "met" if ratio >= target else "MISSED"
+        lines.append(
+            f"target at N = {TARGET_N:,}: tether / {name} >= {target}x: {ratio:.2f}x, {verdict}"
+        )
+    return lines
 
 
 if __name__ == "__main__":

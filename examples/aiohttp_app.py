@@ -12,7 +12,7 @@ Run it and try it::
     curl -N 127.0.0.1:8001/generate -d '{"text": "hi", "max_tokens": 8, "stream": true}'
     curl 127.0.0.1:8001/generate -d '{"text": ["a", "b"], "max_tokens": 4}'
     curl 127.0.0.1:8001/v1/completions -d '{"model": "m", "prompt": "hi", "max_tokens": 4}'
-    curl 127.0.0.1:8001/metrics
+    curl 127.0.0.1:8001/metrics     # Prometheus; /stats is the same as JSON
     # and open http://127.0.0.1:8001/ in a browser
 """
 
@@ -21,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
 
 import api
 import cli
+import workers
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
@@ -107,7 +109,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE].metrics())
+    body, content_type = request.app[SERVICE].metrics()
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+async def stats(request: web.Request) -> web.Response:
+    return web.json_response(request.app[SERVICE].stats())
 
 
 async def aborts(request: web.Request) -> web.Response:
@@ -139,13 +146,14 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> web.Appli
     app.router.add_post("/generate", generate)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/stats", stats)
     app.router.add_get("/metrics/aborts", aborts)
     app.router.add_get("/health", health)
     app.router.add_get("/", index)
     return app
 
 
-async def serve(options: cli.Options) -> None:
+async def serve(options: cli.Options, sock: socket.socket | None = None) -> None:
     """Serve until SIGINT or SIGTERM, with aiohttp's defaults (no handler cancellation).
 
     Either signal stops the server cleanly: the drain runs first (``on_shutdown``),
@@ -169,7 +177,9 @@ async def serve(options: cli.Options) -> None:
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=cli.SHUTDOWN_MARGIN / 2)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, cli.HOST, options.port)
+        site: web.BaseSite = web.TCPSite(runner, cli.HOST, options.port)
+        if sock is not None:  # --workers: the socket every worker shares
+            site = web.SockSite(runner, sock)
         await site.start()
         cli.announce("aiohttp", runner.addresses[0][1])
         await stop.wait()
@@ -195,7 +205,11 @@ async def _clean_up(runner: web.AppRunner, registry: tether.Registry, hurry: asy
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the example server in the foreground until Ctrl-C or SIGTERM (exit code 0)."""
-    asyncio.run(serve(cli.parse(argv, "tether example server on aiohttp")))
+    options = cli.parse(argv, "tether example server on aiohttp")
+    sock = None
+    if options.workers > 1:
+        sock = workers.listen(cli.HOST, options.port, options.workers)  # (returns in each)
+    asyncio.run(serve(options, sock))
 
 
 if __name__ == "__main__":

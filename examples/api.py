@@ -37,10 +37,12 @@ import time
 from collections.abc import AsyncIterable, Iterable
 from typing import Any, Final
 
+import prometheus_client
 from engine import Engine
 
 import tether
 import tether.http
+import tether_prometheus
 
 __all__ = [
     "MAX_BATCH",
@@ -49,6 +51,7 @@ __all__ = [
     "MAX_NESTING",
     "MAX_TIMEOUT",
     "MAX_TOKENS",
+    "METRICS_CONTENT_TYPE",
     "MODEL",
     "REFUSALS",
     "BadRequest",
@@ -371,6 +374,9 @@ def http_error(
     return tether.http.ErrorResponse(status, body, headers or {})
 
 
+METRICS_CONTENT_TYPE: Final = prometheus_client.CONTENT_TYPE_LATEST
+"""The content type of ``GET /metrics`` (Prometheus text exposition)."""
+
 REFUSALS: Final = (BadRequest, tether.TetherError)
 """What handlers catch around parsing and :meth:`Service.open`; see :func:`rejection`."""
 
@@ -387,6 +393,12 @@ class Service:
         self.registry = registry
         self.resume = tether.Resume(grace=30.0)
         """Resumable ``/generate`` streams (closing the registry ends the parked ones)."""
+        # A collector registry of its own: two services in one process (the tests)
+        # must not clash in prometheus_client's process-wide default one.
+        self.prometheus = prometheus_client.CollectorRegistry()
+        collector = tether_prometheus.RegistryCollector()
+        collector.add(registry, name="generate")
+        self.prometheus.register(collector)
 
     def open(self, request: Generation) -> tether.Stream | tether.Batch:
         """Register ``request`` (a stream, or a batch for a list) and submit it.
@@ -406,8 +418,14 @@ class Service:
             self.engine.submit(rid, prompt, request.max_tokens)
         return source
 
-    def metrics(self) -> dict[str, Any]:
-        """``GET /metrics``: the registry's stats, with the engine's under ``"engine"``."""
+    def metrics(self) -> tuple[bytes, str]:
+        """``GET /metrics``: the Prometheus exposition (body, content type), scraped
+        from the registry's counters at this moment."""
+        return prometheus_client.generate_latest(self.prometheus), METRICS_CONTENT_TYPE
+
+    def stats(self) -> dict[str, Any]:
+        """``GET /stats``: the registry's stats as JSON, with the engine's under
+        ``"engine"`` (what the demo and the page read)."""
         return {**self.registry.stats().as_dict(), "engine": self.engine.stats().as_dict()}
 
     def aborts(self) -> dict[str, Any]:

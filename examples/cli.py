@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, cast
 
 from api import Service
 from engine import Engine, merge_outputs
@@ -37,6 +37,8 @@ class Options:
     fail_fraction: float
     max_in_flight: int | None
     drain_timeout: float
+    engine: str | None = None
+    workers: int = 1
 
 
 def parse(argv: Sequence[str] | None, description: str) -> Options:
@@ -57,7 +59,10 @@ def parse(argv: Sequence[str] | None, description: str) -> Options:
         default=2.0,
         help="seconds that requests in flight get to finish on SIGINT or SIGTERM",
     )
+    add_scale_out(parser)
     args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers must be at least 1, got {args.workers}")
     if args.drain_timeout < 0:
         parser.error(f"--drain-timeout must be at least 0, got {args.drain_timeout}")
     return Options(
@@ -67,11 +72,29 @@ def parse(argv: Sequence[str] | None, description: str) -> Options:
         fail_fraction=args.fail_fraction,
         max_in_flight=args.max_in_flight,
         drain_timeout=args.drain_timeout,
+        engine=args.engine,
+        workers=args.workers,
+    )
+
+
+def add_scale_out(parser: argparse.ArgumentParser) -> None:
+    """``--engine`` and ``--workers``: the engine in its own process, several fronts."""
+    parser.add_argument(
+        "--engine",
+        metavar="ADDRESS",
+        default=None,
+        help="the ZeroMQ address of engine_server.py (ipc:// or tcp://127.0.0.1:...); "
+        "without it the engine runs in each server process",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="server processes sharing the port (pre-fork)"
     )
 
 
 def build_service(options: Options) -> Service:
     """The engine and the registry wired together: ``on_abort`` is the engine's abort."""
+    if options.engine is not None:
+        return build_remote_service(options, options.engine)
     engine = Engine(
         max_batch=options.max_batch,
         step_interval=options.step_ms / 1000,
@@ -81,6 +104,18 @@ def build_service(options: Options) -> Service:
         on_abort=engine.abort, merge=merge_outputs, max_in_flight=options.max_in_flight
     )
     return Service(engine, registry)
+
+
+def build_remote_service(options: Options, address: str) -> Service:
+    """The registry wired to the engine process at ``address`` (``engine_server.py``)."""
+    from remote_engine import RemoteEngine  # (needs tether[zmq]: imported only when asked)
+
+    remote = RemoteEngine(address)
+    registry = tether.Registry(
+        on_abort=remote.abort, merge=merge_outputs, max_in_flight=options.max_in_flight
+    )
+    # RemoteEngine has every call Service and the servers make of an Engine.
+    return Service(cast(Engine, remote), registry)
 
 
 def announce(framework: str, port: int) -> None:

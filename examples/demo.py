@@ -1,21 +1,25 @@
-"""``make demo``: both example servers under real HTTP load, and what happened, as tables.
+"""``make demo``: the example servers under real HTTP load, and what happened, as tables.
 
-For each server (Starlette on uvicorn, then aiohttp) it starts the server as a
+For each server (Starlette on uvicorn, aiohttp, then FastAPI on uvicorn) it starts the server as a
 subprocess on 127.0.0.1 with an ephemeral port, drives it for a few seconds with
 concurrent clients (one prompt or a batch, streamed or not, a quarter of them
 abandoned part-way), checks every token against the engine's deterministic
-tokens, then reads the server's ``/metrics`` and prints a table.
+tokens, then reads the server's ``/stats`` and prints a table.
 
 Disconnect-to-abort latency is measured across the two processes: the client
 notes ``time.monotonic()`` when it drops a connection, the server's engine notes
 ``time.monotonic()`` when tether calls its ``on_abort`` for that request id
 (``GET /metrics/aborts``); both read the same system-wide clock.
 
+Then the scale-out scene (``scaleout.py``; ``--no-scale-out`` skips it): one engine
+process, two front workers per server over ZeroMQ, the same verified load, the
+engine killed mid-run and restarted, one worker killed.
+
 Exits 1 if any output was lost, repeated or out of order, any request got an
 unexpected status, any abandoned request was not aborted, or anything was left
 in flight (in the registry or in the engine) after the run.
 
-    python examples/demo.py [--seconds 4] [--clients 16] [--server starlette|aiohttp]
+    python examples/demo.py [--seconds 4] [--clients 16] [--server starlette|aiohttp|fastapi]
 """
 
 from __future__ import annotations
@@ -29,10 +33,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
+import scaleout
 from launch import SERVERS, launched
 from load import KINDS, Client, Tally
 
-LABELS = {"starlette": "Starlette on uvicorn", "aiohttp": "aiohttp"}
+LABELS = {
+    "starlette": "Starlette on uvicorn",
+    "aiohttp": "aiohttp",
+    "fastapi": "FastAPI on uvicorn",
+}
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -69,7 +78,7 @@ async def settled(client: httpx.AsyncClient, *, timeout: float = 5.0) -> dict[st
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while True:
-        metrics: dict[str, Any] = (await client.get("/metrics")).json()
+        metrics: dict[str, Any] = (await client.get("/stats")).json()
         engine = metrics["engine"]
         idle = metrics["in_flight"] == 0 and engine["running"] == 0 and engine["waiting"] == 0
         if idle or loop.time() > end:
@@ -107,7 +116,20 @@ async def drive(name: str, *, seconds: float, clients: int) -> bool:
                 print("\r" + " " * 100 + "\r", end="")
             metrics = await settled(client)
             aborts = dict((await client.get("/metrics/aborts")).json()["aborts"])
-    return report(name, url, tally, metrics, aborts, elapsed, clients)
+            exposition = (await client.get("/metrics")).text
+    return report(name, url, tally, metrics, aborts, elapsed, clients, exposition)
+
+
+SCRAPED = (
+    "tether_requests_opened_total",
+    "tether_requests_finished_total",
+    "tether_requests_aborted_total",
+    "tether_late_outputs_total",
+    "tether_time_to_first_output_seconds_count",
+    "tether_time_to_first_output_seconds_sum",
+    "tether_request_duration_seconds_count",
+)
+"""The samples the demo shows of ``/metrics``."""
 
 
 def report(
@@ -118,8 +140,12 @@ def report(
     aborts: dict[str, float],
     elapsed: float,
     clients: int,
+    exposition: str = "",
 ) -> bool:
-    """Print one server's table; returns whether the run was clean."""
+    """Print one server's table; returns whether the run was clean.
+
+    :param exposition: the server's ``GET /metrics`` (Prometheus text), of which a
+        few lines are shown as a scraper sees them."""
     latencies = [aborts[rid] - t for rid, t in tally.disconnects.items() if rid in aborts]
     unaborted = [rid for rid in tally.disconnects if rid not in aborts]
     engine = metrics["engine"]
@@ -161,6 +187,12 @@ def report(
         problems.append(f"{len(unaborted)} abandoned requests never aborted: {unaborted[:3]}")
     if metrics["in_flight"] or engine["running"] or engine["waiting"]:
         problems.append("state left in flight after the run")
+    scraped = [line for line in exposition.splitlines() if line.startswith(SCRAPED)]
+    scraped = [line for line in scraped if not line.endswith(" 0.0")]  # the reasons seen
+    if scraped:
+        print("  scraped from /metrics (Prometheus):")
+        for line in scraped:
+            print(f"    {line}")
     for problem in problems[:10]:
         print(f"  FAIL: {problem}")
     print(f"  {'FAILED' if problems else 'OK'}\n")
@@ -180,11 +212,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seconds", type=float, default=4.0, help="load time per server")
     parser.add_argument("--clients", type=int, default=16, help="concurrent clients per server")
-    parser.add_argument("--server", choices=sorted(SERVERS), action="append", help="default: both")
+    parser.add_argument("--server", choices=sorted(SERVERS), action="append", help="default: all")
+    parser.add_argument(
+        "--scale-out",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run the scale-out scene (engine process + 2 workers, scaleout.py)",
+    )
     args = parser.parse_args(argv)
-    servers = args.server or ["starlette", "aiohttp"]
+    servers = args.server or ["starlette", "aiohttp", "fastapi"]
     print(f"tether demo: {', '.join(servers)}; {args.clients} clients, {args.seconds:g} s each\n")
     clean = asyncio.run(run(servers, seconds=args.seconds, clients=args.clients))
+    if args.scale_out:
+        # (the FastAPI example has no --engine/--workers: the scene runs the other two)
+        remote = [name for name in servers if name in ("starlette", "aiohttp")]
+        scene = scaleout.run(remote, seconds=args.seconds, clients=args.clients)
+        clean = asyncio.run(scene) and clean
     print("all checks passed" if clean else "some checks FAILED")
     return 0 if clean else 1
 

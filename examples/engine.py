@@ -116,7 +116,7 @@ class _Job:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class EngineStats:
-    """A snapshot of the engine's counters (the example servers add it to ``/metrics``).
+    """A snapshot of the engine's counters (the example servers add it to ``/stats``).
 
     :param running: requests in the running batch now.
     :param waiting: requests queued for a slot now.

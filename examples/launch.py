@@ -18,7 +18,11 @@ from collections.abc import AsyncIterator, Sequence
 __all__ = ["SERVERS", "ServerFailed", "launched"]
 
 HERE = pathlib.Path(__file__).resolve().parent
-SERVERS = {"starlette": HERE / "starlette_app.py", "aiohttp": HERE / "aiohttp_app.py"}
+SERVERS = {
+    "starlette": HERE / "starlette_app.py",
+    "aiohttp": HERE / "aiohttp_app.py",
+    "fastapi": HERE / "fastapi_app.py",
+}
 """The example servers by name."""
 
 

@@ -11,7 +11,7 @@ Run it and try it::
     curl -N 127.0.0.1:8000/generate -d '{"text": "hi", "max_tokens": 8, "stream": true}'
     curl 127.0.0.1:8000/generate -d '{"text": ["a", "b"], "max_tokens": 4}'
     curl 127.0.0.1:8000/v1/completions -d '{"model": "m", "prompt": "hi", "max_tokens": 4}'
-    curl 127.0.0.1:8000/metrics
+    curl 127.0.0.1:8000/metrics     # Prometheus; /stats is the same as JSON
     # and open http://127.0.0.1:8000/ in a browser
 """
 
@@ -31,6 +31,7 @@ from types import FrameType
 import api
 import cli
 import uvicorn
+import workers
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -111,7 +112,11 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
         return JSONResponse(api.completion(generation, json.loads(bytes(response.body)), cid))
 
     async def metrics(request: Request) -> Response:
-        return JSONResponse(service.metrics())
+        body, content_type = service.metrics()
+        return Response(body, headers={"Content-Type": content_type})
+
+    async def stats(request: Request) -> Response:
+        return JSONResponse(service.stats())
 
     async def aborts(request: Request) -> Response:
         return JSONResponse(service.aborts())
@@ -133,11 +138,15 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
             Route("/generate", generate, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/metrics", metrics),
+            Route("/stats", stats),
             Route("/metrics/aborts", aborts),
             Route("/health", health),
             Route("/", index),
         ],
-        middleware=[Middleware(TetherMiddleware, registry=service.registry)],
+        middleware=[
+            # The middleware starts the drain when uvicorn's shutdown begins.
+            Middleware(TetherMiddleware, registry=service.registry, drain_timeout=drain_timeout)
+        ],
         exception_handlers={HTTPException: http_error},
         # The registry drains inside the engine's lifespan: the engine still runs.
         lifespan=lifespan(service.registry, drain_timeout=drain_timeout, inner=engine_running),
@@ -224,9 +233,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     app = create_app(service, drain_timeout=options.drain_timeout)
     grace = math.ceil(options.drain_timeout + cli.SHUTDOWN_MARGIN)  # (uvicorn takes an int)
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((cli.HOST, options.port))
+    sock = workers.listen(cli.HOST, options.port, options.workers)  # (returns in each worker)
     Server(config, service.registry, options.drain_timeout).run(sockets=[sock])
 
 

@@ -25,7 +25,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 import tether
-from tether.http import error_response
+from tether.http import REQUEST_ID_HEADER, accept_request_id, error_response
 
 __all__ = ["REGISTRY_KEY", "SCOPE_KEY", "get_registry", "request_scope", "setup"]
 
@@ -120,6 +120,13 @@ class _Watcher:
             scope.disconnect()
 
 
+async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """Echo the client's accepted ``X-Request-Id`` (the response is about to start)."""
+    scope = request.get(SCOPE_KEY)
+    if scope is not None and scope.request_id is not None:
+        response.headers[REQUEST_ID_HEADER] = scope.request_id
+
+
 def setup(
     app: web.Application,
     registry: tether.Registry,
@@ -169,7 +176,10 @@ def setup(
             return await handler(request)
         transport = request.transport
         # (no transport: the watcher disconnects the scope at once)
-        scope = tether.RequestScope(client_gone=None if transport is None else transport.is_closing)
+        scope = tether.RequestScope(
+            client_gone=None if transport is None else transport.is_closing,
+            request_id=accept_request_id(request.headers.get(REQUEST_ID_HEADER)),
+        )
         request[SCOPE_KEY] = scope
         request[_SERVED_BY] = registry
         watcher.watch(scope, transport)
@@ -191,6 +201,7 @@ def setup(
         await registry.close(drain_timeout=drain_timeout)
 
     app[REGISTRY_KEY] = registry
+    app.on_response_prepare.append(_echo_request_id)
     app.middlewares.append(tether_middleware)
     app.cleanup_ctx.append(watcher.run)
     app.on_shutdown.append(drain)

@@ -104,7 +104,10 @@ async def respond(
     )
     response: web.StreamResponse | None = None
     try:
-        scope = request_scope(request)  # the middleware watches the client and owns the stream
+        # The middleware watches the client; the request's scope owns the source, even
+        # one opened elsewhere (a dispatcher task, an earlier request).
+        scope = request_scope(request)
+        scope.adopt(source)
         head_only = request.method == hdrs.METH_HEAD
         head = await (exchange.start_head_only() if head_only else exchange.start())
         merged = _headers(head.headers, headers)
@@ -207,7 +210,7 @@ async def _write_stream(
             if exchange.done:
                 break
             ready = ready_chunk()
-            chunk = await exchange.next_chunk() if ready is None else ready
+            chunk = await exchange.wait_chunk() if ready is None else ready
     except asyncio.CancelledError:
         if exchange.stalled():
             return False  # the client read nothing for send_timeout: it counts as gone

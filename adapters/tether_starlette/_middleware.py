@@ -34,11 +34,10 @@ cancellation goes on.
 :func:`lifespan` closes the registry when the app shuts down, inside the app's own
 lifespan so the producer still runs while requests drain. But uvicorn runs the
 lifespan shutdown only after every connection has closed, and a stream keeps its
-connection open: the drain has to start when the server's shutdown starts. Under
-uvicorn, subclass ``uvicorn.Server`` and override ``shutdown()`` to run
-``registry.close(drain_timeout=...)`` as a task alongside ``super().shutdown()``;
-``docs/starlette.md`` gives the recipe (tested). tether ships no such class: the
-hook is uvicorn's, and each server has its own.
+connection open: the drain has to start when the server's shutdown starts. The
+middleware does that: during the lifespan it chains the server's SIGINT and SIGTERM
+handlers (:mod:`._shutdown` says what it relies on), so installing it is enough under
+``uvicorn app:app``, ``fastapi run`` and gunicorn's uvicorn workers.
 """
 
 from __future__ import annotations
@@ -56,9 +55,12 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tether
-from tether.http import FAREWELL_TIMEOUT, error_response
+from tether.http import FAREWELL_TIMEOUT, REQUEST_ID_HEADER, accept_request_id, error_response
+
+from ._shutdown import DrainOnSignal
 
 __all__ = [
+    "DRAIN_KEY",
     "READ_AHEAD",
     "REGISTRY_KEY",
     "SCOPE_KEY",
@@ -74,6 +76,11 @@ REGISTRY_KEY: Final = "tether.registry"
 SCOPE_KEY: Final = "tether.scope"
 """The ASGI scope key under which the middleware puts the request's
 :class:`tether.RequestScope`; its presence marks a request that already has one."""
+
+DRAIN_KEY: Final = "tether.drain"
+"""The lifespan scope key under which the middleware puts its
+:class:`~tether_starlette._shutdown.DrainOnSignal`; its presence marks a lifespan
+whose shutdown signals are already chained."""
 
 READ_AHEAD: Final = 64 * 1024
 """Bytes of body the reader holds for an app that has not read them yet: reading
@@ -141,17 +148,30 @@ class TetherMiddleware:
     the inner one finds the outer one's mark in the request's ASGI scope
     (:data:`SCOPE_KEY`) and passes the request through: one scope, one reader.
 
+    The lifespan passes through too, with one addition: from its start-up to its
+    shutdown, the server's SIGINT and SIGTERM handlers are chained so that the
+    server's shutdown starts ``registry.close(drain_timeout=...)`` at once (see
+    :mod:`tether_starlette._shutdown` and ``docs/starlette.md``): under
+    ``uvicorn app:app``, ``fastapi run``, gunicorn's uvicorn workers, open streams end
+    with their error event within the drain timeout instead of holding the server.
+
     :param app: the ASGI app to wrap.
     :param registry: the app's registry; handlers find it with :func:`get_registry`.
+    :param drain_timeout: seconds requests in flight get, once the server's shutdown
+        signal arrived, before they are aborted; ``None`` leaves the server's signals
+        alone (the registry is then closed by :func:`lifespan`, or by you).
     :raises RuntimeError: (when called) the server does not run on asyncio, or the
         middleware is installed twice with two registries.
     """
 
-    __slots__ = ("_on_asyncio", "app", "registry")
+    __slots__ = ("_on_asyncio", "app", "drain_timeout", "registry")
 
-    def __init__(self, app: ASGIApp, *, registry: tether.Registry) -> None:
+    def __init__(
+        self, app: ASGIApp, *, registry: tether.Registry, drain_timeout: float | None = 5.0
+    ) -> None:
         self.app = app
         self.registry = registry
+        self.drain_timeout = drain_timeout
         self._on_asyncio = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -159,6 +179,9 @@ class TetherMiddleware:
             _require_asyncio()
             self._on_asyncio = True
         # Not the current scope: the task may have inherited a finished request's.
+        if scope["type"] == "lifespan":
+            await self._lifespan(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -172,7 +195,10 @@ class TetherMiddleware:
             return
         scope[REGISTRY_KEY] = self.registry
         channel = _Channel(receive, send)
-        with tether.RequestScope(on_first_track=channel.watch) as request_scope:
+        channel.request_id = request_id = _request_id(scope)
+        with tether.RequestScope(
+            on_first_track=channel.watch, request_id=request_id
+        ) as request_scope:
             scope[SCOPE_KEY] = channel.scope = request_scope
             try:
                 await self._answer(scope, channel)
@@ -182,6 +208,28 @@ class TetherMiddleware:
                 # ASGI 2.4: the client left while the app was answering; nothing to add.
             finally:
                 await channel.stop()
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The app's lifespan, with the server's shutdown signals chained to a drain
+        from its start-up to its shutdown (once, if the middleware is installed twice)."""
+        if self.drain_timeout is None or DRAIN_KEY in scope:
+            await self.app(scope, receive, send)
+            return
+        hook = scope[DRAIN_KEY] = DrainOnSignal(self.registry, drain_timeout=self.drain_timeout)
+
+        async def hooked_receive() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                hook.install()
+            elif message["type"] == "lifespan.shutdown":
+                # Before the app's own shutdown: its producer still runs for the drain.
+                await hook.aclose()
+            return message
+
+        try:
+            await self.app(scope, hooked_receive, send)
+        finally:
+            await hook.aclose()
 
     async def _answer(self, scope: Scope, channel: _Channel) -> None:
         try:
@@ -224,6 +272,7 @@ class _Channel:
         "_send",
         "_wanted",
         "complete",
+        "request_id",
         "scope",
         "send_error",
         "started",
@@ -233,6 +282,7 @@ class _Channel:
         self._receive = receive
         self._send = send
         self.scope: tether.RequestScope | None = None
+        self.request_id: str | None = None  # echoed on the response
         self._reader: asyncio.Task[None] | None = None
         self._body: collections.deque[Message] = collections.deque()  # read, not yet taken
         self._buffered = 0  # bytes in _body
@@ -334,6 +384,8 @@ class _Channel:
         kind = message["type"]
         if kind == "http.response.start":
             self.started = True
+            if self.request_id is not None:
+                message = _with_request_id(message, self.request_id)
             # The app answers without the rest of its body: drop it, and free a reader
             # that waits for room, so that it goes on to see the disconnect.
             self._body.clear()
@@ -350,6 +402,24 @@ class _Channel:
             if self.scope is not None:
                 self.scope.disconnect()
             raise
+
+
+_REQUEST_ID_NAME: Final = REQUEST_ID_HEADER.lower().encode("latin-1")
+
+
+def _request_id(scope: Scope) -> str | None:
+    """The client's ``X-Request-Id`` (the first one), if it is an acceptable label."""
+    for name, value in scope.get("headers", ()):
+        if name == _REQUEST_ID_NAME:
+            return accept_request_id(value)
+    return None
+
+
+def _with_request_id(message: Message, request_id: str) -> Message:
+    """The response start ``message`` with the request id echoed (replacing the app's)."""
+    headers = [pair for pair in message.get("headers", ()) if pair[0].lower() != _REQUEST_ID_NAME]
+    headers.append((_REQUEST_ID_NAME, request_id.encode("ascii")))
+    return {**message, "headers": headers}
 
 
 async def _farewell(scope: Scope, channel: _Channel) -> None:
@@ -380,6 +450,10 @@ def lifespan(
     producer ``inner`` starts is still running while requests in flight drain; what is
     left then ends with a final error event. Use ``Starlette(lifespan=lifespan(reg,
     inner=app_lifespan))``; the state ``inner`` yields is passed on.
+
+    When the server stops on a signal, :class:`TetherMiddleware` has already drained
+    the registry (with *its* ``drain_timeout``) by the time this runs: the lifespan's
+    close is for servers stopped without a signal.
 
     :param registry: the registry to close.
     :param drain_timeout: seconds requests in flight get to finish before being aborted.

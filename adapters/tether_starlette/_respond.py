@@ -34,8 +34,10 @@ so the client gets a whole stream; that last write is bounded by
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -70,10 +72,13 @@ async def respond(
     headers: Mapping[str, str] | None = None,
     send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
     resume: tether.Resume | None = None,
+    transform: Callable[[Any], Any] | None = None,
 ) -> Response:
     """Answer ``request`` from ``source`` and close ``source`` when the response ends.
 
-    ``streaming=False``: one JSON body, the result (a list in order for a batch).
+    ``streaming=False``: one JSON body, the result (a list in order for a batch):
+    ``await source.result()``, which is the *last output only* unless the registry
+    has a ``merge`` that folds the outputs together (or ``transform`` shapes it).
     ``streaming=True``: a streamed body framed by ``encoder`` (SSE by default), with a
     terminal frame and a ping after ``ping_interval`` seconds of silence. A failure
     before the first output gets its HTTP status and a JSON body; after it, one error
@@ -93,6 +98,10 @@ async def respond(
         :class:`tether.Stream`): a client that leaves parks it rather than aborting it,
         and a reconnect answered by :func:`resume` continues it; the response carries
         the ``Tether-Resume-Token`` header and an event id per output.
+    :param transform: turns what is answered into the value written, with no round
+        trip through JSON: ``streaming=False``, the result (a batch's: the list of
+        results, in order); ``streaming=True``, each output. Its errors fail the
+        request as an unencodable output does (500, or an error event).
     :raises RuntimeError: :class:`TetherMiddleware` is not installed (``source`` is closed).
     :raises TypeError: ``source`` is not a tether Stream or Batch.
     :raises ValueError: ``ping_interval`` or ``send_timeout`` is not positive; ``resume``
@@ -105,6 +114,8 @@ async def respond(
             source.cancel()
             raise
         source = await resume.open(source)  # (not a Stream: aborted, TypeError)
+    if transform is not None:
+        encoder = _shaped(encoder, transform, streaming=streaming)
     exchange = Exchange(  # (bad options: it aborts the source, which it owns, and raises)
         source,
         streaming=streaming,
@@ -113,7 +124,9 @@ async def respond(
         send_timeout=send_timeout,
     )
     try:
-        request_scope(request)  # the middleware watches the client and owns the stream
+        # The middleware watches the client; the request's scope owns the source, even
+        # one opened elsewhere (a dispatcher task, an earlier request).
+        request_scope(request).adopt(source)
         head_only = request.method == "HEAD"
         head = await (exchange.start_head_only() if head_only else exchange.start())
     except BaseException:
@@ -172,6 +185,24 @@ async def resume(
     )
 
 
+def _shaped(
+    encoder: tether.Encoder | type[tether.Encoder] | None,
+    transform: Callable[[Any], Any],
+    *,
+    streaming: bool,
+) -> tether.Encoder:
+    """``encoder`` with ``transform`` applied to each output (streaming), or to the
+    result before it is serialised (one JSON body, which the exchange writes with
+    the encoder's ``dumps``)."""
+    base = tether.SSE() if encoder is None else encoder() if isinstance(encoder, type) else encoder
+    if streaming:
+        return base.shaped(transform)
+    shaped = copy.copy(base)
+    dumps = base.dumps
+    shaped.dumps = lambda result: dumps(transform(result))
+    return shaped
+
+
 class ExchangeResponse(Response):
     """A streaming response that sends what a :class:`tether.http.Exchange` gives.
 
@@ -214,7 +245,7 @@ class ExchangeResponse(Response):
                     break
                 body = b""
                 chunk = ready_chunk()
-                body = await exchange.next_chunk() if chunk is None else chunk
+                body = await exchange.wait_chunk() if chunk is None else chunk
         except asyncio.CancelledError:
             if started and exchange.stalled():
                 return  # the client read nothing for send_timeout: it counts as gone

@@ -1,4 +1,4 @@
-"""An aiohttp benchmark server, in its raw, tether or polling variant.
+"""An aiohttp benchmark server, in its raw, tether, limit or polling variant.
 
 Run ``python -m bench.servers.aiohttp_server --variant tether [--handler-cancellation]``:
 it binds 127.0.0.1 on a free port, prints ``PORT <n>``, and serves the routes listed
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import orjson
 from aiohttp import web
 
-from .common import POLL_TIMEOUT, Backend, interleave, listen, parse_args, raw_sse
-from .producer import SSE_DONE, SSE_HEADERS, sse_many
+from .common import POLL_TIMEOUT, Backend, interleave, limit_events, listen, parse_args, raw_sse
+from .producer import SSE_DONE, SSE_HEADERS, prebuilt_result, sse_many
 
 __all__ = ["build"]
 
@@ -88,6 +88,19 @@ def _raw_routes(backend: Backend) -> list[web.RouteDef]:
     ]
 
 
+def _limit_routes(backend: Backend) -> list[web.RouteDef]:
+    """aiohttp's own responses over bytes that are already there: no producer."""
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        return await _write_all(request, limit_events(_int(request, "n", 64)))
+
+    async def json(request: web.Request) -> web.StreamResponse:
+        body = prebuilt_result(_int(request, "n", 64))
+        return web.Response(body=body, content_type="application/json")
+
+    return [web.get("/stream", stream), web.get("/json", json)]
+
+
 def _poll_routes(backend: Backend) -> list[web.RouteDef]:
     raw, producer = backend.raw, backend.producer
 
@@ -106,7 +119,7 @@ def _poll_routes(backend: Backend) -> list[web.RouteDef]:
         box.event = event = asyncio.Event()
         producer.add(box.rid, _int(request, "n", 64))
 
-        async def body() -> AsyncIterator[bytes]:
+        async def body() -> AsyncGenerator[bytes, None]:
             while not box.finished or box.items:
                 if box.items:
                     items, box.items = box.items, []
@@ -185,7 +198,12 @@ def build(backend: Backend) -> web.Application:
             yield
 
     app = web.Application()
-    routes = {"raw": _raw_routes, "poll": _poll_routes, "tether": _tether_routes}[backend.variant]
+    routes = {
+        "raw": _raw_routes,
+        "poll": _poll_routes,
+        "tether": _tether_routes,
+        "limit": _limit_routes,
+    }[backend.variant]
     app.add_routes([*routes(backend), web.get("/_bench/aborts", aborts)])
     app.cleanup_ctx.append(producer_ctx)
     if backend.variant == "tether":

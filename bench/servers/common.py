@@ -11,9 +11,12 @@ Every server exposes the same routes, whatever its framework and variant:
 * ``/idle``: one event, then an open, silent stream until the client leaves.
 * ``/_bench/aborts``: ``{rid: time.monotonic() of its abort}`` since the last call.
 
-Variants: ``raw`` (the framework's own streaming response over :class:`RawTable`),
-``tether`` (the adapter), ``poll`` (the polling baseline for disconnects:
-``wait_for(event.wait(), timeout=4)`` then a disconnect check).
+Variants: ``raw`` (the hand-off pattern: the framework's own streaming response
+over :class:`RawTable`), ``tether`` (the adapter), ``limit`` (the no-hand-off
+limit: the framework's own streaming response yielding pre-built SSE events, one
+write per event, no producer at all; ``/stream`` and ``/json`` only), ``poll``
+(the polling baseline for disconnects: ``wait_for(event.wait(), timeout=4)`` then
+a disconnect check).
 """
 
 from __future__ import annotations
@@ -22,13 +25,13 @@ import argparse
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import tether
 
-from .producer import SSE_DONE, AbortLog, Box, Producer, RawTable, sse_many
+from .producer import SSE_DONE, AbortLog, Box, Producer, RawTable, prebuilt, sse_many
 
-__all__ = ["POLL_TIMEOUT", "Backend", "interleave", "listen", "parse_args"]
+__all__ = ["POLL_TIMEOUT", "Backend", "interleave", "limit_events", "listen", "parse_args"]
 
 POLL_TIMEOUT = 4.0
 """The polling baseline's wait before it asks whether the client is still there."""
@@ -36,7 +39,7 @@ POLL_TIMEOUT = 4.0
 
 def parse_args(description: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--variant", choices=["raw", "tether", "poll"], required=True)
+    parser.add_argument("--variant", choices=["raw", "tether", "limit", "poll"], required=True)
     parser.add_argument("--tick", type=float, default=0.0, help="seconds between producer steps")
     parser.add_argument(
         "--handler-cancellation",
@@ -62,7 +65,8 @@ def listen() -> socket.socket:
 class Backend:
     """The producer and the two tables a server may read it through.
 
-    :param variant: ``tether`` feeds the registry; ``raw`` and ``poll`` the raw table.
+    :param variant: ``tether`` feeds the registry; the others the raw table (``limit``
+        never starts a request, so its producer stays parked).
     :param tick: seconds between producer steps.
     """
 
@@ -92,7 +96,7 @@ class Backend:
             await self.registry.close(drain_timeout=0)
 
 
-async def raw_sse(raw: RawTable, box: Box) -> AsyncIterator[bytes]:
+async def raw_sse(raw: RawTable, box: Box) -> AsyncGenerator[bytes, None]:
     """The raw baseline's SSE body for one request: every ready output in one chunk."""
     try:
         while (items := await box.next_ready()) is not None:
@@ -102,6 +106,14 @@ async def raw_sse(raw: RawTable, box: Box) -> AsyncIterator[bytes]:
         raw.close(box)
 
 
+async def limit_events(total: int) -> AsyncIterator[bytes]:
+    """The no-hand-off limit's SSE body: ``total`` pre-built events, one chunk each
+    (as a handler that streams what it already has would), then the terminal one."""
+    for event in prebuilt(total):
+        yield event
+    yield SSE_DONE
+
+
 async def _outputs(box: Box) -> AsyncIterator[object]:
     """One sub-request's outputs, one per ``__anext__`` (the hand-written waiter)."""
     while (items := await box.next_ready()) is not None:
@@ -109,7 +121,7 @@ async def _outputs(box: Box) -> AsyncIterator[object]:
             yield item
 
 
-async def interleave(raw: RawTable, boxes: list[Box]) -> AsyncIterator[bytes]:
+async def interleave(raw: RawTable, boxes: list[Box]) -> AsyncGenerator[bytes, None]:
     """The common hand-written batch stream: a task per sub-request ``__anext__``,
     re-armed after each output, multiplexed with ``asyncio.wait(FIRST_COMPLETED)``.
 

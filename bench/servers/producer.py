@@ -10,18 +10,31 @@ benchmark compares what sits between the producer and the socket, nothing else.
 :class:`RawTable` is the lean table a careful engineer writes by hand: a dict of
 mailboxes, a future created only when a reader has to wait, every ready output
 handed over at once. It has none of tether's guarantees, which is the point.
+
+:func:`prebuilt` is what the no-hand-off limit servers send instead: the same
+events, framed once per process, with no producer behind them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-__all__ = ["AbortLog", "Box", "Producer", "RawTable", "sse_many"]
+__all__ = [
+    "AbortLog",
+    "Box",
+    "Producer",
+    "RawTable",
+    "output",
+    "prebuilt",
+    "prebuilt_result",
+    "sse_many",
+]
 
 Sink = Callable[..., object]
 """``sink(rid, output, finished=...)``: ``Registry.deliver`` or :meth:`RawTable.deliver`."""
@@ -30,10 +43,29 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 SSE_DONE = b"data: [DONE]\n\n"
 
 
+def output(index: int) -> dict[str, Any]:
+    """The producer's ``index``-th output of a request (every request gets the same;
+    :meth:`Producer.run` spells it inline, and a harness test holds the two equal)."""
+    return {"n": index, "delta": "lorem"}
+
+
+@functools.cache
+def prebuilt(total: int) -> tuple[bytes, ...]:
+    """The SSE events of a request of ``total`` outputs, framed once, for the
+    no-hand-off limit: byte for byte what the producer's outputs become."""
+    return tuple(sse_many([output(index)]) for index in range(total))
+
+
+@functools.cache
+def prebuilt_result(total: int) -> bytes:
+    """The JSON body of a request of ``total`` outputs (its last), encoded once."""
+    return orjson.dumps(output(total - 1))
+
+
 def sse_many(outputs: list[Any]) -> bytes:
     """Frame outputs as SSE events exactly as ``tether.SSE`` does, for one write."""
     dumps = orjson.dumps
-    return b"".join([b"data: " + dumps(output) + b"\n\n" for output in outputs])
+    return b"".join([b"data: " + dumps(item) + b"\n\n" for item in outputs])
 
 
 class AbortLog:
@@ -96,6 +128,7 @@ class Producer:
                 sent, total = progress
                 progress[0] = last = sent + 1
                 final = last >= total
+                # the literal, not output(): one call less per output on the measured path
                 sink(rid, {"n": sent, "delta": "lorem"}, finished=final and rid not in holding)
                 if final:
                     done.append(rid)

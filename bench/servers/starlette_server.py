@@ -1,4 +1,4 @@
-"""A Starlette benchmark server under uvicorn, in its raw, tether or polling variant.
+"""A Starlette benchmark server under uvicorn, in its raw, tether, limit or polling variant.
 
 Run ``python -m bench.servers.starlette_server --variant tether``: it binds
 127.0.0.1 on a free port, prints ``PORT <n>``, and serves the routes listed in
@@ -19,8 +19,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from .common import POLL_TIMEOUT, Backend, interleave, listen, parse_args, raw_sse
-from .producer import SSE_DONE, SSE_HEADERS, sse_many
+from .common import POLL_TIMEOUT, Backend, interleave, limit_events, listen, parse_args, raw_sse
+from .producer import SSE_DONE, SSE_HEADERS, prebuilt_result, sse_many
 
 __all__ = ["build"]
 
@@ -66,6 +66,19 @@ def _raw_routes(backend: Backend) -> list[Route]:
         Route("/json", json),
         Route("/batch", batch),
     ]
+
+
+def _limit_routes(backend: Backend) -> list[Route]:
+    """Starlette's own responses over bytes that are already there: no producer."""
+
+    async def stream(request: Request) -> Response:
+        events = limit_events(_int(request, "n", 64))
+        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def json(request: Request) -> Response:
+        return Response(prebuilt_result(_int(request, "n", 64)), media_type="application/json")
+
+    return [Route("/stream", stream), Route("/json", json)]
 
 
 def _poll_routes(backend: Backend) -> list[Route]:
@@ -162,7 +175,12 @@ def build(backend: Backend) -> ASGIApp:
         async with backend.running():
             yield
 
-    routes = {"raw": _raw_routes, "poll": _poll_routes, "tether": _tether_routes}[backend.variant]
+    routes = {
+        "raw": _raw_routes,
+        "poll": _poll_routes,
+        "tether": _tether_routes,
+        "limit": _limit_routes,
+    }[backend.variant]
     app = Starlette(routes=[*routes(backend), Route("/_bench/aborts", aborts)], lifespan=lifespan)
     if backend.variant == "tether":
         import tether_starlette

@@ -11,8 +11,8 @@ and the error mapping in :mod:`tether.http`. Where each concept lives:
 ``_registry`` (the public front), ``_table`` (admission, the one end-of-request
 path, ``on_abort``, counters), ``_state`` (mailboxes), ``_consumer`` (the reading
 loop of ``_stream`` and ``_batch``), ``_scope``, ``_errors``, ``_encoders``,
-``_stats``, ``_resume`` (resumable streams); and for adapters ``_exchange``,
-``_responses``, ``_guard``.
+``_stats``, ``_observe`` (hooks for metrics, traces, logs), ``_resume`` (resumable
+streams); and for adapters ``_exchange``, ``_framing``, ``_responses``, ``_guard``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from ._errors import (
     BatchTooLarge,
     ConsumerTooSlow,
     DuplicateRequest,
+    InvalidRequest,
     InvalidRequestId,
     Overloaded,
     ProducerError,
@@ -34,6 +35,7 @@ from ._errors import (
     TetherError,
     UnknownRequest,
 )
+from ._observe import Observer, Outcome, RequestEnd
 from ._registry import Registry
 from ._replay import MemoryStore
 from ._resume import Resume
@@ -56,13 +58,17 @@ __all__ = [
     "ConsumerTooSlow",
     "DuplicateRequest",
     "Encoder",
+    "InvalidRequest",
     "InvalidRequestId",
     "MemoryStore",
+    "Observer",
+    "Outcome",
     "Overloaded",
     "ProducerError",
     "Registry",
     "RegistryClosed",
     "RegistryStats",
+    "RequestEnd",
     "RequestScope",
     "RequestTimeout",
     "Resume",

@@ -101,8 +101,14 @@ class Batch(Consumer):
         unread = (self._take_buffered() or EMPTY) + group.take()
         states = self._states
         self._collect([pair for pair in unread if errors.get(pair[0]) is not pair[1]], states)
-        while group.live and group.error is None and not self._closed:
-            await self._wait(group, None)
+        waited = False
+        try:
+            while group.live and group.error is None and not self._closed:
+                await self.wait_ready()
+            waited = True
+        finally:
+            if not waited:  # cancelled (or refused): what was folded stays readable
+                self._uncollect(states)
         if group.error is not None:
             raise group.error.with_traceback(None)
         errors = group.errors or {}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import warnings
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final, Self
 
@@ -38,6 +39,14 @@ _CLOCK_SLACK: Final = 1e-3
 """An idle timer that fires this close to its deadline counts as on time."""
 
 
+def _idle(consumer: weakref.ref[Consumer], box: RequestState | Group) -> None:
+    """An idle timer fired. It holds its consumer weakly: a consumer dropped while its
+    timer is armed is freed (and its request aborted) at once, not when it fires."""
+    alive = consumer()
+    if alive is not None:
+        alive._on_idle(box)  # noqa: SLF001 (this module's own consumer)
+
+
 def fold(merge: Merge | None, acc: Any, output: Any) -> Any:
     """``acc`` and a newer ``output`` as one result: merged, or the newer one."""
     if merge is None or acc is NOTHING:
@@ -54,6 +63,7 @@ class Consumer:
         "_box",
         "_buf",
         "_closed",
+        "_collecting",
         "_deadline",
         "_idle_timer",
         "_pos",
@@ -71,7 +81,8 @@ class Consumer:
         self._buf: list[Any] = EMPTY
         self._pos = 0
         self._closed = False
-        # The idle timer of timed waits (next_ready(timeout=...)), see _wait().
+        self._collecting = False  # result() put the requests in collect mode
+        # The idle timer of timed waits (next_ready(timeout=...)), see wait_ready().
         self._deadline: float | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
 
@@ -165,7 +176,7 @@ class Consumer:
                 raise box.error.with_traceback(None)
             if not box.live:
                 raise StopAsyncIteration
-            await self._wait(box, None)
+            await self.wait_ready()
 
     def ready(self) -> list[Any] | None:
         """Every output (or pair) that is ready now, oldest first, without waiting.
@@ -197,13 +208,6 @@ class Consumer:
             return None
         return []
 
-    async def wait_ready(self, *, timeout: float | None = None) -> None:
-        """Wait until :meth:`ready` has something to say (an output, the end, an
-        error), or ``timeout`` seconds passed. Cancellation is an abort, as for reads."""
-        box = self._box or self._first_read()
-        if not box.pending and box.live and box.error is None and not self._closed:
-            await self._wait(box, timeout)
-
     async def next_ready(self, *, timeout: float | None = None) -> list[Any] | None:
         """Every output (or pair) that is ready, oldest first, waiting for one if none is.
 
@@ -229,10 +233,14 @@ class Consumer:
         self._pos = 0
         return buf[pos:] if pos else buf
 
-    def _collect(self, outputs: list[Any], states: Sequence[RequestState]) -> list[Any]:
+    def _collect(self, outputs: list[Any], states: Sequence[RequestState]) -> None:
         """Enter collect mode for ``result()``: fold what was delivered but not read
         (``outputs``: ``(index, output)`` pairs) into each state's result, after which
-        the producer folds and wakes the consumer only at the end. The results so far."""
+        the producer folds and wakes the consumer only at the end. Once: a second
+        ``result()`` finds the results where the first left them."""
+        if self._collecting:
+            return
+        self._collecting = True
         merge = self._table.limits.merge
         accs: list[Any] = [NOTHING] * len(states)
         for index, output in outputs:
@@ -240,13 +248,39 @@ class Consumer:
         for state, acc in zip(states, accs, strict=True):
             state.acc = acc
             state.collect = True
-        return accs
 
-    async def _wait(self, box: RequestState | Group, timeout: float | None) -> None:
-        """Park until the producer wakes ``box``'s waiter (or ``timeout`` passes).
+    def _uncollect(self, states: Sequence[RequestState]) -> None:
+        """Leave collect mode (``result()`` ended by an exception or a cancellation):
+        what was folded becomes readable again, as one waiting output per request, so
+        that no later read loses what the producer delivered."""
+        if not self._collecting:
+            return
+        self._collecting = False
+        for state in states:
+            state.collect = False
+            acc, state.acc = state.acc, NOTHING
+            if acc is not NOTHING:
+                state.unfold(acc)
 
-        Cancellation of the waiting task is an abort of this consumer.
+    async def wait_ready(self, *, timeout: float | None = None) -> None:
+        """Wait until :meth:`ready` has something to say (an output, the end, an
+        error), or ``timeout`` seconds passed; at once if it has already.
+
+        The one place a consumer parks: on a future made only now, which the
+        producer's ``put`` (or the request's end) resolves. Cancellation of the
+        waiting task is an abort of this consumer.
         """
+        box = self._box or self._first_read()
+        if not box.live or box.error is not None or self._closed:
+            return
+        # (in collect mode a batch's list holds only keep-going errors: result() waits on)
+        if box.pending and not self._collecting:
+            return
+        if box.waiter is not None:  # (a waiter resolved or dropped is always cleared)
+            raise RuntimeError(
+                f"{self!r} is already being read by another task; read a stream or a "
+                "batch from one task at a time"
+            )
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         box.waiter = waiter
@@ -262,7 +296,7 @@ class Consumer:
             if timer is None or timer.when() > deadline + _CLOCK_SLACK:
                 if timer is not None:
                     timer.cancel()
-                self._idle_timer = loop.call_at(deadline, self._on_idle, box)
+                self._idle_timer = loop.call_at(deadline, _idle, weakref.ref(self), box)
         try:
             await waiter
         except asyncio.CancelledError:
@@ -284,7 +318,7 @@ class Consumer:
             box.waiter = None
             waiter.set_result(None)
         else:
-            self._idle_timer = loop.call_at(deadline, self._on_idle, box)
+            self._idle_timer = loop.call_at(deadline, _idle, weakref.ref(self), box)
 
     def _stop_idle_timer(self) -> None:
         timer = self._idle_timer

@@ -4,7 +4,16 @@ Encoders are pure functions of outputs to bytes. A batch's outputs carry their
 ``index``: a dict output gets an ``"index"`` key first, any other output is
 wrapped as ``{"index": i, "output": value}``. JSON goes through orjson when it
 is installed, else the standard library (compact, UTF-8), and can be replaced
-with ``dumps=``.
+with ``dumps=``. Either way a pydantic model is written as its
+``model_dump(mode="json")``: pydantic is never imported here (a model exists only
+if its program imported pydantic already), so ``import tether`` stays light.
+
+Shaping what goes on the wire, from the lightest touch to the heaviest:
+``transform=`` (a function of one output to the value written, for a stream's
+outputs), overriding :meth:`Encoder.encode` (one output to one whole frame: the
+one override point, which :meth:`Encoder.encode_many` and
+:meth:`Encoder.encode_indexed` go through whenever a subclass overrides it), or
+overriding those two for whole chunks.
 
 SSE can also write the optional fields of the format: ``retry:`` once at the start
 (``SSE(retry=...)``), an ``id:`` per output (:meth:`Encoder.encode_events`, used by
@@ -17,17 +26,32 @@ OpenAI-style clients read, and a browser ``EventSource`` dispatches a named
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
-from collections.abc import Iterable
-from typing import Any, ClassVar, Final
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar, Final, Self
 
 from .types import Dumps
 
-__all__ = ["NDJSON", "SSE", "Encoder", "default_dumps"]
+__all__ = ["NDJSON", "SSE", "Encoder", "default_dumps", "jsonable"]
+
+
+def jsonable(value: Any) -> Any:
+    """The JSON-ready form of a value the serialiser does not know (its ``default``
+    hook): a pydantic model's ``model_dump(mode="json")``.
+
+    :raises TypeError: ``value`` is of no type tether knows how to write.
+    """
+    pydantic = sys.modules.get("pydantic")  # loaded if and only if a model can exist
+    if pydantic is not None and isinstance(value, pydantic.BaseModel):
+        return value.model_dump(mode="json")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def _stdlib_dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=jsonable).encode()
 
 
 def _pick_dumps() -> Dumps:
@@ -35,7 +59,8 @@ def _pick_dumps() -> Dumps:
         import orjson
     except ImportError:
         return _stdlib_dumps
-    return orjson.dumps
+    # (a partial is C code: no Python frame per call on the hot path)
+    return functools.partial(orjson.dumps, default=jsonable)
 
 
 default_dumps: Final[Dumps] = _pick_dumps()
@@ -52,34 +77,74 @@ def with_index(index: int, output: Any) -> Any:
 class Encoder:
     """Base of the streaming encoders: frames outputs, errors, pings and the end.
 
+    Subclass and override :meth:`encode` to change how one output is written: it is
+    the one override point, and :meth:`encode_many` / :meth:`encode_indexed` call it
+    for every output once a subclass overrides it (otherwise they inline the default
+    for speed).
+
     :param dumps: serialises one JSON value to bytes.
+    :param transform: turns each output into the value written (errors, pings and
+        the terminal frame are not outputs and are left alone).
     """
 
     media_type: ClassVar[str] = "application/octet-stream"
     headers: ClassVar[dict[str, str]] = {}
     has_event_ids: ClassVar[bool] = False
     """Whether :meth:`encode_events` is supported (a stream can be resumable)."""
+    _own_encode: ClassVar[bool] = False
+    """Whether this class overrides :meth:`encode` (set for each subclass)."""
 
-    __slots__ = ("dumps",)
+    __slots__ = ("dumps", "transform")
 
-    def __init__(self, *, dumps: Dumps | None = None) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._own_encode = cls.encode is not Encoder.encode
+
+    def __init__(
+        self, *, dumps: Dumps | None = None, transform: Callable[[Any], Any] | None = None
+    ) -> None:
         self.dumps: Dumps = dumps or default_dumps
+        self.transform = transform
+
+    def shaped(self, transform: Callable[[Any], Any]) -> Self:
+        """A copy of this encoder whose outputs go through ``transform`` first (after
+        any transform it already has)."""
+        shaped = copy.copy(self)
+        before = self.transform
+        shaped.transform = transform if before is None else lambda output: transform(before(output))
+        return shaped
 
     def frame(self, payload: bytes) -> bytes:
         """Wrap one serialised JSON value into a frame."""
         raise NotImplementedError
 
     def encode(self, output: Any) -> bytes:
-        """One output as one frame."""
+        """One output as one frame: the override point (see the class docstring).
+
+        ``output`` has been through ``transform`` already; a batch's output comes
+        tagged with its index (``{"index": i, ...}``).
+        """
         return self.frame(self.dumps(output))
 
     def encode_many(self, outputs: Iterable[Any]) -> bytes:
         """Several outputs as consecutive frames, for one write."""
+        transform = self.transform
+        if transform is not None:
+            outputs = map(transform, outputs)
+        if self._own_encode:
+            encode = self.encode
+            return b"".join([encode(output) for output in outputs])
         frame, dumps = self.frame, self.dumps
         return b"".join([frame(dumps(output)) for output in outputs])
 
     def encode_indexed(self, pairs: Iterable[tuple[int, Any]]) -> bytes:
         """Several ``(index, output)`` pairs of a batch as consecutive frames."""
+        transform = self.transform
+        if transform is not None:
+            pairs = [(index, transform(output)) for index, output in pairs]
+        if self._own_encode:
+            encode = self.encode
+            return b"".join([encode(with_index(index, output)) for index, output in pairs])
         frame, dumps = self.frame, self.dumps
         return b"".join([frame(dumps(with_index(index, output))) for index, output in pairs])
 
@@ -116,6 +181,7 @@ class SSE(Encoder):
     pinging with a ``: ping`` comment.
 
     :param dumps: serialises one JSON value to bytes.
+    :param transform: turns each output into the value written.
     :param retry: milliseconds a browser ``EventSource`` waits before it reconnects,
         written once as a ``retry:`` field at the start of the stream; ``None`` (the
         default) writes no field.
@@ -135,10 +201,11 @@ class SSE(Encoder):
         self,
         *,
         dumps: Dumps | None = None,
+        transform: Callable[[Any], Any] | None = None,
         retry: int | None = None,
         error_event: str | None = None,
     ) -> None:
-        super().__init__(dumps=dumps)
+        super().__init__(dumps=dumps, transform=transform)
         if retry is not None and (isinstance(retry, bool) or not retry >= 0):
             raise ValueError(f"retry is a number of milliseconds >= 0, got {retry!r}")
         if error_event is not None and not _is_field_value(error_event):
@@ -150,8 +217,8 @@ class SSE(Encoder):
         return b"data: " + payload + b"\n\n"
 
     def encode_events(self, events: Iterable[tuple[str, Any]]) -> bytes:
-        # Each output through encode_many, so that a subclass that shapes its outputs
-        # there (an OpenAI chunk, say) keeps its shape with an id.
+        # Each output through encode_many, so that a transform or a subclass that
+        # shapes its outputs (an OpenAI chunk, say) keeps its shape with an id.
         encode_many = self.encode_many
         return b"".join(
             [
@@ -175,11 +242,6 @@ class SSE(Encoder):
         return b": ping\n\n"
 
 
-def _is_field_value(value: str) -> bool:
-    """Whether ``value`` fits in one SSE field (no line break ends it early)."""
-    return "\n" not in value and "\r" not in value and "\0" not in value
-
-
 class NDJSON(Encoder):
     """Newline-delimited JSON: one value per line; pings are empty lines, which
     NDJSON readers skip; no terminal frame (the end of the body ends the stream)."""
@@ -194,3 +256,8 @@ class NDJSON(Encoder):
 
     def ping(self) -> bytes:
         return b"\n"
+
+
+def _is_field_value(value: str) -> bool:
+    """Whether ``value`` fits in one SSE field (no line break ends it early)."""
+    return "\n" not in value and "\r" not in value and "\0" not in value

@@ -5,7 +5,9 @@ Every error the core raises derives from :class:`TetherError`::
     TetherError
     ├── DuplicateRequest (KeyError)   open() with a rid that is still live
     ├── UnknownRequest (KeyError)     a server's own lookup by id found no live rid
-    ├── InvalidRequestId (ValueError) open() with a rid that is no valid id
+    ├── InvalidRequest (ValueError)   a request the registry cannot take as given:
+    │   │                             an empty batch, repeated ids, a bad timeout
+    │   └── InvalidRequestId          a rid that is no valid id
     ├── BatchTooLarge (ValueError)    open_batch() larger than ``max_in_flight``:
     │                                 it could never be admitted, so no retry helps
     ├── Overloaded                    open() beyond ``max_in_flight``
@@ -25,6 +27,7 @@ unknown rid (they return ``False`` and count a late output instead).
 from __future__ import annotations
 
 import enum
+import re
 from typing import Final
 
 __all__ = [
@@ -34,6 +37,7 @@ __all__ = [
     "BatchTooLarge",
     "ConsumerTooSlow",
     "DuplicateRequest",
+    "InvalidRequest",
     "InvalidRequestId",
     "Overloaded",
     "ProducerError",
@@ -41,6 +45,9 @@ __all__ = [
     "RequestTimeout",
     "TetherError",
     "UnknownRequest",
+    "check_rid",
+    "client_facing",
+    "declared_status",
 ]
 
 
@@ -96,7 +103,14 @@ MAX_RID_LENGTH: Final = 256
 """The longest request id ``Registry.open()`` accepts, in characters."""
 
 
-class InvalidRequestId(TetherError, ValueError):
+class InvalidRequest(TetherError, ValueError):
+    """Raised by ``Registry.open()``/``open_batch()`` for a request it cannot take as
+    given: an empty batch, the same id twice in a batch, a timeout that is not a
+    positive number. ``error_response`` maps it to 422: these usually come from the
+    client."""
+
+
+class InvalidRequestId(InvalidRequest):
     """Raised by ``Registry.open()``/``open_batch()`` for a rid that is not a valid id:
     not a string, empty, longer than :data:`MAX_RID_LENGTH`, or holding a control
     character or a lone surrogate (which no JSON encoder or log line takes safely).
@@ -107,6 +121,26 @@ class InvalidRequestId(TetherError, ValueError):
         shown = repr(rid) if len(repr(rid)) <= 80 else repr(rid)[:77] + "..."
         super().__init__(f"invalid request id {shown}: {why}; pass rid=None for a fresh id")
         self.rid = rid
+
+
+_UNSAFE_IN_RID = re.compile("[\\x00-\\x1f\\x7f-\\x9f\\ud800-\\udfff]")
+"""Control characters (log and header injection) and lone surrogates (no encoder takes them)."""
+
+
+def check_rid(rid: object) -> None:
+    """Refuse a client-chosen request id that is not a valid id.
+
+    :raises InvalidRequestId: ``rid`` is not a ``str``, is empty, is longer than
+        ``MAX_RID_LENGTH``, or holds a control character or a lone surrogate.
+    """
+    if not isinstance(rid, str):
+        raise InvalidRequestId(rid, f"a request id is a str, not {type(rid).__name__}")
+    if not rid:
+        raise InvalidRequestId(rid, "a request id cannot be empty")
+    if len(rid) > MAX_RID_LENGTH:
+        raise InvalidRequestId(rid, f"a request id has at most {MAX_RID_LENGTH} characters")
+    if _UNSAFE_IN_RID.search(rid) is not None:
+        raise InvalidRequestId(rid, "a control character or a lone surrogate is not allowed")
 
 
 class BatchTooLarge(TetherError, ValueError):
@@ -197,17 +231,31 @@ class ProducerError(TetherError):
     """
 
     def __init__(self, rid: str, cause: BaseException) -> None:
+        message = f"request {rid!r} failed in the producer"
         if client_facing(cause):
-            message = f"request {rid!r} was refused by the producer: {cause}"
-        else:
-            message = f"request {rid!r} failed in the producer"
+            try:
+                message = f"request {rid!r} was refused by the producer: {cause}"
+            except Exception:  # the cause's own __str__ failed: keep the plain message
+                pass
         super().__init__(message)
         self.rid = rid
         self.__cause__ = cause
 
 
+def declared_status(cause: BaseException | None) -> int | None:
+    """The HTTP status ``cause`` declares (an ``int`` ``status_code`` from 400 to 599),
+    or ``None``; a ``status_code`` that raises when read declares nothing."""
+    try:
+        status = getattr(cause, "status_code", None)
+    except Exception:
+        return None
+    if isinstance(status, int) and not isinstance(status, bool) and 400 <= status <= 599:
+        return status
+    return None
+
+
 def client_facing(cause: BaseException) -> bool:
     """Whether ``cause`` declares itself the client's fault (a 4xx ``status_code``),
     so that its text may be shown to the client."""
-    status = getattr(cause, "status_code", None)
-    return isinstance(status, int) and not isinstance(status, bool) and 400 <= status <= 499
+    status = declared_status(cause)
+    return status is not None and status < 500

@@ -22,20 +22,16 @@ from ._batch import Batch
 from ._channel import Follower
 from ._encoders import SSE, Encoder, default_dumps
 from ._errors import Aborted, AbortReason, TetherError
+from ._framing import Framer, jsonable
 from ._guard import SendGuard
 from ._responses import DEFAULT_SEND_TIMEOUT, JSON_HEADERS, error_response
 from ._resume import TOKEN_HEADER
 from ._scope import current_scope
 from ._stream import Stream
 
-__all__ = ["FAREWELL_TIMEOUT", "WRITE_BYTES", "Exchange", "Head"]
+__all__ = ["FAREWELL_TIMEOUT", "Exchange", "Head"]
 
 logger = logging.getLogger("tether")
-
-WRITE_BYTES: Final = 256 * 1024
-"""About how many bytes one chunk of a stream carries when a backlog is ready: ready
-outputs are coalesced into one write up to this, and a larger backlog goes out over
-several writes, so that it is never copied whole into one buffer."""
 
 FAREWELL_TIMEOUT: Final = 1.0
 """Seconds an adapter gives the last write of a response whose handler the server
@@ -44,9 +40,6 @@ that stopped."""
 
 _CLIENT_GONE: Final = (AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED)
 """Why a stream may end with nothing more written: nobody reads it."""
-
-_FIRST_SLICE: Final = 4
-"""How many outputs are encoded before their size is known."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,12 +55,6 @@ class Head:
     status: int
     headers: dict[str, str]
     body: bytes
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, BaseException):
-        return error_response(value).body
-    return value
 
 
 class Exchange:
@@ -87,12 +74,9 @@ class Exchange:
     """
 
     __slots__ = (
-        "_carry",
         "_done",
-        "_errors_inline",
-        "_frame_bytes",
+        "_framer",
         "_guard",
-        "_indexed",
         "_numbered",
         "encoder",
         "ping_interval",
@@ -134,15 +118,14 @@ class Exchange:
         self.ping_interval = ping_interval
         self.send_timeout = send_timeout
         self._guard = SendGuard(send_timeout)
-        self._indexed = isinstance(source, Batch)
         # A resumable stream's outputs come with their event ids (see _resume).
         self._numbered = numbered
-        self._errors_inline = isinstance(source, Batch) and source.keep_going
+        indexed = isinstance(source, Batch)
+        errors_inline = isinstance(source, Batch) and source.keep_going
+        self._framer = Framer(
+            encoder, indexed=indexed, errors_inline=errors_inline, numbered=numbered
+        )
         self._done = False
-        # Ready outputs not written yet (a backlog larger than WRITE_BYTES), and the
-        # last chunk's bytes per output, to size the next one before encoding it.
-        self._carry: list[Any] | None = None
-        self._frame_bytes = 0
 
     @property
     def done(self) -> bool:
@@ -174,7 +157,7 @@ class Exchange:
             except TetherError as exc:
                 return self._error_head(exc)
             if isinstance(result, list):
-                result = [_jsonable(item) for item in result]
+                result = [jsonable(item) for item in result]
             try:
                 body = self.encoder.dumps(result)
             except Exception as exc:
@@ -194,10 +177,10 @@ class Exchange:
         if not items:
             return Head(200, headers, first + encoder.ping())
         try:
-            chunk = self._encode_some(items)
+            chunk = self._framer.some(items)
         except Exception as exc:
             return self._unencodable_head(exc)
-        if self._carry is None and self.source.exhausted:
+        if self._framer.carry is None and self.source.exhausted:
             self._done = True
             return Head(200, headers, first + chunk + encoder.terminal())
         return Head(200, headers, first + chunk if first else chunk)
@@ -235,46 +218,6 @@ class Exchange:
         await self.aclose()
         return Head(200, self._success_headers(), b"")
 
-    def _encode_some(self, items: list[Any]) -> bytes:
-        """Encode the ready ``items`` into one chunk of about :data:`WRITE_BYTES` at most
-        (at least one output); what does not fit waits in ``_carry`` for the next chunk.
-
-        Outputs are encoded slice by slice, each slice sized from the bytes per output
-        measured last, so a backlog is never encoded or joined whole. The usual case
-        (small outputs, sizes known) is one slice and no copy of the list.
-        """
-        count = len(items)
-        per_frame = self._frame_bytes
-        if per_frame and per_frame * count <= WRITE_BYTES:
-            chunk = self._encode(items)
-            self._frame_bytes = len(chunk) // count or 1
-            return chunk
-        parts: list[bytes] = []
-        size = done = 0
-        while done < count and size < WRITE_BYTES:
-            # Before anything was measured, a few outputs tell the size of the rest.
-            take = max(1, (WRITE_BYTES - size) // per_frame) if per_frame else _FIRST_SLICE
-            part = self._encode(items[done : done + take])
-            taken = min(take, count - done)
-            per_frame = len(part) // taken or 1
-            parts.append(part)
-            size += len(part)
-            done += taken
-        self._frame_bytes = per_frame
-        if done < count:
-            self._carry = items[done:]
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def _encode(self, items: list[Any]) -> bytes:
-        if self._numbered:
-            return self.encoder.encode_events(items)
-        if self._indexed:
-            if self._errors_inline:
-                # a keep-going batch yields a failed sub-request's error in its place
-                items = [(index, _jsonable(output)) for index, output in items]
-            return self.encoder.encode_indexed(items)
-        return self.encoder.encode_many(items)
-
     def ready_chunk(self) -> bytes | None:
         """The next bytes to write if they are ready now (outputs, the end, an error),
         without waiting; ``None`` when the adapter has to wait: ``await next_chunk()``.
@@ -285,9 +228,8 @@ class Exchange:
         """
         if self._done:
             return b""
-        carry = self._carry
+        carry = self._framer.take_carry()
         if carry is not None:
-            self._carry = None
             return self._chunk(carry)
         try:
             items = self.source.ready()
@@ -306,12 +248,14 @@ class Exchange:
         nobody is reading.
         """
         chunk = self.ready_chunk()
-        if chunk is None:
-            await self.source.wait_ready(timeout=self.ping_interval)
-            chunk = self.ready_chunk()
-            if chunk is None:
-                return self.encoder.ping()
-        return chunk
+        return await self.wait_chunk() if chunk is None else chunk
+
+    async def wait_chunk(self) -> bytes:
+        """:meth:`next_chunk` for a write loop that just got ``None`` from
+        :meth:`ready_chunk`: wait (up to ``ping_interval``), then the next bytes."""
+        await self.source.wait_ready(timeout=self.ping_interval)
+        chunk = self.ready_chunk()
+        return self.encoder.ping() if chunk is None else chunk
 
     def _chunk(self, items: list[Any] | None) -> bytes:
         encoder = self.encoder
@@ -319,11 +263,11 @@ class Exchange:
             self._done = True
             return encoder.terminal()
         try:
-            chunk = self._encode_some(items)
+            chunk = self._framer.some(items)
         except Exception as exc:
             self._unencodable(exc)
             return self._failed(exc)
-        if self._carry is None and self.source.exhausted:
+        if self._framer.carry is None and self.source.exhausted:
             # The last outputs and the terminal frame go out in one write.
             self._done = True
             return chunk + encoder.terminal()
@@ -405,9 +349,9 @@ class Exchange:
         self._done = True
         source = self.source
         source.cancel(AbortReason.CANCELLED)
-        carry, self._carry = self._carry, None
+        carry = self._framer.take_carry()
         try:
-            held = self._encode(carry) if carry else b""
+            held = self._framer.encode(carry) if carry else b""
         except Exception:  # unencodable: what matters now is the end
             held = b""
         encoder = self.encoder

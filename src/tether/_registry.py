@@ -15,20 +15,22 @@ other threads use the ``*_threadsafe`` methods, which hand over to that loop.
 
 from __future__ import annotations
 
-import re
+import asyncio
+import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ._batch import Batch
 from ._errors import (
-    MAX_RID_LENGTH,
     Aborted,
     AbortReason,
     BatchTooLarge,
     DuplicateRequest,
-    InvalidRequestId,
+    InvalidRequest,
     ProducerError,
+    check_rid,
 )
+from ._observe import Observer, announce_first_output, opened
 from ._scope import current_scope
 from ._state import DEFAULT_MAX_PENDING_BYTES, Group, Limits, RequestState, approximate_size
 from ._stats import RegistryStats
@@ -36,26 +38,7 @@ from ._stream import Stream
 from ._table import Table, now
 from .types import Merge, OnAbort, SizeOf
 
-__all__ = ["Registry", "check_rid"]
-
-_UNSAFE_IN_RID = re.compile("[\\x00-\\x1f\\x7f-\\x9f\\ud800-\\udfff]")
-"""Control characters (log and header injection) and lone surrogates (no encoder takes them)."""
-
-
-def check_rid(rid: object) -> None:
-    """Refuse a client-chosen request id that is not a valid id.
-
-    :raises InvalidRequestId: ``rid`` is not a ``str``, is empty, is longer than
-        ``MAX_RID_LENGTH``, or holds a control character or a lone surrogate.
-    """
-    if not isinstance(rid, str):
-        raise InvalidRequestId(rid, f"a request id is a str, not {type(rid).__name__}")
-    if not rid:
-        raise InvalidRequestId(rid, "a request id cannot be empty")
-    if len(rid) > MAX_RID_LENGTH:
-        raise InvalidRequestId(rid, f"a request id has at most {MAX_RID_LENGTH} characters")
-    if _UNSAFE_IN_RID.search(rid) is not None:
-        raise InvalidRequestId(rid, "a control character or a lone surrogate is not allowed")
+__all__ = ["Registry"]
 
 
 class Registry:
@@ -131,12 +114,29 @@ class Registry:
         """The merge function given to the constructor, if any."""
         return self._limits.merge
 
+    @property
+    def late_outputs(self) -> int:
+        """Producer calls for a rid no longer in flight (cheaper than :meth:`stats`)."""
+        return self._table.late
+
     def __contains__(self, rid: object) -> bool:
         return rid in self._entries
 
     def stats(self) -> RegistryStats:
         """A frozen snapshot of the counters and timing summaries."""
         return self._table.stats()
+
+    def add_observer(self, observer: Observer) -> None:
+        """Attach an :class:`~tether.Observer` (a metrics collector, a tracer) that hears
+        of every request's open, first output and end; twice raises ``ValueError``."""
+        table = self._table
+        if observer in table.observers:
+            raise ValueError(f"{observer!r} is already attached to this registry")
+        table.observers = (*table.observers, observer)
+
+    def remove_observer(self, observer: Observer) -> None:
+        """Detach an observer attached by :meth:`add_observer`; nothing if it is not."""
+        self._table.observers = tuple(o for o in self._table.observers if o is not observer)
 
     def __repr__(self) -> str:
         return f"<Registry in_flight={len(self._entries)} closed={self._table.closed}>"
@@ -172,10 +172,12 @@ class Registry:
             scope.check()
         if rid is None:
             rid = table.fresh_rid()
-        elif rid in self._entries:
+        elif table.taken(rid):
             raise DuplicateRequest(rid)
         state = RequestState(rid, 0, None, now())
         table.insert((state,))
+        if scope is not None or table.observers:
+            opened(table.observers, (state,), scope, batch=False)
         if timeout is not None:
             state.timer = loop.call_later(timeout, table.expire, (state,), timeout)
         stream = Stream(table, state)
@@ -208,18 +210,18 @@ class Registry:
         """
         if isinstance(n_or_rids, int):
             if n_or_rids < 1:
-                raise ValueError(f"a batch needs at least one sub-request, got {n_or_rids}")
+                raise InvalidRequest(f"a batch needs at least one sub-request, got {n_or_rids}")
             count = n_or_rids
             rids: list[str] | None = None
         else:
             rids = list(n_or_rids)
             count = len(rids)
             if count == 0:
-                raise ValueError("a batch needs at least one sub-request, got no ids")
+                raise InvalidRequest("a batch needs at least one sub-request, got no ids")
             for rid in rids:
                 check_rid(rid)
             if len(set(rids)) != count:
-                raise ValueError(f"a batch's ids must be distinct, got {rids!r}")
+                raise InvalidRequest(f"a batch's ids must be distinct, got {rids!r}")
         table = self._table
         limit = table.max_in_flight
         if limit is not None and count > limit:
@@ -227,7 +229,7 @@ class Registry:
         loop = table.admit(count, timeout)
         if rids is not None:
             for rid in rids:
-                if rid in self._entries:
+                if table.taken(rid):
                     raise DuplicateRequest(rid)
         scope = current_scope()
         if scope is not None:
@@ -240,6 +242,8 @@ class Registry:
         states.extend(RequestState(rid, index, group, opened_at) for index, rid in enumerate(rids))
         group.remaining = count
         table.insert(states)
+        if scope is not None or table.observers:
+            opened(table.observers, states, scope, batch=True)
         if timeout is not None:
             group.timer = loop.call_later(timeout, table.expire, tuple(states), timeout)
         batch = Batch(table, group)
@@ -256,16 +260,28 @@ class Registry:
         gets :class:`~tether.ProducerError`, the producer ``on_abort``), and a consumer
         that fell too far behind gets :class:`~tether.ConsumerTooSlow`.
 
+        Call it on the registry's event loop (the one requests are opened on); a
+        producer on another thread uses :meth:`deliver_threadsafe`. A call from
+        elsewhere would change the state behind the loop's back and wake nobody; it
+        is refused on each request's first output (one check per request, not per
+        output), before anything changes.
+
         :returns: ``True`` if the request was in flight; ``False`` (counted as a late
             output, never raised) if it had already finished, failed or been aborted.
+        :raises RuntimeError: called outside the registry's event loop (another
+            thread, or another loop).
         """
         state = self._entries.get(rid)
         if state is None:
             self._table.late += 1
             return False
+        state.noutputs += 1
         if not state.first_at:
+            self._require_own_loop(rid)
             state.first_at = at = now()
             self._table.ttfo.append(at - state.opened_at)
+            if self._table.observers:
+                announce_first_output(self._table.observers, rid, at - state.opened_at)
         try:
             fits = state.put(output, self._limits)
         except Exception as exc:  # merge() raised: that request fails, the producer goes on
@@ -276,6 +292,19 @@ class Registry:
         elif finished:
             self._table.finish(state)
         return True
+
+    def _require_own_loop(self, rid: str) -> None:
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not self._table.require_loop():
+            raise RuntimeError(
+                f"Registry.deliver({rid!r}) was called outside the registry's event loop "
+                f"(from thread {threading.current_thread().name!r}): the consumer would "
+                "not be woken. From another thread, use deliver_threadsafe() or "
+                "deliver_many_threadsafe()."
+            )
 
     def deliver_many(self, items: Iterable[tuple[str, Any, bool]]) -> int:
         """Deliver ``(rid, output, finished)`` triples in order; returns how many were live."""

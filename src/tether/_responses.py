@@ -22,13 +22,14 @@ from ._errors import (
     BatchTooLarge,
     ConsumerTooSlow,
     DuplicateRequest,
-    InvalidRequestId,
+    InvalidRequest,
     Overloaded,
     ProducerError,
     RegistryClosed,
     RequestTimeout,
     TetherError,
     UnknownRequest,
+    declared_status,
 )
 
 __all__ = [
@@ -84,15 +85,12 @@ def _status_of(exc: BaseException) -> tuple[int, dict[str, str]]:
         return 404, {}
     if isinstance(exc, BatchTooLarge):
         return 413, {}
-    if isinstance(exc, InvalidRequestId):
+    if isinstance(exc, InvalidRequest):
         return 422, {}
     if isinstance(exc, ProducerError):
         # A producer may reject a request for the client's fault (a prompt too
         # long, say) by failing it with an exception carrying a 4xx status_code.
-        status = getattr(exc.__cause__, "status_code", None)
-        if isinstance(status, int) and 400 <= status <= 599:
-            return status, {}
-        return 500, {}
+        return declared_status(exc.__cause__) or 500, {}
     return 500, {}
 
 
@@ -118,7 +116,8 @@ def error_response(exc: BaseException) -> ErrorResponse:
     ``RequestTimeout`` → 504; ``ConsumerTooSlow`` and server aborts → 503;
     client disconnects → 499; ``DuplicateRequest`` → 409; ``UnknownRequest`` → 404;
     ``ProducerError`` → 500, or its cause's ``status_code`` when that is 4xx/5xx;
-    ``BatchTooLarge`` → 413; ``InvalidRequestId`` → 422; anything else → 500.
+    ``BatchTooLarge`` → 413; ``InvalidRequest`` (``InvalidRequestId`` among them) → 422;
+    anything else → 500.
 
     A producer's exception that the body does not show is logged here (``tether``
     logger, with its traceback), so that the detail the client is spared is not lost.

@@ -10,13 +10,28 @@ whatever the handler left open, so no path leaves a request behind.
 from __future__ import annotations
 
 import contextvars
+import re
 from collections.abc import Callable
 from types import TracebackType
-from typing import Protocol, Self
+from typing import Final, Protocol, Self
 
 from ._errors import Aborted, AbortReason
 
-__all__ = ["RequestScope", "current_scope"]
+__all__ = [
+    "MAX_REQUEST_ID_LENGTH",
+    "REQUEST_ID_HEADER",
+    "RequestScope",
+    "accept_request_id",
+    "current_scope",
+]
+
+REQUEST_ID_HEADER: Final = "X-Request-Id"
+"""The header a client may label its request with; adapters echo it back."""
+
+MAX_REQUEST_ID_LENGTH: Final = 128
+"""Longer ``X-Request-Id`` values are ignored."""
+
+_PRINTABLE: Final = re.compile("[\x20-\x7e]+")
 
 _PRUNE_FLOOR = 64
 """Below this many adopted consumers a scope never looks for finished ones."""
@@ -37,6 +52,28 @@ class Consumer(Protocol):
     def cancel(self, reason: AbortReason = ...) -> bool:
         """Abort whatever is unfinished; whether anything was."""
         ...
+
+
+def accept_request_id(value: str | bytes | None) -> str | None:
+    """The client's ``X-Request-Id``, if it may label logs, spans and the response.
+
+    Printable ASCII only (no control character can reach a log line or a header),
+    at most :data:`MAX_REQUEST_ID_LENGTH` characters, surrounding spaces stripped;
+    anything else is ignored (``None``), never an error: a label is a courtesy. It
+    stays a label: tether's own rid is always the server's, so that no client can
+    name another's request.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    value = value.strip(" ")
+    if not value or len(value) > MAX_REQUEST_ID_LENGTH or not _PRINTABLE.fullmatch(value):
+        return None
+    return value
 
 
 def current_scope() -> RequestScope | None:
@@ -68,6 +105,7 @@ class RequestScope:
         "_prune_at",
         "_reason",
         "_token",
+        "request_id",
     )
 
     def __init__(
@@ -75,6 +113,7 @@ class RequestScope:
         *,
         on_first_track: Callable[[], object] | None = None,
         client_gone: Callable[[], bool] | None = None,
+        request_id: str | None = None,
     ) -> None:
         """:param on_first_track: called once, when the scope adopts its first stream
             or batch: an adapter can start watching the client only for requests that
@@ -82,7 +121,12 @@ class RequestScope:
         :param client_gone: tells whether the client has left; asked when a task
             waiting on one of the scope's streams is cancelled, so that a framework
             that cancels handlers on disconnect (aiohttp's ``handler_cancellation``)
-            records a client disconnect rather than a plain cancellation."""
+            records a client disconnect rather than a plain cancellation.
+        :param request_id: the client's own label for this request (an adapter takes
+            it from ``X-Request-Id``): stamped on every request opened in the scope,
+            for logs and observers. It never becomes a rid: a client must not be
+            able to choose another client's rid."""
+        self.request_id = request_id
         self._consumers: list[Consumer] = []
         self._prune_at = _PRUNE_FLOOR
         self._on_first_track = on_first_track
@@ -145,6 +189,13 @@ class RequestScope:
         if hook is not None:
             self._on_first_track = None
             hook()
+
+    def adopt(self, consumer: Consumer) -> None:
+        """Track ``consumer`` unless the scope already does: an adapter's ``respond()``
+        calls it, so that a stream opened elsewhere (by a dispatcher task, or before
+        this request) is still cancelled when this request's client leaves."""
+        if not any(tracked is consumer for tracked in reversed(self._consumers)):
+            self.track(consumer)
 
     def release(self, consumer: Consumer) -> None:
         """Stop tracking ``consumer``: something else owns it now (a resumable stream

@@ -50,29 +50,59 @@ NOTHING: Final[Any] = _Nothing()
 DEFAULT_MAX_PENDING_BYTES: Final = 16 * 1024 * 1024
 """The default byte budget of one request's backlog (``Registry(max_pending_bytes=)``)."""
 
-_SIZE_DEPTH: Final = 4
+_SIZE_NODES: Final = 4096
+"""How many values ``approximate_size`` looks at in one output before it estimates."""
+
+_SCALARS: Final = (int, float, bool, type(None))
 
 
-def approximate_size(output: Any, _depth: int = 0) -> int:
-    """About how many bytes ``output`` holds: the length of strings and bytes, summed
-    through dicts (keys and values), lists and tuples down to a few levels; anything
-    else weighs what ``sys.getsizeof`` says. Cheap for the outputs of a token stream,
-    and it sees the megabyte string inside an output dict."""
-    if isinstance(output, str | bytes | bytearray):
-        return len(output)
-    if _depth < _SIZE_DEPTH:
-        if isinstance(output, dict):
-            depth = _depth + 1
-            return sum(
-                approximate_size(key, depth) + approximate_size(value, depth)
-                for key, value in output.items()
-            )
-        if isinstance(output, list | tuple):
-            depth = _depth + 1
-            return sum(approximate_size(item, depth) for item in output)
-    if isinstance(output, memoryview):
-        return output.nbytes
-    return sys.getsizeof(output)
+def approximate_size(output: Any) -> int:
+    """About how many bytes ``output`` holds: the length of strings and bytes, found
+    however deep they sit in dicts, lists, tuples, sets and objects (their
+    ``__dict__``, ``__slots__``: dataclasses, pydantic models, an engine's output
+    objects), plus a word per value. Past a few thousand values it extrapolates from
+    what it saw, so its cost stays bounded whatever the output. Cheap for a token
+    stream's outputs, and it sees the megabyte string inside a tool-call delta."""
+    total = seen = 0
+    todo = [output]
+    while todo and seen < _SIZE_NODES:
+        value = todo.pop()
+        seen += 1
+        total += 8  # a word per value, for its reference and header
+        if isinstance(value, str | bytes | bytearray):
+            total += len(value)
+        elif isinstance(value, _SCALARS):
+            pass
+        elif isinstance(value, dict):
+            todo.extend(value.keys())
+            todo.extend(value.values())
+        elif isinstance(value, list | tuple | set | frozenset):
+            todo.extend(value)
+        elif isinstance(value, memoryview):
+            total += value.nbytes
+        else:
+            total += _object_size(value, todo)
+    if todo:  # too many values to look at all: the rest weigh what the seen ones did
+        total += total * len(todo) // seen
+    return total
+
+
+def _object_size(value: Any, todo: list[Any]) -> int:
+    """An object's own weight; its attributes' values join ``todo``."""
+    fields = getattr(value, "__dict__", None)
+    if isinstance(fields, dict):
+        todo.extend(fields.values())
+        return 64
+    slots = [
+        name
+        for cls in type(value).__mro__
+        for name in getattr(cls, "__slots__", ())
+        if isinstance(name, str) and not name.startswith("__")
+    ]
+    if slots:
+        todo.extend(getattr(value, name, None) for name in slots)
+        return 64
+    return sys.getsizeof(value)
 
 
 def wake(waiter: asyncio.Future[None] | None) -> None:
@@ -128,16 +158,14 @@ class Group:
     )
 
     def __init__(self, states: list[RequestState], *, keep_going: bool) -> None:
-        # Emptied once every sub-request ended (see Table.release).
-        self.states: Sequence[RequestState] = states
+        self.states: Sequence[RequestState] = states  # () once all ended (Table._release)
         self.keep_going = keep_going
         self.pending: list[tuple[int, Any]] = []
         self.gen = 0
         self.remaining = 0
         self.live = True
         self.error: TetherError | None = None
-        # Per-index errors, created on the first one.
-        self.errors: dict[int, TetherError] | None = None
+        self.errors: dict[int, TetherError] | None = None  # per index, made on the first
         self.split = False
         self.whole = False
         self.waiter: asyncio.Future[None] | None = None
@@ -154,15 +182,15 @@ class Group:
             pairs.append((state.index, output))
         elif limits.merge is not None:
             pos = state.pos
-            merged = limits.merge(pairs[pos][1], output)
-            pairs[pos] = (state.index, merged)
-            if not state.weigh(merged, limits, merged=True):
+            pairs[pos] = (state.index, limits.merge(pairs[pos][1], output))
+            state.npending += 1
+            if not state.weigh(output, limits):
                 return False
         elif state.npending < limits.max_pending:
             state.npending += 1
             state.pos = len(pairs)
             pairs.append((state.index, output))
-            if not state.weigh(output, limits, merged=False):
+            if not state.weigh(output, limits):
                 return False
         else:
             return False
@@ -209,6 +237,7 @@ class Group:
                 states[index].pending.append(output)
         for state in states:
             state.nbytes = 0
+            state.npending = len(state.pending)
         self.split = True
 
     def wake(self) -> None:
@@ -232,10 +261,12 @@ class RequestState:
         "index",
         "live",
         "nbytes",
+        "noutputs",
         "npending",
         "opened_at",
         "pending",
         "pos",
+        "request_id",
         "rid",
         "timer",
         "waiter",
@@ -257,12 +288,15 @@ class RequestState:
         self.gen = -1
         self.pos = 0
         self.npending = 0
-        # Bytes waiting behind the oldest output, counted only while a backlog exists.
+        self.noutputs = 0  # delivered so far (for observers)
+        # Bytes waiting behind the oldest output, estimated while a backlog exists.
         self.nbytes = 0
         # collect mode (result() is waiting): the producer folds into acc and
         # wakes the consumer only when the request ends.
         self.collect = False
         self.acc: Any = NOTHING
+        # The client's own label (X-Request-Id), for logs and observers; never a key.
+        self.request_id: str | None = None
 
     def __repr__(self) -> str:
         return f"<RequestState {self.rid!r} live={self.live}>"
@@ -284,27 +318,37 @@ class RequestState:
         pending = self.pending
         if not pending:
             pending.append(output)
+            self.npending = 1
         elif limits.merge is not None:
-            pending[-1] = merged = limits.merge(pending[-1], output)
-            if not self.weigh(merged, limits, merged=True):
+            pending[-1] = limits.merge(pending[-1], output)
+            self.npending += 1
+            if not self.weigh(output, limits):
                 return False
         elif len(pending) < limits.max_pending:
             pending.append(output)
-            if not self.weigh(output, limits, merged=False):
+            self.npending += 1
+            if not self.weigh(output, limits):
                 return False
         else:
             return False
         self.wake()
         return True
 
-    def weigh(self, output: Any, limits: Limits, *, merged: bool) -> bool:
-        """Count ``output`` against the byte budget (only while a backlog exists);
-        whether the backlog still fits."""
+    def weigh(self, output: Any, limits: Limits) -> bool:
+        """Count ``output``, the ``npending``-th waiting (or folded) output, against the
+        byte budget; whether the backlog still fits.
+
+        Weighing every output that waits would cost the producer as much as the
+        delivery itself, and re-weighing a merged backlog would make a lag quadratic.
+        So the outputs are weighed at 2, 4, 8, ... waiting, each weighed output
+        standing for those since the last: the cost is logarithmic in the lag, and a
+        backlog is caught before it holds about twice the budget.
+        """
         budget = limits.max_bytes
-        if budget is None:
+        count = self.npending
+        if budget is None or count & (count - 1):
             return True
-        size = limits.sizeof(output)
-        self.nbytes = size if merged else self.nbytes + size
+        self.nbytes += limits.sizeof(output) * (count - (count >> 1))
         return self.nbytes <= budget
 
     def over_bytes(self, limits: Limits) -> bool:
@@ -316,8 +360,19 @@ class RequestState:
         pending = self.pending
         if pending:
             self.pending = []
-            self.nbytes = 0
+            self.nbytes = self.npending = 0
         return pending
+
+    def unfold(self, acc: Any) -> None:
+        """A folded result (collect mode left early) waits again, as one output ahead
+        of anything newer, where this request's consumer reads."""
+        group = self.group
+        if group is not None and not group.split:
+            group.pending.append((self.index, acc))  # (in collect mode nothing else waits)
+        else:
+            self.pending.insert(0, acc)
+            self.npending += 1
+        self.wake()
 
     def end(self, error: TetherError | None, *, drop: bool = False) -> None:
         """The request ended (the table freed it): record how, and wake the consumer.
@@ -330,7 +385,7 @@ class RequestState:
             self.error = error
         if drop:
             self.pending = []
-            self.nbytes = 0
+            self.nbytes = self.npending = 0
         self.wake()
 
     def wake(self) -> None:

@@ -78,8 +78,14 @@ class Stream(Consumer):
         state = self._state
         unread = (self._take_buffered() or EMPTY) + state.take()
         self._collect([(0, output) for output in unread], (state,))
-        while state.live and not self._closed:
-            await self._wait(state, None)
+        waited = False
+        try:
+            while state.live and not self._closed:
+                await self.wait_ready()
+            waited = True
+        finally:
+            if not waited:  # cancelled (or refused): what was folded stays readable
+                self._uncollect((state,))
         if state.error is not None:
             raise state.error.with_traceback(None)
         return None if state.acc is NOTHING else state.acc

@@ -4,8 +4,8 @@
 requests, hands out fresh ids, and ends them. Every end goes through
 :meth:`Table.finish` (the producer's last output) or :meth:`Table.end` (an error:
 the producer's failure, a server abort, a consumer closing early), which free the
-entry, count the end once, record it in the mailbox and wake the consumer; and
-decide, in one place, whether the producer is told through ``on_abort``. The
+entry, count the end once, tell the observers, record it in the mailbox and wake
+the consumer; and decide, in one place, whether the producer is told through ``on_abort``. The
 batch rule lives here too: a sub-request that fails on its own ends its batch,
 unless the batch keeps going.
 
@@ -20,13 +20,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import inspect
 import itertools
 import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from types import MappingProxyType
 from typing import Final
 
@@ -34,12 +33,15 @@ from ._errors import (
     Aborted,
     AbortReason,
     ConsumerTooSlow,
+    InvalidRequest,
     Overloaded,
     ProducerError,
     RegistryClosed,
     RequestTimeout,
     TetherError,
 )
+from ._notify import Notifier
+from ._observe import Observer, observe_end
 from ._state import Limits, RequestState
 from ._stats import RegistryStats, Summary, sample_buffer
 from .types import OnAbort
@@ -61,15 +63,13 @@ class Table:
     """
 
     __slots__ = (
-        "_abort_tasks",
-        "_abort_timeout",
         "_aborted",
         "_failed",
         "_finished",
         "_idle",
         "_ids",
         "_loop",
-        "_on_abort",
+        "_notifier",
         "_opened",
         "_prefix",
         "_thread",
@@ -79,6 +79,7 @@ class Table:
         "late",
         "limits",
         "max_in_flight",
+        "observers",
         "ttfo",
     )
 
@@ -94,23 +95,20 @@ class Table:
         self.max_in_flight = max_in_flight
         self.limits = limits
         self.closed = False
-        self._on_abort = on_abort
-        self._abort_timeout = abort_timeout
-        self._abort_tasks: set[asyncio.Task[None]] = set()
+        self._notifier = Notifier(on_abort, abort_timeout)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: int | None = None
         self._idle: asyncio.Event | None = None
         self._prefix = os.urandom(4).hex()
         self._ids = itertools.count(1)
-        self._opened = 0
-        self._finished = 0
-        self._failed = 0
+        self._opened = self._finished = self._failed = 0
         self.late = 0
         """Producer calls for a rid no longer in flight (the registry counts them)."""
         self._aborted: collections.Counter[str] = collections.Counter()
         self.ttfo = sample_buffer()
         """Times from open to first output (the registry samples them in deliver)."""
         self._total = sample_buffer()
+        self.observers: tuple[Observer, ...] = ()  # attached by Registry.add_observer
 
     # -- admission ------------------------------------------------------------------
 
@@ -122,7 +120,9 @@ class Table:
         :raises Overloaded: they do not fit under ``max_in_flight`` now.
         """
         if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout}")
+            raise InvalidRequest(
+                f"timeout must be a positive number of seconds or None, got {timeout}"
+            )
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._loop = loop
@@ -138,10 +138,10 @@ class Table:
         """An id no live request has."""
         # A client may have chosen the next fresh id already (the prefix is visible
         # in every rid handed out): skip it rather than take its entry.
-        entries = self.entries
+        entries, notifier = self.entries, self._notifier
         while True:
             rid = f"{self._prefix}-{next(self._ids)}"
-            if rid not in entries:
+            if rid not in entries and not notifier.holds(rid):
                 return rid
 
     def insert(self, states: Sequence[RequestState]) -> None:
@@ -168,7 +168,7 @@ class Table:
     def finish(self, state: RequestState) -> None:
         """The producer delivered ``state``'s last output."""
         self._finished += 1
-        self._release(state)
+        self._release(state, None, None)
         state.end(None)
 
     def end(self, state: RequestState, error: TetherError, *, tell: bool, defer: bool) -> None:
@@ -182,11 +182,15 @@ class Table:
         the same error (reason ``failed_sibling``), and the producer is told of each.
         """
         reason = error.reason if isinstance(error, Aborted) else None
-        self._close((state,), error, reason, tell=tell, defer=defer)
+        ended = self._close((state,), error, reason)
+        siblings: list[str] = []
         group = state.group
         if group is not None and not group.keep_going:
-            siblings = [sibling for sibling in group.states if sibling.live]
-            self._close(siblings, error, AbortReason.FAILED_SIBLING, tell=True, defer=defer)
+            live = [sibling for sibling in group.states if sibling.live]
+            siblings = self._close(live, error, AbortReason.FAILED_SIBLING)
+        # Told only once the table is consistent again: on_abort may re-enter it.
+        self._tell(ended if tell else [], defer)
+        self._tell(siblings, defer)
 
     def end_rid(self, rid: str, error: TetherError, *, tell: bool, defer: bool) -> bool:
         """:meth:`end` the request ``rid`` if it is live; else count a late call.
@@ -207,28 +211,33 @@ class Table:
 
         :returns: whether anything was live.
         """
+        told = self._abort_live(states, error)
+        self._tell(told, defer)
+        return bool(told)
+
+    def _abort_live(self, states: Sequence[RequestState], error: Aborted) -> list[str]:
+        """End the live ones of one consumer's ``states`` (a batch read whole: all of
+        it, and reading it raises ``error``); the rids ended, for :meth:`_tell`."""
         live = [state for state in states if state.live]
         if not live:
-            return False
+            return []
         group = live[0].group
         if group is not None and not group.split:
             live = [state for state in group.states if state.live]
-            group.error = error  # the batch as a whole was aborted: reading it raises this
-        self._close(live, error, error.reason, tell=True, defer=defer)
-        return True
+            group.error = error
+        return self._close(live, error, error.reason)
 
     def too_slow(self, state: RequestState, finished: bool) -> None:
         """``state``'s backlog went over a limit (called from inside ``deliver``)."""
         limits = self.limits
         max_bytes = limits.max_bytes if state.over_bytes(limits) else None
         error = ConsumerTooSlow(state.rid, limits.max_pending, max_bytes=max_bytes)
+        # The consumer is too slow: its request ends, or its whole batch if read whole.
+        # A finished request's producer has forgotten it: no abort to report for it.
+        told = self._abort_live((state,), error)
         if finished:
-            # The producer is done with this rid and has forgotten it: the request ends
-            # with the error, but it is no abort to report (on_abort never hears of a
-            # finished request); in a batch, the batch's rule applies to the others.
-            self.end(state, error, tell=False, defer=True)
-            return
-        self.abort((state,), error, defer=True)  # (a batch read whole: the whole batch)
+            told.remove(state.rid)
+        self._tell(told, defer=True)
 
     def merge_failed(self, state: RequestState, exc: Exception, finished: bool) -> None:
         """``merge()`` raised while delivering to ``state``: fail that request alone.
@@ -248,9 +257,9 @@ class Table:
     def fail_all(self, exc: BaseException) -> int:
         """Fail every live request with its own :class:`~tether.ProducerError`."""
         live = [state for state in self.entries.values() if state.live]
-        for state in live:
-            self._close((state,), ProducerError(state.rid, exc), None, tell=False, defer=True)
-        return len(live)
+        return sum(
+            len(self._close((state,), ProducerError(state.rid, exc), None)) for state in live
+        )
 
     def expire(self, states: tuple[RequestState, ...], timeout: float) -> None:
         """A deadline passed (a timer callback)."""
@@ -271,8 +280,7 @@ class Table:
                 functools.partial(self.abort, states, error, defer=True)
             )
         except RuntimeError:  # the loop is gone: free the entries, nobody is listening
-            live = [state for state in states if state.live]
-            self._close(live, error, AbortReason.CANCELLED, tell=False, defer=True)
+            self._close(states, error, AbortReason.CANCELLED)
 
     async def close(self, drain_timeout: float) -> None:
         """Stop admitting; wait up to ``drain_timeout`` for the table to empty; abort
@@ -294,42 +302,43 @@ class Table:
             if state.live:
                 error = Aborted(state.rid, AbortReason.SERVER, "the server is shutting down")
                 group = state.group
-                self.abort(group.states if group is not None else (state,), error, defer=False)
-        if self._abort_tasks:
-            await asyncio.wait(set(self._abort_tasks), timeout=self._abort_timeout)
+                if group is not None and group.keep_going:  # each ends in its own place
+                    self._tell(self._close((state,), error, AbortReason.SERVER), defer=False)
+                else:
+                    self.abort(group.states if group is not None else (state,), error, defer=False)
+        await self._notifier.wait()
 
     def _close(
-        self,
-        states: Iterable[RequestState],
-        error: TetherError,
-        reason: AbortReason | None,
-        *,
-        tell: bool,
-        defer: bool,
-    ) -> None:
-        """Free, count and end each of the live ``states`` with ``error``: aborted under
-        ``reason`` (their unread outputs dropped), or failed when ``reason`` is None
-        (what they delivered before stays readable)."""
+        self, states: Iterable[RequestState], error: TetherError, reason: AbortReason | None
+    ) -> list[str]:
+        """Free, count and end each of ``states`` still live with ``error``: aborted
+        under ``reason`` (their unread outputs dropped), or failed when ``reason`` is
+        None (what they delivered before stays readable). Calls nobody's code: the
+        rids it ended are returned, for :meth:`_tell` once the table is consistent."""
         aborted = reason is not None
+        ended: list[str] = []
         for state in states:
+            if not state.live:
+                continue  # ended meanwhile
+            ended.append(state.rid)
             if reason is None:
                 self._failed += 1
             else:
                 self._aborted[reason] += 1
-            self._release(state)
+            self._release(state, error, reason)
             state.end(error, drop=aborted)
             group = state.group
             if group is not None:
                 if aborted and not group.split:
                     group.drop({state.index})
                 group.record(state)
-            if tell:
-                self._notify(state.rid, defer=defer)
+        return ended
 
-    def _release(self, state: RequestState) -> None:
+    def _release(self, state: RequestState, error: TetherError | None, why: str | None) -> None:
         state.live = False
-        del self.entries[state.rid]
-        self._total.append(now() - state.opened_at)
+        if self.entries.get(state.rid) is state:
+            del self.entries[state.rid]
+        self._total.append(observe_end(self.observers, state, error, why, now() - state.opened_at))
         if state.timer is not None:
             state.timer.cancel()
             state.timer = None
@@ -347,38 +356,13 @@ class Table:
         if self._idle is not None and not self.entries:
             self._idle.set()
 
-    # -- on_abort -----------------------------------------------------------------------
+    def taken(self, rid: str) -> bool:
+        """Whether ``rid`` cannot be opened now: live, or freed but not yet reported to
+        ``on_abort`` (see :class:`~tether._notify.Notifier`)."""
+        return rid in self.entries or self._notifier.holds(rid)
 
-    def _notify(self, rid: str, *, defer: bool) -> None:
-        if self._on_abort is None:
-            return
-        if defer and self._loop is not None:
-            self._loop.call_soon(self._call_on_abort, rid)
-        else:
-            self._call_on_abort(rid)
-
-    def _call_on_abort(self, rid: str) -> None:
-        callback = self._on_abort
-        if callback is None:
-            return
-        try:
-            result = callback(rid)
-        except Exception:
-            logger.exception("on_abort(%r) raised; the request was freed anyway", rid)
-            return
-        if inspect.isawaitable(result):
-            task = asyncio.get_running_loop().create_task(self._await_on_abort(rid, result))
-            self._abort_tasks.add(task)
-            task.add_done_callback(self._abort_tasks.discard)
-
-    async def _await_on_abort(self, rid: str, awaitable: Awaitable[object]) -> None:
-        try:
-            async with asyncio.timeout(self._abort_timeout):
-                await awaitable
-        except TimeoutError:
-            logger.error("on_abort(%r) took longer than %gs; abandoned", rid, self._abort_timeout)
-        except Exception:
-            logger.exception("on_abort(%r) raised; the request was freed anyway", rid)
+    def _tell(self, rids: list[str], defer: bool) -> None:
+        self._notifier.tell(rids, self._loop if defer else None)
 
     # -- figures ------------------------------------------------------------------------
 

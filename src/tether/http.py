@@ -11,16 +11,24 @@ moves the bytes an :class:`Exchange` gives::
         head = await exchange.start()        # status, headers, first bytes
         write_head(head)                     # whole, if exchange.done
         while not exchange.done:
-            if not await exchange.bounded(write(await exchange.next_chunk())):
-                break                        # the client stopped reading
-    except asyncio.CancelledError:           # the server cancelled the handler
-        write(exchange.farewell())           # (or exchange.farewell_head())
-        raise
+            chunk = exchange.ready_chunk()   # no coroutine when something is ready
+            if chunk is None:
+                chunk = await exchange.wait_chunk()
+            exchange.writing()               # the send timeout, as bookkeeping
+            await write(chunk)
+            exchange.written()
+    except asyncio.CancelledError:
+        if exchange.stalled():               # the send timeout: the client stopped reading
+            return
+        write(exchange.farewell())           # the server cancelled the handler
+        raise                                # (or exchange.farewell_head(), not started)
     finally:
         await exchange.aclose()
 
 Failures before the status line go through :func:`error_response` (the one mapping
-from an exception to a status, a JSON body and headers).
+from an exception to a status, a JSON body and headers). A client's
+:data:`REQUEST_ID_HEADER` goes through :func:`accept_request_id` into the scope
+(``RequestScope(request_id=...)``) and back on the response.
 """
 
 from __future__ import annotations
@@ -36,13 +44,15 @@ from ._responses import (
     error_response,
 )
 from ._resume import NOT_RESUMABLE, TOKEN_HEADER, ResumePoint, resume_point
-from ._scope import current_scope
+from ._scope import MAX_REQUEST_ID_LENGTH, REQUEST_ID_HEADER, accept_request_id, current_scope
 
 __all__ = [
     "CLIENT_CLOSED_REQUEST",
     "DEFAULT_SEND_TIMEOUT",
     "FAREWELL_TIMEOUT",
+    "MAX_REQUEST_ID_LENGTH",
     "NOT_RESUMABLE",
+    "REQUEST_ID_HEADER",
     "TOKEN_HEADER",
     "Channel",
     "ErrorResponse",
@@ -51,6 +61,7 @@ __all__ = [
     "Head",
     "Keeper",
     "ResumePoint",
+    "accept_request_id",
     "current_scope",
     "error_body",
     "error_response",

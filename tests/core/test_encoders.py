@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 import json
+import subprocess
+import sys
 
 import orjson
+import pydantic
 import pytest
 
 import tether
@@ -57,7 +61,63 @@ def test_both_serialisers_write_compact_utf8_json(dumps: tether.types.Dumps) -> 
 
 
 def test_orjson_is_the_default_when_installed() -> None:
-    assert default_dumps is orjson.dumps
+    assert getattr(default_dumps, "func", None) is orjson.dumps
+
+
+class Point(pydantic.BaseModel):
+    x: int
+    at: datetime.date
+
+
+@pytest.mark.parametrize("dumps", [_stdlib_dumps, default_dumps], ids=["stdlib", "orjson"])
+def test_pydantic_models_are_written_as_their_json_dump(dumps: tether.types.Dumps) -> None:
+    value = {"points": [Point(x=1, at=datetime.date(2026, 12, 1))]}
+    assert json.loads(dumps(value)) == {"points": [{"x": 1, "at": "2026-12-01"}]}
+
+
+@pytest.mark.parametrize("dumps", [_stdlib_dumps, default_dumps], ids=["stdlib", "orjson"])
+def test_values_of_unknown_types_still_fail_to_serialise(dumps: tether.types.Dumps) -> None:
+    with pytest.raises(TypeError):
+        dumps({"x": object()})
+
+
+def test_importing_tether_does_not_import_pydantic() -> None:
+    code = "import sys, tether, tether.http; print('pydantic' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.strip() == "False"
+
+
+class Tagged(tether.SSE):
+    """Overrides only encode(): every frame gets an event name."""
+
+    __slots__ = ()
+
+    def encode(self, output: object) -> bytes:
+        return b"event: out\n" + super().encode(output)
+
+
+def test_overriding_encode_changes_every_frame_of_a_chunk() -> None:
+    tagged = Tagged()
+    assert tagged.encode_many([1, 2]) == b"event: out\ndata: 1\n\nevent: out\ndata: 2\n\n"
+    assert tagged.encode_indexed([(0, "a")]) == b'event: out\ndata: {"index":0,"output":"a"}\n\n'
+    assert tagged.error({"error": {}}) == b'data: {"error":{}}\n\n'  # not an output
+
+
+def test_a_transform_shapes_outputs_but_not_errors() -> None:
+    sse = tether.SSE(transform=lambda output: output * 2)
+    assert sse.encode_many([1, 2]) == b"data: 2\n\ndata: 4\n\n"
+    assert sse.encode_indexed([(3, 5)]) == b'data: {"index":3,"output":10}\n\n'
+    assert sse.error({"error": {"code": 1}}) == b'data: {"error":{"code":1}}\n\n'
+
+
+def test_shaped_copies_the_encoder_and_composes_transforms() -> None:
+    base = tether.NDJSON(transform=lambda output: output + 1)
+    shaped = base.shaped(lambda output: output * 10)
+    assert shaped.encode_many([1]) == b"20\n"
+    assert base.encode_many([1]) == b"2\n"  # unchanged
+    assert type(shaped) is tether.NDJSON
 
 
 def test_a_custom_dumps_replaces_the_serialiser() -> None:

@@ -19,7 +19,7 @@ class _CountingTimers:
         self._call_at = loop.call_at
 
     def call_at(self, when: float, callback: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(callback, "__name__", "") == "_on_idle":
+        if getattr(callback, "__name__", "") == "_idle":
             self.armed += 1
         return self._call_at(when, callback, *args, **kwargs)
 

@@ -123,8 +123,8 @@ async def test_service_registers_and_submits_then_tether_errors_map_to_statuses(
         with pytest.raises(tether.Overloaded) as caught:
             service.open(parse_generate(body(text="c")))
         assert rejection(caught.value).status == 503
-        assert service.metrics()["in_flight"] == 2
+        assert service.stats()["in_flight"] == 2
         results = await batch.result()
     assert [result["text"] for result in results] == [expected_text(p, 2) for p in "ab"]
-    assert service.metrics()["engine"]["finished"] == 2
+    assert service.stats()["engine"]["finished"] == 2
     assert service.health() == (200, {"status": "ok", "in_flight": 0})

@@ -189,11 +189,11 @@ async def test_page_generates_side_by_side_and_stop_aborts_the_work(server: str)
         await page.js("document.getElementById('stop').click()")
 
         async def server_idle() -> bool:
-            metrics = (await http.get("/metrics")).json()
+            metrics = (await http.get("/stats")).json()
             return bool(metrics["in_flight"] == 0 and metrics["engine"]["running"] == 0)
 
         await eventually(server_idle)
-        metrics = (await http.get("/metrics")).json()
+        metrics = (await http.get("/stats")).json()
         assert metrics["aborted"] == {"client_disconnected": 2}
         assert metrics["finished"] == 0
         assert await page.js("document.getElementById('status').textContent") == "stopped"

@@ -113,10 +113,10 @@ SURROGATE_BODIES: Final = {
 async def test_a_lone_surrogate_in_any_string_field_gets_422_and_the_server_stays_whole(
     http: httpx.AsyncClient, path: str, template: str
 ) -> None:
-    before = (await http.get("/metrics")).json()["opened"]
+    before = (await http.get("/stats")).json()["opened"]
     body = template.replace("LONE", LONE).encode()
     assert_json_error(await http.post(path, content=body, headers=JSON), 422)
-    assert (await http.get("/metrics")).json()["opened"] == before  # refused at the door
+    assert (await http.get("/stats")).json()["opened"] == before  # refused at the door
     await assert_whole(http)
 
 
@@ -222,7 +222,7 @@ async def test_an_abandoned_upload_ends_quietly_and_the_server_answers_next(name
             for sent in (b"", b'{"text": "half a bo'):
                 await asyncio.to_thread(abandon_upload, own.url, path, sent)
         await assert_whole(http)
-        metrics = (await http.get("/metrics")).json()
+        metrics = (await http.get("/stats")).json()
         assert metrics["opened"] == 1  # only the ordinary request was registered
     # The server has stopped: its output is complete.
     assert own.failure_lines() == [], "\n".join(own.output)
@@ -364,7 +364,7 @@ def posts(draw: st.DrawFn) -> Case:
 
 @st.composite
 def gets(draw: st.DrawFn) -> Case:
-    path = draw(st.sampled_from(["/health", "/metrics", "/metrics/aborts", "/"]))
+    path = draw(st.sampled_from(["/health", "/metrics", "/stats", "/metrics/aborts", "/"]))
     if draw(st.booleans()):
         raw = draw(st.binary(max_size=24))
     else:

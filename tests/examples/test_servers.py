@@ -1,4 +1,4 @@
-"""Both example servers end to end, as subprocesses on 127.0.0.1 (ephemeral ports).
+"""The example servers end to end, as subprocesses on 127.0.0.1 (ephemeral ports).
 
 One server of each kind serves the whole module; assertions on its counters use
 differences, so the tests do not depend on their order.
@@ -24,7 +24,9 @@ from .conftest import eventually
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["starlette", "aiohttp"])
+@pytest_asyncio.fixture(
+    scope="module", loop_scope="module", params=["starlette", "aiohttp", "fastapi"]
+)
 async def url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
     async with launched(request.param, ["--step-ms", "2"]) as base:
         yield base
@@ -37,7 +39,7 @@ async def http(url: str) -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def metrics(http: httpx.AsyncClient) -> dict[str, Any]:
-    response = await http.get("/metrics")
+    response = await http.get("/stats")
     assert response.status_code == 200
     data: dict[str, Any] = response.json()
     return data

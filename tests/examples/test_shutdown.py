@@ -140,8 +140,8 @@ async def post_json(client: httpx.AsyncClient, body: dict[str, Any]) -> httpx.Re
 
 
 async def has_in_flight(client: httpx.AsyncClient, expected: int) -> bool:
-    """Whether the server has ``expected`` request ids in flight (its /metrics)."""
-    metrics = (await client.get("/metrics")).json()
+    """Whether the server has ``expected`` request ids in flight (its /stats)."""
+    metrics = (await client.get("/stats")).json()
     return bool(metrics["in_flight"] == expected)
 
 

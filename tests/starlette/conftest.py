@@ -38,12 +38,6 @@ LOOPS: Final[Mapping[str, Callable[[], asyncio.AbstractEventLoop]]] = {
 """The event loops uvicorn runs on; tests marked ``both_loops`` run on each."""
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "both_loops: run the test (and its uvicorn) on asyncio's loop and on uvloop"
-    )
-
-
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:

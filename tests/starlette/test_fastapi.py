@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 
 import tether
-from tether_starlette import TetherMiddleware, respond
+from tether_starlette import TetherMiddleware, get_registry, respond
 
 from .conftest import BOUND, HANG, Engine, serve
 
@@ -23,11 +23,6 @@ class Completion(BaseModel):
     prompt: str
     stream: bool = False
     hang: bool = False  # the engine never finishes (for disconnect tests)
-
-
-def get_registry(request: Request) -> tether.Registry:
-    registry: tether.Registry = request.scope["tether.registry"]
-    return registry
 
 
 def make_fastapi_app(engine: Engine) -> FastAPI:

@@ -1,4 +1,5 @@
-"""Shutdown: the lifespan helper, and the uvicorn drain recipe of docs/starlette.md."""
+"""Shutdown: the lifespan helper, and a uvicorn server subclass that drains (a server
+stopped without a signal)."""
 
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ async def test_lifespan_on_uvicorn_closes_the_registry_at_shutdown(engine: Engin
 def draining_server(
     engine: Engine, drain_timeout: float, draining: asyncio.Event | None = None
 ) -> type[ReadyServer]:
-    """The recipe of docs/starlette.md, on the test server that says when it is up
-    (and, with ``draining``, when the drain began)."""
+    """A server subclass that drains (for servers stopped without a signal), on the
+    test server that says when it is up (and, with ``draining``, when the drain began)."""
 
     class DrainingServer(ReadyServer):
         async def shutdown(self, sockets: Any = None) -> None:

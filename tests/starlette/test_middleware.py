@@ -279,7 +279,7 @@ async def test_error_escaping_the_app_before_the_response_gets_its_status_once(
     assert b'"type":"Overloaded"' in server.bodies[0][0]
 
 
-async def test_non_http_scopes_pass_straight_through() -> None:
+async def test_websocket_scopes_pass_straight_through() -> None:
     calls: list[tuple[Scope, Receive, Send]] = []
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -291,7 +291,7 @@ async def test_non_http_scopes_pass_straight_through() -> None:
     async def send(message: Message) -> None:
         raise AssertionError("not called")
 
-    scope: Scope = {"type": "lifespan", "asgi": {"version": "3.0"}}
+    scope: Scope = {"type": "websocket", "asgi": {"version": "3.0"}}
     await TetherMiddleware(app, registry=tether.Registry())(scope, receive, send)
 
     assert calls == [(scope, receive, send)]

@@ -1,0 +1,61 @@
+"""What the link raises, and what it fails requests with.
+
+::
+
+    tether.Overloaded
+    └── EngineUnavailable      submit() while no session is up, or the link is
+                               full: 503 + Retry-After at once, nothing registered
+    ValueError
+    └── PayloadTooLarge        a request that cannot fit one message (413)
+    RuntimeError                (causes of tether.ProducerError, on the front)
+    ├── EngineLost             the link died under a request in flight (503)
+    └── RemoteFailure          the engine failed the request (its status code)
+"""
+
+from __future__ import annotations
+
+import tether
+
+__all__ = ["EngineLost", "EngineUnavailable", "PayloadTooLarge", "RemoteFailure"]
+
+
+class EngineUnavailable(tether.Overloaded):
+    """Raised by the front's ``submit()``/``open()`` when the engine cannot take work now.
+
+    It is an :class:`~tether.Overloaded`, so both adapters' ``error_response`` answer
+    503 with ``Retry-After``; a handler never waits for an engine that is not there.
+    """
+
+    def __init__(self, reason: str, *, retry_after: float = 1.0) -> None:
+        # Overloaded's own message speaks of max_in_flight: say what happened instead.
+        tether.TetherError.__init__(self, f"the engine is not available: {reason}; retry later")
+        self.limit = 0
+        self.retry_after = retry_after
+        self.reason = reason
+
+
+class PayloadTooLarge(ValueError):
+    """Raised by ``submit()`` for a request larger than the link's ``max_message``."""
+
+    status_code = 413
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"a request of {size} bytes exceeds the link's max_message={limit}")
+        self.size = size
+        self.limit = limit
+
+
+class EngineLost(RuntimeError):
+    """The cause of the ``ProducerError`` of every request in flight when the link died
+    (engine killed, hung, restarted, or a sequence gap): the client gets 503."""
+
+    status_code = 503
+
+
+class RemoteFailure(RuntimeError):
+    """The cause of a ``ProducerError`` the engine sent: its message and status code
+    (the message reaches the client only for a 4xx, as for any producer error)."""
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code

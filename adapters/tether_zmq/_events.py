@@ -1,0 +1,98 @@
+"""What crosses the link's two APIs besides messages: request keys, engine events, stats."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+__all__ = [
+    "Cancellation",
+    "EngineClientStats",
+    "EngineServerStats",
+    "Event",
+    "RequestKey",
+    "Submission",
+]
+
+
+class RequestKey(NamedTuple):
+    """A request as the engine knows it: the front it came from, and its rid there."""
+
+    front: bytes
+    rid: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Submission:
+    """A new request: ``request`` is the payload the front submitted, decoded."""
+
+    key: RequestKey
+    request: Any
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cancellation:
+    """Stop working on ``key``: ``reason`` is ``"aborted"`` (the front closed it:
+    client gone, deadline, cancel) or ``"front_lost"`` (the front died, hung, or
+    opened a new session). Sent at most once per request."""
+
+    key: RequestKey
+    reason: str
+
+
+Event = Submission | Cancellation
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EngineServerStats:
+    """A snapshot of the engine end's counters.
+
+    :param fronts: fronts with a session now.
+    :param in_flight: requests live on every front together.
+    :param late_outputs: outputs or failures sent for a request no longer live.
+    :param late_aborts: aborts for a request no longer live.
+    :param malformed: frames that were no message of the protocol, dropped.
+    :param no_session: messages from a peer without a session (told to say hello).
+    :param refused: hellos refused for a protocol version mismatch.
+    :param fronts_lost: sessions ended by a front's death, silence, gap or new hello.
+    :param too_large: outputs that could not fit one message (their request failed).
+    """
+
+    fronts: int
+    in_flight: int
+    submitted: int
+    cancelled: int
+    late_outputs: int
+    late_aborts: int
+    malformed: int
+    no_session: int
+    refused: int
+    fronts_lost: int
+    too_large: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EngineClientStats:
+    """A snapshot of a front's link counters.
+
+    :param ready: a session is up: submissions are accepted.
+    :param in_flight: requests submitted and not yet ended.
+    :param steps: step messages received (one per engine step, more past ``max_message``).
+    :param sessions: sessions opened (1 + reconnections).
+    :param links_lost: sessions that ended under this front (kill, hang, gap).
+    :param failed_on_loss: requests failed because their session ended.
+    :param malformed: frames that were no message of the protocol, dropped.
+    :param refused: hellos the engine refused (protocol version mismatch).
+    """
+
+    ready: bool
+    in_flight: int
+    submitted: int
+    aborts_sent: int
+    outputs: int
+    steps: int
+    sessions: int
+    links_lost: int
+    failed_on_loss: int
+    malformed: int
+    refused: int

@@ -1,0 +1,169 @@
+"""The wire protocol between front workers and an engine: one frame, one msgspec struct.
+
+Every message is a single ZeroMQ frame holding one MessagePack-encoded struct from
+the union :data:`Message` (the ROUTER adds the front's identity frame in front of
+it on the engine side). Each struct is tagged and encoded as an array, so a frame
+costs a few bytes of framing beyond its payloads. Payloads (a submission's request,
+an output) are opaque ``bytes`` encoded by a :class:`Codec` the application picks:
+MessagePack by default, never pickle, so a peer can at worst send data, not code.
+
+Every message carries ``seq``, counted per direction and per session from 0 (the
+``Hello`` and the ``Welcome``). A gap means a message was lost or corrupted on the
+link: the receiver treats it as a link failure, never as something to paper over.
+
+=========  =========  ===============================================================
+message    direction  meaning
+=========  =========  ===============================================================
+Hello      F → E      open a session: protocol version, front incarnation, attempt
+Welcome    E → F      session accepted: version, engine incarnation, echoed attempt
+Refuse     E → F      hello refused (version mismatch) or session unknown: say hello
+Submit     F → E      ``(rid, payload)`` pairs: one request or a whole batch
+Abort      F → E      rids the front no longer wants (client gone, deadline, close)
+Step       E → F      one engine step's outputs ``(rid, payload, finished)`` and
+                      failures ``(rid, message, status)`` for this front
+Ping       both       liveness probe, answered by ``Pong`` from the peer's event loop
+Pong       both       answer to ``Ping``, echoing its ``sent`` time
+=========  =========  ===============================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Protocol
+
+import msgspec
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Abort",
+    "Codec",
+    "Hello",
+    "Message",
+    "MsgpackCodec",
+    "Ping",
+    "Pong",
+    "Refuse",
+    "Step",
+    "Submit",
+    "Welcome",
+    "decode",
+    "encode",
+]
+
+PROTOCOL_VERSION: Final = 1
+"""Bumped on any incompatible change; a mismatch is refused at the handshake."""
+
+
+class Hello(msgspec.Struct, tag=1, array_like=True, frozen=True):
+    """A front opens a session. ``attempt`` lets it tell a stale ``Welcome`` from the
+    answer to its latest hello."""
+
+    seq: int
+    version: int
+    front: str
+    attempt: int
+
+
+class Welcome(msgspec.Struct, tag=2, array_like=True, frozen=True):
+    """The engine accepts a session; every request of a former session of this
+    front has been aborted before this is sent."""
+
+    seq: int
+    version: int
+    engine: str
+    attempt: int
+    max_message: int
+
+
+class Refuse(msgspec.Struct, tag=3, array_like=True, frozen=True):
+    """The engine refuses a hello (``version`` is the engine's) or a message from a
+    front it has no session with (it must say hello again)."""
+
+    seq: int
+    version: int
+    reason: str
+
+
+class Submit(msgspec.Struct, tag=4, array_like=True, frozen=True):
+    """New requests: ``(rid, payload)`` pairs."""
+
+    seq: int
+    requests: list[tuple[str, bytes]]
+
+
+class Abort(msgspec.Struct, tag=5, array_like=True, frozen=True):
+    """Requests the front closed before they finished."""
+
+    seq: int
+    rids: list[str]
+
+
+class Step(msgspec.Struct, tag=6, array_like=True, frozen=True):
+    """One engine step for one front: outputs in order, then failures."""
+
+    seq: int
+    outputs: list[tuple[str, bytes, bool]]
+    failures: list[tuple[str, str, int]]
+
+
+class Ping(msgspec.Struct, tag=7, array_like=True, frozen=True):
+    """A liveness probe; ``sent`` is the sender's monotonic clock."""
+
+    seq: int
+    sent: float
+
+
+class Pong(msgspec.Struct, tag=8, array_like=True, frozen=True):
+    """The answer to a :class:`Ping`, echoing its ``sent``."""
+
+    seq: int
+    sent: float
+
+
+Message = Hello | Welcome | Refuse | Submit | Abort | Step | Ping | Pong
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
+
+
+def encode(message: Message) -> bytes:
+    """One message as the bytes of one frame."""
+    return _encoder.encode(message)
+
+
+def decode(frame: bytes | memoryview) -> Message:
+    """The message in ``frame``.
+
+    :raises msgspec.DecodeError: the frame is not a message of this protocol
+        (malformed, truncated, an unknown tag, a field of the wrong type).
+    """
+    return _decoder.decode(frame)
+
+
+class Codec(Protocol):
+    """How payloads become bytes and back; both sides of a link use the same codec."""
+
+    def encode(self, obj: Any, /) -> bytes:
+        """``obj`` as bytes."""
+        ...
+
+    def decode(self, data: bytes, /) -> Any:
+        """The object ``data`` holds; raises on data it cannot decode."""
+        ...
+
+
+class MsgpackCodec:
+    """The default codec: MessagePack through msgspec (dicts, lists, strings, numbers,
+    bytes, ``None``). It decodes data, never code: pickle is not a default here, since
+    a process that can reach the socket could otherwise run anything."""
+
+    __slots__ = ("_decoder", "_encoder")
+
+    def __init__(self) -> None:
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder()
+
+    def encode(self, obj: Any, /) -> bytes:
+        return self._encoder.encode(obj)
+
+    def decode(self, data: bytes, /) -> Any:
+        return self._decoder.decode(data)

@@ -1,0 +1,103 @@
+"""Framing: a stream's ready outputs as chunks of bytes, about WRITE_BYTES at most.
+
+A :class:`Framer` encodes what a consumer had ready into one chunk for one write,
+and when that is a backlog larger than :data:`WRITE_BYTES`, into several chunks,
+never encoded or joined whole: what does not fit in this chunk waits (``carry``)
+for the next one, in order. A batch's outputs carry their index; a keep-going
+batch's failed sub-request stands in its place as its error's JSON body; a
+resumable stream's outputs carry their event ids.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from ._encoders import Encoder
+from ._responses import error_response
+
+__all__ = ["WRITE_BYTES", "Framer", "jsonable"]
+
+WRITE_BYTES: Final = 256 * 1024
+"""About how many bytes one chunk of a stream carries when a backlog is ready: ready
+outputs are coalesced into one write up to this, and a larger backlog goes out over
+several writes, so that it is never copied whole into one buffer."""
+
+_FIRST_SLICE: Final = 4
+"""How many outputs are encoded before their size is known."""
+
+
+def jsonable(value: Any) -> Any:
+    """An output as JSON can carry it: an error (a keep-going batch's) as its body."""
+    if isinstance(value, BaseException):
+        return error_response(value).body
+    return value
+
+
+class Framer:
+    """Encodes ready outputs into chunks of about :data:`WRITE_BYTES`.
+
+    :param encoder: the stream's framing.
+    :param indexed: the outputs are a batch's ``(index, output)`` pairs.
+    :param errors_inline: a keep-going batch: an error may stand for an output.
+    :param numbered: the outputs are a resumable stream's ``(event id, output)`` pairs.
+    """
+
+    __slots__ = ("_errors_inline", "_frame_bytes", "_indexed", "_numbered", "carry", "encoder")
+
+    def __init__(
+        self, encoder: Encoder, *, indexed: bool, errors_inline: bool, numbered: bool = False
+    ) -> None:
+        self.encoder = encoder
+        self._indexed = indexed
+        self._numbered = numbered
+        self._errors_inline = errors_inline
+        self.carry: list[Any] | None = None
+        """Ready outputs that did not fit in the last chunk, for the next one."""
+        # The last chunk's bytes per output, to size the next one before encoding it.
+        self._frame_bytes = 0
+
+    def take_carry(self) -> list[Any] | None:
+        """What is left of a backlog, if anything, now owned by the caller."""
+        carry, self.carry = self.carry, None
+        return carry
+
+    def some(self, items: list[Any]) -> bytes:
+        """Encode the ready ``items`` into one chunk of about :data:`WRITE_BYTES` at most
+        (at least one output); what does not fit waits in ``carry`` for the next chunk.
+
+        Outputs are encoded slice by slice, each slice sized from the bytes per output
+        measured last, so a backlog is never encoded or joined whole. The usual case
+        (small outputs, sizes known) is one slice and no copy of the list.
+        """
+        count = len(items)
+        per_frame = self._frame_bytes
+        if per_frame and per_frame * count <= WRITE_BYTES:
+            chunk = self.encode(items)
+            self._frame_bytes = len(chunk) // count or 1
+            return chunk
+        parts: list[bytes] = []
+        size = done = 0
+        while done < count and size < WRITE_BYTES:
+            # Before anything was measured, a few outputs tell the size of the rest.
+            take = max(1, (WRITE_BYTES - size) // per_frame) if per_frame else _FIRST_SLICE
+            part = self.encode(items[done : done + take])
+            taken = min(take, count - done)
+            per_frame = len(part) // taken or 1
+            parts.append(part)
+            size += len(part)
+            done += taken
+        self._frame_bytes = per_frame
+        if done < count:
+            self.carry = items[done:]
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def encode(self, items: list[Any]) -> bytes:
+        """Every one of ``items`` as consecutive frames, for one write."""
+        if self._numbered:
+            return self.encoder.encode_events(items)
+        if self._indexed:
+            if self._errors_inline:
+                # a keep-going batch yields a failed sub-request's error in its place
+                items = [(index, jsonable(output)) for index, output in items]
+            return self.encoder.encode_indexed(items)
+        return self.encoder.encode_many(items)
