@@ -97,6 +97,11 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
     async def completions(request: Request) -> Response:
         try:
             generation = api.parse_completions(await read_body(request))
+            # a reconnect (Last-Event-ID, with the same body), answered as it began
+            again = api.CompletionChunks(None, generation.model)
+            resumed = await resume(request, service.resume, encoder=again)
+            if resumed is not None:
+                return resumed
             source = service.open(generation)
         except api.REFUSALS as exc:
             return refuse(exc)
@@ -105,11 +110,16 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
         cid = api.completion_id(source)
         if generation.stream:
             encoder = api.CompletionChunks(cid, generation.model)
-            return await respond(request, source, streaming=True, encoder=encoder)
+            resumable = service.resume if generation.resume else None
+            return await respond(request, source, streaming=True, encoder=encoder, resume=resumable)
         response = await respond(request, source, streaming=False)
         if response.status_code != 200:
             return response
         return JSONResponse(api.completion(generation, json.loads(bytes(response.body)), cid))
+
+    async def stop(request: Request) -> Response:
+        stopped = await service.stop(request.headers.get(tether.http.TOKEN_HEADER, ""))
+        return Response(status_code=204) if stopped else refuse_with(tether.http.NOT_RESUMABLE)
 
     async def metrics(request: Request) -> Response:
         body, content_type = service.metrics()
@@ -130,12 +140,13 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
 
     @contextlib.asynccontextmanager
     async def engine_running(app: Starlette) -> AsyncIterator[None]:
-        async with service.engine.running(service.registry):
+        async with service.engine.running(service.registry), service.resuming():
             yield
 
     return Starlette(
         routes=[
             Route("/generate", generate, methods=["POST"]),
+            Route("/generate/stop", stop, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/metrics", metrics),
             Route("/stats", stats),
