@@ -200,3 +200,121 @@ async def test_page_generates_side_by_side_and_stop_aborts_the_work(server: str)
         await eventually(
             lambda: page.js("document.getElementById('inflight')?.textContent === '0'")
         )
+
+
+class CuttingProxy:
+    """A TCP relay on 127.0.0.1 in front of a server, whose open connections the test
+    can cut at once, both sides, as a network drop does (no HTTP-level goodbye)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = httpx.URL(upstream)
+        self.pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self.relays: set[asyncio.Task[None]] = set()
+
+    async def relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.relays.add(task)
+        host, port = self.upstream.host, self.upstream.port
+        try:
+            up_reader, up_writer = await asyncio.open_connection(host, port)
+        except OSError:
+            writer.transport.abort()
+            return
+        pair = (writer, up_writer)
+        self.pairs.add(pair)
+        pipes = [
+            asyncio.create_task(_pipe(reader, up_writer)),
+            asyncio.create_task(_pipe(up_reader, writer)),
+        ]
+        try:
+            await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pipe in pipes:
+                pipe.cancel()
+            await asyncio.wait(pipes)
+            self.pairs.discard(pair)
+            for side in pair:
+                side.transport.abort()
+            self.relays.discard(task)
+
+    def cut(self) -> int:
+        """Drop every open connection, both sides; how many there were."""
+        pairs = list(self.pairs)
+        for pair in pairs:
+            for side in pair:
+                side.transport.abort()
+        return len(pairs)
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError):
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+
+
+@contextlib.asynccontextmanager
+async def cutting_proxy(upstream: str) -> AsyncIterator[tuple[str, CuttingProxy]]:
+    """A :class:`CuttingProxy` to ``upstream``; its URL. Its relays end with it."""
+    proxy = CuttingProxy(upstream)
+    server = await asyncio.start_server(proxy.relay, "127.0.0.1", 0)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}", proxy
+    finally:
+        server.close()
+        proxy.cut()
+        relays = set(proxy.relays)
+        for relay in relays:
+            relay.cancel()
+        if relays:
+            await asyncio.wait(relays)
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize("server", ["starlette", "aiohttp"])
+async def test_page_resumes_a_dropped_stream_and_shows_the_whole_answer_once(server: str) -> None:
+    prompt, tokens = "resume me in the browser", 800
+    async with (
+        asyncio.timeout(60),
+        launched(server) as url,
+        httpx.AsyncClient(base_url=url, timeout=10) as http,
+        cutting_proxy(url) as (proxied, proxy),
+        chromium() as page,
+    ):
+        await page.open(proxied + "/")
+        await page.js(f"""
+            document.getElementById('prompt').value = {json.dumps(prompt)};
+            document.getElementById('batch').value = '1';
+            document.getElementById('max-tokens').value = '{tokens}';
+            document.getElementById('stream').checked = true;
+            document.getElementById('generate').click();
+        """)
+
+        panes: list[dict[str, Any]] = []
+
+        async def growing() -> bool:
+            panes[:] = json.loads(await page.js(PANES))
+            return len(panes) == 1 and panes[0]["tokens"] >= 20
+
+        await eventually(growing)
+        assert proxy.cut() >= 1  # the stream's connection, mid-stream
+        assert panes[0]["tokens"] < tokens
+
+        await eventually(
+            lambda: page.js("document.getElementById('status').textContent === 'done'"),
+            timeout=30,
+        )
+        panes[:] = json.loads(await page.js(PANES))
+        whole = expected_text(prompt, tokens)
+        assert panes == [{"prompt": prompt, "tokens": tokens, "text": whole}]  # once, in order
+        resumes = await page.js("document.getElementById('status').dataset.resumes")
+        assert int(resumes) >= 1
+
+        async def finished() -> bool:
+            return bool((await http.get("/stats")).json()["in_flight"] == 0)
+
+        await eventually(finished)
+        metrics = (await http.get("/stats")).json()
+        assert (metrics["finished"], metrics["aborted"]) == (1, {})  # never aborted
