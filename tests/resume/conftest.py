@@ -15,8 +15,10 @@ import contextlib
 import dataclasses
 import json
 import os
+import pathlib
 import shutil
 import socket
+import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Final
 
@@ -36,6 +38,12 @@ import tether_starlette
 from tests.core._eager import new_eager_loop
 from tests.ready_server import ReadyServer
 from tether.http import TOKEN_HEADER
+
+EXAMPLES: Final = pathlib.Path(__file__).resolve().parents[2] / "examples"
+if str(EXAMPLES) not in sys.path:  # the examples import their siblings as top-level modules
+    sys.path.insert(0, str(EXAMPLES))
+
+from launch import redis_server  # noqa: E402
 
 BOUND: Final = 10.0
 ADAPTERS: Final = ("starlette", "aiohttp", "aiohttp-cancel")
@@ -279,40 +287,12 @@ async def connect(
     return Reader(response)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 async def redis_url() -> AsyncIterator[str]:
     """A ``redis-server`` of its own on 127.0.0.1 (no persistence), stopped after."""
-    binary = shutil.which("redis-server")
-    if binary is None:
+    if shutil.which("redis-server") is None:
         if os.environ.get("CI"):
             pytest.fail("redis-server is not installed (.ci/run installs it)")
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    port = _free_port()
-    process = await asyncio.create_subprocess_exec(
-        binary,
-        "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        async with asyncio.timeout(BOUND):
-            while True:
-                try:
-                    _, writer = await asyncio.open_connection("127.0.0.1", port)
-                except OSError:
-                    await asyncio.sleep(0.02)
-                    continue
-                writer.close()
-                await writer.wait_closed()
-                break
-        yield f"redis://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        async with asyncio.timeout(BOUND):
-            await process.wait()
+    async with redis_server() as url:
+        yield url
