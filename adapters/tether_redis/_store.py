@@ -11,7 +11,9 @@ the backlog (``XRANGE``) and then the live tail (``XREAD BLOCK``).
 The workers speak through a second stream, ``<prefix><token>:ctl``: a client that
 attaches (the newest wins: every other one ends), a client that leaves (the owner
 parks the request and starts its grace period), and Stop (the owner aborts at once;
-its watcher is blocked on that stream, so it hears it within a round trip). Only the
+its store's one reader is blocked on that stream, so it hears it within a round
+trip). However many streams a worker holds, it reads them all with one blocked
+connection (``_ear``), and writes through a bounded number at a time. Only the
 owner aborts, so ``on_abort`` runs exactly once. A worker whose client is attached
 holds a lease (``<prefix><token>:lease``) that it renews while it reads; a worker that
 dies lets it lapse, and the owner parks the request then.
@@ -32,15 +34,18 @@ import logging
 from typing import Any, Final
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 import tether
 from tether.http import Channel, Follower, error_response, new_token
+
+from ._ear import Ear, Fields
 
 __all__ = ["RedisStore"]
 
 logger = logging.getLogger("tether.redis")
 
-_Fields = dict[bytes, bytes]
+_Fields = Fields
 
 _DUMPS: Final = tether.SSE().dumps
 _CLOSE_TIMEOUT: Final = 2.0
@@ -48,6 +53,8 @@ _CLOSE_TIMEOUT: Final = 2.0
 _GONE_MS: Final = 1000
 """How long the keys of a stream that is resumable no more linger (for clients
 elsewhere to read its end entry)."""
+_WRITES: Final = 8
+"""How many writes to Redis a store has in flight at most (each holds a connection)."""
 
 
 class RedisStore(tether.MemoryStore):
@@ -61,7 +68,7 @@ class RedisStore(tether.MemoryStore):
     :raises ValueError: a non-positive ``block``.
     """
 
-    __slots__ = ("_writers", "block_ms", "client", "prefix", "worker")
+    __slots__ = ("_writers", "block_ms", "client", "ear", "prefix", "worker", "writes")
 
     def __init__(
         self, client: Redis, *, prefix: str = "tether:resume:", block: float = 1.0
@@ -75,6 +82,10 @@ class RedisStore(tether.MemoryStore):
         self.worker = new_token()
         """This store's id in control messages."""
         self._writers: dict[str, _Writer] = {}
+        self.writes = asyncio.Semaphore(_WRITES)
+        """Bounds the writes in flight (each holds one of the client's connections)."""
+        self.ear = Ear(client, f"{prefix}{self.worker}:wake", self.block_ms, self.spawn)
+        """The one reader of every control stream and mirrored log of this worker."""
 
     def key(self, token: str, kind: str) -> str:
         """The Redis key of ``token``'s ``log``, ``ctl``, ``meta`` or ``lease``."""
@@ -167,15 +178,27 @@ def _plain(token: str) -> bool:
 class _Writer:
     """The owner's copy of one channel to Redis, and its watch over the control stream."""
 
-    __slots__ = ("_channel", "_ended", "_forgotten", "_outbox", "_store", "_wake", "task")
+    __slots__ = (
+        "_channel",
+        "_ended",
+        "_forgotten",
+        "_keys",
+        "_outbox",
+        "_remote",
+        "_store",
+        "_wake",
+        "task",
+    )
 
     def __init__(self, store: RedisStore, channel: Channel) -> None:
         self._store = store
         self._channel = channel
+        self._keys = tuple(store.key(channel.token, kind) for kind in ("log", "ctl", "meta"))
         self._outbox: list[dict[str, str]] = []
         self._wake = asyncio.Event()
         self._ended = False
         self._forgotten = False
+        self._remote: str | None = None  # the client attached on another worker, if any
         self.task: asyncio.Task[None] | None = None
 
     def put(self, outputs: list[Any]) -> None:
@@ -207,14 +230,12 @@ class _Writer:
 
     async def run(self) -> None:
         """Copy the events as they come, until the end entry is written; then keep the
-        keys for the grace period (or drop them, aborted); watch the control stream."""
+        keys for the grace period (or drop them, aborted); listen to the control stream.
+        If Redis fails, the stream goes on resumable in this process only."""
         store, channel = self._store, self._channel
-        token = channel.token
-        keys = tuple(store.key(token, kind) for kind in ("log", "ctl", "meta"))
-        keep_ms = _keep_ms(channel)
-        watcher: asyncio.Task[None] | None = None
+        keys = self._keys
         try:
-            watcher = asyncio.create_task(self._watch(keys, keep_ms))
+            await store.ear.listen(self, {keys[1]: "0-0"})
             while True:
                 await self._flush(keys)
                 if self._outbox:
@@ -229,14 +250,19 @@ class _Writer:
                 await self._wake.wait()
             await self._expire(keys, _GONE_MS)
             await store.client.delete(keys[2])  # resumable nowhere from now on
+        except (RedisError, OSError) as exc:
+            logger.error(
+                "resumable request %r: writing to Redis failed (%s); it resumes on this "
+                "worker only from now on",
+                channel.rid,
+                exc,
+            )
         finally:
-            store.done(self, token)
-            if watcher is not None:
-                watcher.cancel()
-                await asyncio.wait([watcher])
+            store.done(self, channel.token)
+            store.ear.drop(self)
 
     async def _expire(self, keys: tuple[str, ...], ms: int) -> None:
-        async with self._store.client.pipeline(transaction=False) as pipe:
+        async with self._store.writes, self._store.client.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.pexpire(key, ms)
             await pipe.execute()
@@ -247,7 +273,7 @@ class _Writer:
             return
         store = self._store
         maxlen = self._channel.max_events + 1  # (and the end entry)
-        async with store.client.pipeline(transaction=False) as pipe:
+        async with store.writes, store.client.pipeline(transaction=False) as pipe:
             for entry in outbox:
                 if "ctl" in entry:
                     pipe.xadd(keys[1], {"op": "attach", "w": store.worker})
@@ -255,34 +281,32 @@ class _Writer:
                     pipe.xadd(keys[0], entry, maxlen=maxlen, approximate=False)  # type: ignore[arg-type]
             await pipe.execute()
 
-    async def _watch(self, keys: tuple[str, ...], keep_ms: int) -> None:
-        """The owner's ear: clients attaching and leaving elsewhere, Stop, leases."""
+    def heard(self, key: str, entry_id: Any, fields: _Fields) -> bool:
+        """The owner's ear: clients attaching and leaving elsewhere, Stop."""
         store, channel = self._store, self._channel
-        client, ctl = store.client, keys[1]
+        op, who = _text(fields, b"op"), _text(fields, b"w")
+        if op == "cancel":
+            self._stop()
+        elif who == store.worker:
+            pass
+        elif op == "attach":
+            self._remote = _text(fields, b"f")
+            channel.attach_remote()
+        elif op == "detach" and self._remote is not None and _text(fields, b"f") == self._remote:
+            self._remote = None
+            channel.detach_remote(int(_text(fields, b"pos") or 0))
+        return True
+
+    async def tick(self) -> bool:
+        """A client elsewhere whose lease lapsed is gone; a running stream's keys live on."""
+        store, channel = self._store, self._channel
         lease = store.key(channel.token, "lease")
-        last: Any = "0-0"
-        remote: str | None = None
-        while True:
-            answer: Any = await client.xread({ctl: last}, block=store.block_ms)
-            for _name, entries in answer or ():
-                for entry_id, fields in entries:
-                    last = entry_id
-                    op, who = _text(fields, b"op"), _text(fields, b"w")
-                    if op == "cancel":
-                        self._stop()
-                    elif who == store.worker:
-                        continue
-                    elif op == "attach":
-                        remote = _text(fields, b"f")
-                        channel.attach_remote()
-                    elif op == "detach" and remote is not None and _text(fields, b"f") == remote:
-                        remote = None
-                        channel.detach_remote(int(_text(fields, b"pos") or 0))
-            if remote is not None and not await client.exists(lease):
-                remote = None  # the worker of that client is gone
-                channel.detach_remote(channel.sent)
-            if not channel.ended:
-                await self._expire(keys, keep_ms)
+        if self._remote is not None and not await store.client.exists(lease):
+            self._remote = None  # the worker of that client is gone
+            channel.detach_remote(channel.sent)
+        if not channel.ended:
+            await self._expire(self._keys, _keep_ms(channel))
+        return True
 
     def _stop(self) -> None:
         """Stop, from any worker: abort at once, and forget."""
@@ -300,7 +324,7 @@ class _Mirror:
     Redis, and the control messages that keep the owner informed. It is the keeper
     of that channel (no store holds it)."""
 
-    __slots__ = ("_after", "_channel", "_fid", "_store", "_task", "_token")
+    __slots__ = ("_after", "_channel", "_fid", "_store", "_token")
 
     def __init__(self, store: RedisStore, token: str, after: int) -> None:
         self._store = store
@@ -308,7 +332,6 @@ class _Mirror:
         self._after = after
         self._fid = new_token()
         self._channel: Channel | None = None
-        self._task: asyncio.Task[None] | None = None
 
     def _key(self, kind: str) -> str:
         return self._store.key(self._token, kind)
@@ -351,41 +374,40 @@ class _Mirror:
             channel.end(_error(rid, end))
         else:
             last_id = entries[-1][0] if entries else "0-0"
-            self._task = store.spawn(self._tail(channel, last_id, ctl_id))
+            await store.ear.listen(self, {self._key("log"): last_id, self._key("ctl"): ctl_id})
         return follower
 
-    async def _tail(self, channel: Channel, last_id: Any, ctl_id: Any) -> None:
+    def heard(self, key: str, entry_id: Any, fields: _Fields) -> bool:
         """Follow the log and the control stream until the stream ends or this client
         is replaced, stopped or gone."""
-        store = self._store
-        client = store.client
-        log, ctl, lease = self._key("log"), self._key("ctl"), self._key("lease")
-        while channel.follower is not None:
-            answer: Any = await client.xread({log: last_id, ctl: ctl_id}, block=store.block_ms)
-            for name, entries in answer or ():
-                from_log = (name.decode() if isinstance(name, bytes) else name) == log
-                for entry_id, fields in entries:
-                    if from_log:
-                        last_id = entry_id
-                        if not self._record(channel, fields):
-                            return
-                    else:
-                        ctl_id = entry_id
-                        op = _text(fields, b"op")
-                        if op == "cancel":
-                            channel.end(tether.Aborted(channel.rid, tether.AbortReason.CANCELLED))
-                            return
-                        if op == "attach" and _text(fields, b"f") != self._fid:
-                            channel.attach_remote()  # a newer client, elsewhere: this one ends
-                            return
-            async with client.pipeline(transaction=False) as pipe:
-                pipe.set(lease, self._fid, px=3 * store.block_ms)
-                pipe.exists(self._key("meta"))
-                _, alive = await pipe.execute()
-            if not alive:  # the owner is gone (its keys expired): nobody will write more
-                gone = "the worker that ran this request is gone"
-                channel.end(tether.Aborted(channel.rid, tether.AbortReason.SERVER, gone))
-                return
+        channel = self._channel
+        if channel is None or channel.follower is None:
+            return False
+        if key == self._key("log"):
+            return self._record(channel, fields)
+        op = _text(fields, b"op")
+        if op == "cancel":
+            channel.end(tether.Aborted(channel.rid, tether.AbortReason.CANCELLED))
+            return False
+        if op == "attach" and _text(fields, b"f") != self._fid:
+            channel.attach_remote()  # a newer client, elsewhere: this one ends
+            return False
+        return True
+
+    async def tick(self) -> bool:
+        """Hold this client's lease; end if the owner is gone."""
+        channel, store = self._channel, self._store
+        if channel is None or channel.follower is None:
+            return False
+        async with store.writes, store.client.pipeline(transaction=False) as pipe:
+            pipe.set(self._key("lease"), self._fid, px=3 * store.block_ms)
+            pipe.exists(self._key("meta"))
+            _, alive = await pipe.execute()
+        if not alive:  # the owner is gone (its keys expired): nobody will write more
+            gone = "the worker that ran this request is gone"
+            channel.end(tether.Aborted(channel.rid, tether.AbortReason.SERVER, gone))
+            return False
+        return True
 
     def _record(self, channel: Channel, fields: _Fields) -> bool:
         """One entry of the log; whether the stream goes on."""
@@ -424,9 +446,7 @@ class _Mirror:
         pass
 
     def detached(self, channel: Channel, follower: Follower) -> None:
-        task = self._task
-        if task is not None:
-            task.cancel()
+        self._store.ear.drop(self)
         fields = {"op": "detach", "w": self._store.worker, "f": self._fid, "pos": str(follower.pos)}
         self._store.spawn(self._send(fields))
 

@@ -56,3 +56,47 @@ async def test_outputs_ready_before_the_stream_was_resumable_reach_the_other_wor
         await owner.aclose()
     assert not aborted
     assert registry.in_flight == 0
+
+
+async def test_more_streams_than_the_client_has_connections_each_reach_the_other_worker(
+    redis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # redis.asyncio's pool holds 100 connections by default: one blocked read per
+    # stream (owner or mirror) would exhaust it, and writes would fail.
+    count = 150
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    owner = tether.Resume(store=RedisStore(redis, block=0.1))
+    other = tether.Resume(store=RedisStore(redis, block=0.1))
+    async with asyncio.timeout(30):
+        streams = [registry.open() for _ in range(count)]
+        firsts = [await owner.open(stream) for stream in streams]
+        for stream in streams:
+            registry.deliver(stream.rid, 0)
+        for first in firsts:  # every client leaves after the first output: parked
+            assert [output for _, output in await first.next_ready() or ()] == [0]
+            await first.aclose()
+
+        async def followed(token: str) -> tether.http.Follower:
+            while True:  # (the owner's writer copies to Redis in its own time)
+                point = resume_point(f"{token}.1", None)
+                assert point is not None
+                follower = await other.follow(point)
+                if follower is not None:
+                    return follower
+                await asyncio.sleep(0.01)
+
+        mirrors = [await followed(first.token) for first in firsts]  # all listening at once
+        for stream in streams:
+            registry.deliver(stream.rid, 1)
+            registry.deliver(stream.rid, 2, finished=True)
+        for mirror in mirrors:
+            seen = []
+            while (items := await mirror.next_ready()) is not None:
+                seen += [output for _, output in items]
+            assert seen == [1, 2]
+        await other.aclose()
+        await owner.aclose()
+    assert not aborted
+    assert registry.in_flight == 0
+    assert [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "WARNING")] == []
