@@ -83,9 +83,10 @@ async def launched(
         raise ServerFailed(f"{name} server exited with {code}:\n" + "\n".join(lines))
 
 
-async def _stop(process: asyncio.subprocess.Process) -> int:
+async def _stop(process: asyncio.subprocess.Process, sig: int = signal.SIGINT) -> int:
+    """Stop ``process`` with ``sig`` (SIGKILL after 10 s); its exit code."""
     if process.returncode is None:
-        process.send_signal(signal.SIGINT)
+        process.send_signal(sig)
         try:
             async with asyncio.timeout(10):
                 return await process.wait()
@@ -125,14 +126,7 @@ async def redis_server(*, start_timeout: float = 10.0) -> AsyncIterator[str]:
             raise ServerFailed(f"redis-server did not listen on port {port}") from None
         yield f"redis://127.0.0.1:{port}"
     finally:
-        if process.returncode is None:
-            process.terminate()
-        try:
-            async with asyncio.timeout(10):
-                await process.wait()
-        except TimeoutError:
-            process.kill()
-            await process.wait()
+        await _stop(process, signal.SIGTERM)
 
 
 async def _accepts(port: int) -> bool:

@@ -36,11 +36,8 @@ import tether
 from tether.http import (
     DEFAULT_SEND_TIMEOUT,
     FAREWELL_TIMEOUT,
-    NOT_RESUMABLE,
-    TOKEN_HEADER,
     Exchange,
     Follower,
-    resume_point,
 )
 
 from ._plugin import request_scope
@@ -79,10 +76,8 @@ async def respond(
     :param send_timeout: seconds one write of a stream may wait for a client that
         stopped reading before the request is aborted as if the client had left and
         its connection dropped; ``None`` waits for ever.
-    :param resume: make the stream resumable (``streaming=True``, SSE, a
-        :class:`tether.Stream`): a client that leaves parks it rather than aborting it,
-        and a reconnect answered by :func:`resume` continues it; the response carries
-        the ``Tether-Resume-Token`` header and an event id per output.
+    :param resume: make the stream resumable (``streaming=True``, SSE, a Stream; see
+        ``docs/resume.md``): a client that leaves parks it; :func:`resume` continues it.
     :raises RuntimeError: ``tether_aiohttp.setup(app, ...)`` was not called.
     :raises TypeError: ``source`` is not a tether Stream or Batch.
     :raises ValueError: ``ping_interval`` or ``send_timeout`` is not positive; ``resume``
@@ -133,35 +128,20 @@ async def resume(
     headers: Mapping[str, str] | None = None,
     send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
 ) -> web.StreamResponse | None:
-    """Answer a reconnect to a resumable stream, or ``None`` if ``request`` is none.
+    """Answer a reconnect to a resumable stream (``Last-Event-ID`` or the resume token,
+    see :meth:`tether.Resume.reconnect`), or ``None`` if ``request`` is none. Call it
+    first in a handler that answers with ``respond(..., resume=resume)``.
 
-    A reconnect carries ``Last-Event-ID`` (header, or ``last_event_id`` query
-    parameter) or the resume token alone (``Tether-Resume-Token`` header, or
-    ``resume_token`` parameter): it gets every event after that id, then the live
-    tail, and the client it replaces ends. A wrong or expired token, or an event no
-    longer held, is a 404 that says nothing more. Call it first in a handler that
-    answers with ``respond(..., resume=resume)``: a browser ``EventSource``
-    reconnects to the same URL.
-
-    :param request: the request, which went through the middleware of ``setup()``.
-    :param resume: the :class:`tether.Resume` the stream was answered with.
-    :returns: the response, or ``None`` when the request asks to resume nothing.
+    :returns: the response (a 404 for a stream that is not resumable), or ``None``.
     :raises RuntimeError: ``tether_aiohttp.setup(app, ...)`` was not called.
     """
-    query = request.query
-    point = resume_point(
-        request.headers.get("Last-Event-ID") or query.get("last_event_id"),
-        request.headers.get(TOKEN_HEADER) or query.get("resume_token"),
-    )
-    if point is None:
-        return None
-    request_scope(request)
-    follower = await resume.follow(point)
-    if follower is None:
-        return web.json_response(NOT_RESUMABLE.body, status=NOT_RESUMABLE.status)
+    request_scope(request)  # (the follower joins the request's scope)
+    found = await resume.reconnect(request.headers, request.query)
+    if not isinstance(found, Follower):
+        return None if found is None else web.json_response(found.body, status=found.status)
     return await respond(
         request,
-        follower,
+        found,
         streaming=True,
         encoder=encoder,
         ping_interval=ping_interval,

@@ -47,12 +47,9 @@ import tether
 from tether.http import (
     DEFAULT_SEND_TIMEOUT,
     FAREWELL_TIMEOUT,
-    NOT_RESUMABLE,
-    TOKEN_HEADER,
     Exchange,
     Follower,
     Head,
-    resume_point,
 )
 
 from ._middleware import request_scope
@@ -94,10 +91,8 @@ async def respond(
     :param send_timeout: seconds one write of a stream may wait for a client that
         stopped reading before the request is aborted as if the client had left;
         ``None`` waits for ever.
-    :param resume: make the stream resumable (``streaming=True``, SSE, a
-        :class:`tether.Stream`): a client that leaves parks it rather than aborting it,
-        and a reconnect answered by :func:`resume` continues it; the response carries
-        the ``Tether-Resume-Token`` header and an event id per output.
+    :param resume: make the stream resumable (``streaming=True``, SSE, a Stream; see
+        ``docs/resume.md``): a client that leaves parks it; :func:`resume` continues it.
     :param transform: turns what is answered into the value written, with no round
         trip through JSON: ``streaming=False``, the result (a batch's: the list of
         results, in order); ``streaming=True``, each output. Its errors fail the
@@ -148,35 +143,20 @@ async def resume(
     headers: Mapping[str, str] | None = None,
     send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
 ) -> Response | None:
-    """Answer a reconnect to a resumable stream, or ``None`` if ``request`` is none.
+    """Answer a reconnect to a resumable stream (``Last-Event-ID`` or the resume token,
+    see :meth:`tether.Resume.reconnect`), or ``None`` if ``request`` is none. Call it
+    first in a handler that answers with ``respond(..., resume=resume)``.
 
-    A reconnect carries ``Last-Event-ID`` (header, or ``last_event_id`` query
-    parameter) or the resume token alone (``Tether-Resume-Token`` header, or
-    ``resume_token`` parameter): it gets every event after that id, then the live
-    tail, and the client it replaces ends. A wrong or expired token, or an event no
-    longer held, is a 404 that says nothing more. Call it first in a handler that
-    answers with ``respond(..., resume=resume)``: a browser ``EventSource``
-    reconnects to the same URL.
-
-    :param request: the request, which went through :class:`TetherMiddleware`.
-    :param resume: the :class:`tether.Resume` the stream was answered with.
-    :returns: the response, or ``None`` when the request asks to resume nothing.
+    :returns: the response (a 404 for a stream that is not resumable), or ``None``.
     :raises RuntimeError: :class:`TetherMiddleware` is not installed.
     """
-    query = request.query_params
-    point = resume_point(
-        request.headers.get("last-event-id") or query.get("last_event_id"),
-        request.headers.get(TOKEN_HEADER) or query.get("resume_token"),
-    )
-    if point is None:
-        return None
-    request_scope(request)
-    follower = await resume.follow(point)
-    if follower is None:
-        return JSONResponse(NOT_RESUMABLE.body, NOT_RESUMABLE.status)
+    request_scope(request)  # (the follower joins the request's scope)
+    found = await resume.reconnect(request.headers, request.query_params)
+    if not isinstance(found, Follower):
+        return None if found is None else JSONResponse(found.body, found.status)
     return await respond(
         request,
-        follower,
+        found,
         streaming=True,
         encoder=encoder,
         ping_interval=ping_interval,

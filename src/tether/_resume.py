@@ -30,6 +30,7 @@ the first event.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 from ._batch import Batch
@@ -174,6 +175,32 @@ class Resume:
             if scope is not None:
                 _join(scope, follower)
         return follower
+
+    async def reconnect(
+        self, headers: Mapping[str, str], query: Mapping[str, str]
+    ) -> Follower | ErrorResponse | None:
+        """Answer a request that may be a reconnect (an adapter's ``resume()``).
+
+        A reconnect carries ``Last-Event-ID`` (header, or ``last_event_id`` query
+        parameter) or the resume token alone (``Tether-Resume-Token`` header, or
+        ``resume_token`` parameter): its follower gets every event after that id, then
+        the live tail, and the client it replaces ends (see :meth:`follow`).
+
+        :param headers: the request's headers, looked up by lower-case name (pass the
+            framework's case-insensitive mapping).
+        :param query: the request's query parameters.
+        :returns: ``None`` when the request asks to resume nothing; :data:`NOT_RESUMABLE`
+            (a 404 that says nothing more) when the token is wrong or expired, or the
+            event is no longer held; else the follower that answers it.
+        """
+        point = resume_point(
+            headers.get("last-event-id") or query.get("last_event_id"),
+            headers.get(TOKEN_HEADER) or query.get("resume_token"),
+        )
+        if point is None:
+            return None
+        follower = await self.follow(point)
+        return NOT_RESUMABLE if follower is None else follower
 
     async def cancel(self, token: str) -> bool:
         """Stop: abort the stream of ``token`` at once (``on_abort``) and forget it.

@@ -35,23 +35,42 @@ def _text(events: list[Any]) -> str:
     return "".join(event["text"] for event in events if isinstance(event, dict))
 
 
+def _completion_text(events: list[Any]) -> str:
+    return "".join(e["choices"][0]["text"] for e in events if isinstance(e, dict))
+
+
+ROUTES = {
+    "/generate": ("text", _text),
+    "/v1/completions": ("prompt", _completion_text),
+}
+"""Each streaming route: the field of its prompt, and the text a client puts together."""
+
+
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("name", SERVERS)
-async def test_a_dropped_generation_resumes_and_the_text_is_whole_once(name: str) -> None:
+async def test_a_dropped_generation_resumes_and_the_text_is_whole_once(
+    name: str, route: str
+) -> None:
     prompt, tokens = "resume me", 300
-    body = {"text": prompt, "max_tokens": tokens, "stream": True, "resume": True}
+    field, text_of = ROUTES[route]
+    body = {field: prompt, "max_tokens": tokens, "stream": True, "resume": True}
     async with running(name, service(step_interval=0.005)) as server, client() as session:
-        response = await session.post(f"{server.url}/generate", json=body)
+        response = await session.post(f"{server.url}{route}", json=body)
         assert response.status == 200
         first = Reader(response)
         seen = await first.take(5)
         first.close()
-        again = await session.post(
-            f"{server.url}/generate", headers={"Last-Event-ID": str(first.last_id)}
+        again = await session.post(  # (the same body: /v1/completions reads its model)
+            f"{server.url}{route}", json=body, headers={"Last-Event-ID": str(first.last_id)}
         )
         assert again.status == 200
         seen += await Reader(again).rest()
         assert seen[-1] == "[DONE]"
-        assert _text(seen) == expected_text(prompt, tokens)
+        assert text_of(seen) == expected_text(prompt, tokens)
+        if route == "/v1/completions":  # one completion, whichever connection carried it
+            ids = {event["id"] for event in seen if isinstance(event, dict)}
+            assert len(ids) == 1
+            assert ids.pop().startswith("cmpl-")
         await server.idle()
         assert server.ledger.problems() == []
         assert not server.ledger.aborts
@@ -71,38 +90,6 @@ async def test_resume_is_refused_where_it_cannot_apply(body: dict[str, Any]) -> 
         response = await session.post(f"{server.url}/generate", data=json.dumps(body))
         assert response.status == 422
         assert server.ledger.in_flight == 0
-
-
-def _completion_text(events: list[Any]) -> str:
-    return "".join(e["choices"][0]["text"] for e in events if isinstance(e, dict))
-
-
-@pytest.mark.parametrize("name", SERVERS)
-async def test_a_dropped_completion_resumes_as_the_same_completion(name: str) -> None:
-    prompt, tokens = "resume my completion", 200
-    body = {"prompt": prompt, "max_tokens": tokens, "stream": True, "resume": True}
-    async with running(name, service(step_interval=0.005)) as server, client() as session:
-        response = await session.post(f"{server.url}/v1/completions", json=body)
-        assert response.status == 200
-        first = Reader(response)
-        seen = await first.take(5)
-        first.close()
-        again = await session.post(
-            f"{server.url}/v1/completions",
-            json=body,
-            headers={"Last-Event-ID": str(first.last_id)},
-        )
-        assert again.status == 200
-        seen += await Reader(again).rest()
-        assert seen[-1] == "[DONE]"
-        chunks = [event for event in seen if isinstance(event, dict)]
-        assert {chunk["id"] for chunk in chunks} == {chunks[0]["id"]}  # one completion
-        assert chunks[0]["id"].startswith("cmpl-")
-        assert {chunk["object"] for chunk in chunks} == {"text_completion"}
-        assert _completion_text(seen) == expected_text(prompt, tokens)
-        await server.idle()
-        assert server.ledger.problems() == []
-        assert not server.ledger.aborts
 
 
 @pytest.mark.parametrize("name", SERVERS)

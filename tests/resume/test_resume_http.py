@@ -8,13 +8,24 @@ from __future__ import annotations
 import json
 import random
 
+import aiohttp
 import pytest
 
 from tether.http import NOT_RESUMABLE, TOKEN_HEADER
 
-from .conftest import client, connect, eventually, serving
+from .conftest import Reader, Site, client, connect, eventually, serving
 
 pytestmark = pytest.mark.timeout(60)
+
+
+async def reading(site: Site, session: aiohttp.ClientSession) -> tuple[Reader, str]:
+    """A client of a new resumable stream that has read its first output, ``"a"``:
+    its reader, and the stream's rid."""
+    first = await connect(session, f"{site.url}/gen")
+    rid = await site.opened()
+    site.registry.deliver(rid, "a")
+    assert await first.take(1) == ["a"]
+    return first, rid
 
 
 def _outputs(start: int, stop: int) -> list[dict[str, int]]:
@@ -52,10 +63,7 @@ async def test_a_client_that_drops_mid_stream_resumes_after_its_last_event_id(
 
 async def test_the_last_event_id_may_come_as_a_query_parameter(adapter: str) -> None:
     async with serving(adapter) as site, client() as session:
-        first = await connect(session, f"{site.url}/gen")
-        rid = await site.opened()
-        site.registry.deliver(rid, "a")
-        assert await first.take(1) == ["a"]
+        first, rid = await reading(site, session)
         first.close()
         await site.parked()
         site.registry.deliver(rid, "b", finished=True)
@@ -87,10 +95,7 @@ async def test_a_client_that_drops_before_the_first_event_resumes_with_the_token
 
 async def test_a_finished_stream_stays_resumable_for_the_grace_period(adapter: str) -> None:
     async with serving(adapter, grace=0.5) as site, client() as session:
-        first = await connect(session, f"{site.url}/gen")
-        rid = await site.opened()
-        site.registry.deliver(rid, "a")
-        assert await first.take(1) == ["a"]
+        first, rid = await reading(site, session)
         first.close()
         await site.parked()
         site.registry.deliver(rid, "b", finished=True)
@@ -109,10 +114,7 @@ async def test_a_parked_stream_is_aborted_once_when_its_grace_period_passes(
     adapter: str,
 ) -> None:
     async with serving(adapter, grace=0.3) as site, client() as session:
-        first = await connect(session, f"{site.url}/gen")
-        rid = await site.opened()
-        site.registry.deliver(rid, "a")
-        assert await first.take(1) == ["a"]
+        first, rid = await reading(site, session)
         first.close()
         await eventually(lambda: site.books.aborts[rid] == 1)
         await site.settled()
@@ -131,10 +133,7 @@ async def test_a_reconnect_that_names_no_held_event_is_a_404_that_reveals_nothin
     adapter: str, claim: str
 ) -> None:
     async with serving(adapter) as site, client() as session:
-        first = await connect(session, f"{site.url}/gen")
-        rid = await site.opened()
-        site.registry.deliver(rid, "a")
-        assert await first.take(1) == ["a"]
+        first, rid = await reading(site, session)
         headers = {"Last-Event-ID": claim.format(token=first.token)}
         if claim == "":
             headers = {TOKEN_HEADER: "not-a-token"}
@@ -149,10 +148,7 @@ async def test_a_reconnect_that_names_no_held_event_is_a_404_that_reveals_nothin
 
 async def test_a_token_and_an_id_that_disagree_resume_nothing(adapter: str) -> None:
     async with serving(adapter) as site, client() as session:
-        first = await connect(session, f"{site.url}/gen")
-        rid = await site.opened()
-        site.registry.deliver(rid, "a")
-        assert await first.take(1) == ["a"]
+        first, _ = await reading(site, session)
         answer = await session.get(
             f"{site.url}/gen",
             headers={"Last-Event-ID": f"{first.token}.1", TOKEN_HEADER: "other"},
@@ -165,10 +161,7 @@ async def test_of_two_reconnects_with_one_token_the_newer_wins_and_the_older_end
     adapter: str,
 ) -> None:
     async with serving(adapter) as site, client() as session:
-        first = await connect(session, f"{site.url}/gen")
-        rid = await site.opened()
-        site.registry.deliver(rid, "a")
-        assert await first.take(1) == ["a"]
+        first, rid = await reading(site, session)
         last = {"Last-Event-ID": str(first.last_id)}
         older = await connect(session, f"{site.url}/gen", headers=last)
         assert await first.rest() == []  # the first client was replaced: it ends
@@ -184,10 +177,7 @@ async def test_of_two_reconnects_with_one_token_the_newer_wins_and_the_older_end
 
 async def test_a_parked_stream_past_its_cap_is_aborted_once(adapter: str) -> None:
     async with serving(adapter, max_events=3) as site, client() as session:
-        first = await connect(session, f"{site.url}/gen")
-        rid = await site.opened()
-        site.registry.deliver(rid, "a")
-        assert await first.take(1) == ["a"]
+        first, rid = await reading(site, session)
         first.close()
         await site.parked()
         for n in range(3):
@@ -204,10 +194,7 @@ async def test_a_parked_stream_past_its_cap_is_aborted_once(adapter: str) -> Non
 
 async def test_stop_with_the_token_aborts_at_once_and_ends_the_client(adapter: str) -> None:
     async with serving(adapter) as site, client() as session:
-        first = await connect(session, f"{site.url}/gen")
-        rid = await site.opened()
-        site.registry.deliver(rid, "a")
-        assert await first.take(1) == ["a"]
+        first, rid = await reading(site, session)
         stop = await session.post(f"{site.url}/stop", headers={TOKEN_HEADER: str(first.token)})
         assert stop.status == 204
         assert site.books.aborts == {rid: 1}
