@@ -234,12 +234,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     servers = args.server or ["starlette", "aiohttp", "fastapi"]
     print(f"tether demo: {', '.join(servers)}; {args.clients} clients, {args.seconds:g} s each\n")
     clean = asyncio.run(run(servers, seconds=args.seconds, clients=args.clients))
-    # (the FastAPI example does not offer resumable streams: the scenes run the other two)
-    remote = [name for name in servers if name in ("starlette", "aiohttp")]
-    if args.resume and remote:
-        scene = resumescene.run(remote, seconds=args.seconds, clients=args.clients)
+    if args.resume:
+        scene = resumescene.run(servers, seconds=args.seconds, clients=args.clients)
         clean = asyncio.run(scene) and clean
     if args.scale_out:
+        # (the FastAPI example has no --engine/--workers: the scene runs the other two)
+        remote = [name for name in servers if name in ("starlette", "aiohttp")]
         scene = scaleout.run(remote, seconds=args.seconds, clients=args.clients)
         clean = asyncio.run(scene) and clean
     print("all checks passed" if clean else "some checks FAILED")

@@ -212,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="load time per setting")
     parser.add_argument("--clients", type=int, default=8, help="concurrent clients")
     args = parser.parse_args(argv)
-    servers = ["starlette", "aiohttp"]
+    servers = ["starlette", "aiohttp", "fastapi"]
     clean = asyncio.run(run(servers, seconds=args.seconds, clients=args.clients))
     return 0 if clean else 1
 

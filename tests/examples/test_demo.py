@@ -27,7 +27,7 @@ def test_demo_prints_a_clean_table_for_every_server_and_exits_zero() -> None:
     # the resumption scene: a quarter of the streams dropped and resumed, every token once
     assert "Resumable streams: 25% of the streams dropped mid-stream and resumed" in out
     rows = [line.strip() for line in out.splitlines()]
-    settings = ["starlette alone", "aiohttp alone"]
+    settings = ["starlette alone", "aiohttp alone", "fastapi alone"]
     if shutil.which("redis-server"):  # (.ci/run installs it)
         settings.append("starlette <-> aiohttp (Redis)")
     for where in settings:

@@ -129,7 +129,9 @@ async def _settled(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
             await asyncio.sleep(0.02)
 
 
-@pytest.mark.parametrize(("owner", "other"), [("starlette", "aiohttp"), ("aiohttp", "starlette")])
+@pytest.mark.parametrize(
+    ("owner", "other"), [("starlette", "aiohttp"), ("aiohttp", "starlette"), ("fastapi", "aiohttp")]
+)
 async def test_a_generation_dropped_on_one_example_server_resumes_on_another_through_redis(
     redis_url: str, owner: str, other: str
 ) -> None:
@@ -146,7 +148,8 @@ async def test_a_generation_dropped_on_one_example_server_resumes_on_another_thr
         first = Reader(response)
         seen = await first.take(5)
         first.close()
-        again = await session.post(f"{b}/generate", headers={"Last-Event-ID": str(first.last_id)})
+        last = {"Last-Event-ID": str(first.last_id)}
+        again = await session.post(f"{b}/generate", json=body, headers=last)
         assert again.status == 200
         second = Reader(again)
         assert second.token == first.token
@@ -157,3 +160,22 @@ async def test_a_generation_dropped_on_one_example_server_resumes_on_another_thr
         books = await _settled(session, a)
         assert (books["opened"], books["finished"], books["aborted"]) == (1, 1, {})
         assert (await _stats(session, b))["opened"] == 0  # the other server only followed
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_the_fastapi_example_resumes_a_dropped_stream_too(route: str) -> None:
+    prompt, tokens = "resume me on fastapi", 300
+    field, text_of = ROUTES[route]
+    body = {field: prompt, "max_tokens": tokens, "stream": True, "resume": True}
+    async with launched("fastapi") as url, client() as session:
+        first = Reader(await session.post(f"{url}{route}", json=body))
+        seen = await first.take(5)
+        first.close()
+        last = {"Last-Event-ID": str(first.last_id)}
+        again = await session.post(f"{url}{route}", json=body, headers=last)
+        assert again.status == 200
+        seen += await Reader(again).rest()
+        assert seen[-1] == "[DONE]"
+        assert text_of(seen) == expected_text(prompt, tokens)
+        books = await _settled(session, url)
+        assert (books["opened"], books["finished"], books["aborted"]) == (1, 1, {})
