@@ -404,14 +404,15 @@ class Service:
     ) -> None:
         self.engine = engine
         self.registry = registry
-        self.redis = redis
         store: tether.MemoryStore | None = None
+        self._redis: Any = None  # (a redis.asyncio.Redis: the store does not close it)
         if redis is not None:
             # (needs tether[redis]: imported only when asked)
             from redis.asyncio import Redis
             from tether_redis import RedisStore
 
-            store = RedisStore(Redis.from_url(redis), block=0.2)
+            self._redis = Redis.from_url(redis)
+            store = RedisStore(self._redis, block=0.2)
         self.resume = tether.Resume(grace=30.0, store=store)
         """Resumable streams (``"resume": true``); see :meth:`resuming`."""
         # A collector registry of its own: two services in one process (the tests)
@@ -447,10 +448,8 @@ class Service:
             yield
         finally:
             await self.resume.aclose()
-            store = self.resume.store
-            client = getattr(store, "client", None)  # a RedisStore's, which it does not close
-            if client is not None:
-                await client.aclose()
+            if self._redis is not None:
+                await self._redis.aclose()
 
     async def stop(self, token: str) -> bool:
         """``POST /generate/stop``: abort the resumable stream of ``token`` at once."""

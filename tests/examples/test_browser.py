@@ -318,3 +318,35 @@ async def test_page_resumes_a_dropped_stream_and_shows_the_whole_answer_once(ser
         await eventually(finished)
         metrics = (await http.get("/stats")).json()
         assert (metrics["finished"], metrics["aborted"]) == (1, {})  # never aborted
+
+
+@pytest.mark.parametrize("server", ["starlette", "aiohttp"])
+async def test_stop_on_a_resumable_stream_aborts_the_work_at_once(server: str) -> None:
+    # A closed connection only parks a resumable stream (for 30 s in the examples):
+    # the work stops within the bound only because Stop posts the stream's token.
+    async with (
+        asyncio.timeout(60),
+        launched(server) as url,
+        httpx.AsyncClient(base_url=url, timeout=10) as http,
+        chromium() as page,
+    ):
+        await page.open(url + "/")
+        await page.js("""
+            document.getElementById('prompt').value = 'stop me';
+            document.getElementById('batch').value = '1';
+            document.getElementById('max-tokens').value = '4000';
+            document.getElementById('stream').checked = true;
+            document.getElementById('generate').click();
+        """)
+        tokens = "Number(document.querySelector('.pane')?.dataset.tokens)"
+        await eventually(lambda: page.js(f"{tokens} >= 5"))
+        await page.js("document.getElementById('stop').click()")
+
+        async def server_idle() -> bool:
+            metrics = (await http.get("/stats")).json()
+            return bool(metrics["in_flight"] == 0 and metrics["engine"]["running"] == 0)
+
+        await eventually(server_idle)
+        metrics = (await http.get("/stats")).json()
+        assert (metrics["aborted"], metrics["finished"]) == ({"cancelled": 1}, 0)
+        assert await page.js("document.getElementById('status').textContent") == "stopped"
