@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-__all__ = ["Ear", "Listener"]
+__all__ = ["Ear", "Fields", "Listener", "text"]
 
 logger = logging.getLogger("tether.redis")
 
@@ -121,3 +121,9 @@ class Ear:
         for listener in listeners.values():
             if not await listener.tick():
                 self.drop(listener)
+
+
+def text(fields: Fields, name: bytes) -> str | None:
+    """The text of field ``name`` of an entry, or ``None`` if it has none."""
+    value = fields.get(name)
+    return None if value is None else value.decode()

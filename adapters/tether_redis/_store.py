@@ -5,7 +5,7 @@ The worker that owns a request (its producer delivers there) keeps the stream's
 :class:`~tether.http.Channel` in process, as :class:`~tether.MemoryStore` does, and
 copies every event to a Redis stream ``<prefix><token>:log`` (``XADD`` with
 ``MAXLEN``), ending it with an end entry. A reconnect on that same worker is served
-from process; on another worker, from a local mirror channel fed by a task that reads
+from process; on another worker, from a local mirror channel (``_mirror``) fed with
 the backlog (``XRANGE``) and then the live tail (``XREAD BLOCK``).
 
 The workers speak through a second stream, ``<prefix><token>:ctl``: a client that
@@ -29,7 +29,6 @@ an error instead of making the owner abort.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any, Final
 
@@ -39,13 +38,13 @@ from redis.exceptions import RedisError
 import tether
 from tether.http import Channel, Follower, error_response, new_token
 
-from ._ear import Ear, Fields
+from ._ear import Ear, Fields, text
+from ._mirror import Mirror
 
 __all__ = ["RedisStore"]
 
 logger = logging.getLogger("tether.redis")
 
-_Fields = Fields
 
 _DUMPS: Final = tether.SSE().dumps
 _CLOSE_TIMEOUT: Final = 2.0
@@ -144,7 +143,7 @@ class RedisStore(tether.MemoryStore):
     async def follow(self, token: str, after: int) -> Follower | None:
         if self.channel(token) is not None or not _plain(token):
             return await super().follow(token, after)
-        return await _Mirror(self, token, after).start()
+        return await Mirror(self, token, after).start()
 
     async def aclose(self) -> None:
         """Abort every stream still running and let each writer put its end entry in
@@ -281,20 +280,20 @@ class _Writer:
                     pipe.xadd(keys[0], entry, maxlen=maxlen, approximate=False)  # type: ignore[arg-type]
             await pipe.execute()
 
-    def heard(self, key: str, entry_id: Any, fields: _Fields) -> bool:
+    def heard(self, key: str, entry_id: Any, fields: Fields) -> bool:
         """The owner's ear: clients attaching and leaving elsewhere, Stop."""
         store, channel = self._store, self._channel
-        op, who = _text(fields, b"op"), _text(fields, b"w")
+        op, who = text(fields, b"op"), text(fields, b"w")
         if op == "cancel":
             self._stop()
         elif who == store.worker:
             pass
         elif op == "attach":
-            self._remote = _text(fields, b"f")
+            self._remote = text(fields, b"f")
             channel.attach_remote()
-        elif op == "detach" and self._remote is not None and _text(fields, b"f") == self._remote:
+        elif op == "detach" and self._remote is not None and text(fields, b"f") == self._remote:
             self._remote = None
-            channel.detach_remote(int(_text(fields, b"pos") or 0))
+            channel.detach_remote(int(text(fields, b"pos") or 0))
         return True
 
     async def tick(self) -> bool:
@@ -317,149 +316,3 @@ class _Writer:
         follower = channel.follower
         if follower is not None:
             follower.cancel(tether.AbortReason.CANCELLED)
-
-
-class _Mirror:
-    """A reconnect on a worker that does not own the stream: a local channel fed from
-    Redis, and the control messages that keep the owner informed. It is the keeper
-    of that channel (no store holds it)."""
-
-    __slots__ = ("_after", "_channel", "_fid", "_store", "_token")
-
-    def __init__(self, store: RedisStore, token: str, after: int) -> None:
-        self._store = store
-        self._token = token
-        self._after = after
-        self._fid = new_token()
-        self._channel: Channel | None = None
-
-    def _key(self, kind: str) -> str:
-        return self._store.key(self._token, kind)
-
-    async def start(self) -> Follower | None:
-        store, after = self._store, self._after
-        client = store.client
-        meta: Any = await client.hgetall(self._key("meta"))
-        if not meta:
-            return None
-        rid = meta[b"rid"].decode()
-        entries: Any = await client.xrange(self._key("log"))
-        events: list[Any] = []
-        first = count = 0
-        end: _Fields | None = None
-        for _entry_id, fields in entries:
-            if b"end" in fields:
-                end = fields
-                continue
-            count = int(fields[b"n"])
-            first = first or count
-            events.append(json.loads(fields[b"d"]))
-        first = first or count + 1
-        if (end is not None and end[b"end"] == b"aborted") or not first - 1 <= after <= count:
-            return None
-        channel = Channel(
-            self, rid, self._token, grace=3600.0, max_events=1 << 62, abort=self._abort
-        )
-        channel.events = events
-        channel.first = first
-        channel.count = count
-        self._channel = channel
-        follower = Follower(channel, after)
-        ctl_id = await client.xadd(
-            self._key("ctl"), {"op": "attach", "w": store.worker, "f": self._fid}
-        )
-        await client.set(self._key("lease"), self._fid, px=3 * store.block_ms)
-        channel.attach(follower)
-        if end is not None:
-            channel.end(_error(rid, end))
-        else:
-            last_id = entries[-1][0] if entries else "0-0"
-            await store.ear.listen(self, {self._key("log"): last_id, self._key("ctl"): ctl_id})
-        return follower
-
-    def heard(self, key: str, entry_id: Any, fields: _Fields) -> bool:
-        """Follow the log and the control stream until the stream ends or this client
-        is replaced, stopped or gone."""
-        channel = self._channel
-        if channel is None or channel.follower is None:
-            return False
-        if key == self._key("log"):
-            return self._record(channel, fields)
-        op = _text(fields, b"op")
-        if op == "cancel":
-            channel.end(tether.Aborted(channel.rid, tether.AbortReason.CANCELLED))
-            return False
-        if op == "attach" and _text(fields, b"f") != self._fid:
-            channel.attach_remote()  # a newer client, elsewhere: this one ends
-            return False
-        return True
-
-    async def tick(self) -> bool:
-        """Hold this client's lease; end if the owner is gone."""
-        channel, store = self._channel, self._store
-        if channel is None or channel.follower is None:
-            return False
-        async with store.writes, store.client.pipeline(transaction=False) as pipe:
-            pipe.set(self._key("lease"), self._fid, px=3 * store.block_ms)
-            pipe.exists(self._key("meta"))
-            _, alive = await pipe.execute()
-        if not alive:  # the owner is gone (its keys expired): nobody will write more
-            gone = "the worker that ran this request is gone"
-            channel.end(tether.Aborted(channel.rid, tether.AbortReason.SERVER, gone))
-            return False
-        return True
-
-    def _record(self, channel: Channel, fields: _Fields) -> bool:
-        """One entry of the log; whether the stream goes on."""
-        if b"end" in fields:
-            channel.end(_error(channel.rid, fields))
-            return False
-        if int(fields[b"n"]) != channel.count + 1:  # trimmed before it was read
-            channel.end(tether.ConsumerTooSlow(channel.rid, channel.max_events))
-            return False
-        channel.append([json.loads(fields[b"d"])])
-        return True
-
-    def _abort(self, reason: tether.AbortReason) -> bool:
-        """Only the owner aborts: ask it to (this worker could not encode an output)."""
-        self._store.spawn(self._send({"op": "cancel", "w": self._store.worker}))
-        return True
-
-    async def _send(self, fields: dict[str, str]) -> None:
-        await self._store.client.xadd(self._key("ctl"), fields)  # type: ignore[arg-type]
-
-    # -- Keeper ------------------------------------------------------------------------
-
-    def holds(self, channel: Channel) -> bool:
-        return False
-
-    def forget(self, channel: Channel) -> None:
-        pass
-
-    def recorded(self, channel: Channel, outputs: list[Any]) -> None:
-        pass
-
-    def ended(self, channel: Channel) -> None:
-        pass
-
-    def attached(self, channel: Channel, follower: Follower) -> None:
-        pass
-
-    def detached(self, channel: Channel, follower: Follower) -> None:
-        self._store.ear.drop(self)
-        fields = {"op": "detach", "w": self._store.worker, "f": self._fid, "pos": str(follower.pos)}
-        self._store.spawn(self._send(fields))
-
-
-def _text(fields: _Fields, name: bytes) -> str | None:
-    value = fields.get(name)
-    return None if value is None else value.decode()
-
-
-def _error(rid: str, end: _Fields) -> tether.TetherError | None:
-    kind = end.get(b"end")
-    if kind == b"ok":
-        return None
-    if kind == b"aborted":
-        return tether.Aborted(rid, tether.AbortReason(_text(end, b"reason") or "server"))
-    return tether.Aborted(rid, tether.AbortReason.SERVER, _text(end, b"m"))
