@@ -139,3 +139,25 @@ async def test_a_follower_cancelled_by_its_scope_parks_the_stream() -> None:
         assert await again.next_ready() is None
         await resume.aclose()
     assert not aborted
+
+
+async def test_a_follower_waits_out_each_timeout_even_after_a_longer_one() -> None:
+    # (one idle timer per follower, re-armed: a short wait after a long one must not
+    # wait out the long one's timer, and an event ends a wait at once)
+    registry = tether.Registry()
+    resume = tether.Resume()
+    stream = registry.open()
+    follower = await resume.open(stream)
+    async with asyncio.timeout(10):
+        assert await follower.next_ready(timeout=0.02) == []  # nothing came: ping time
+        waiting = asyncio.create_task(follower.next_ready(timeout=3600))
+        registry.deliver(stream.rid, "a")
+        assert [output for _, output in await waiting or ()] == ["a"]
+        async with asyncio.timeout(5):  # far below the hour the last wait armed
+            assert await follower.next_ready(timeout=0.02) == []
+        registry.deliver(stream.rid, "b", finished=True)
+        assert [output for _, output in await follower.next_ready(timeout=3600) or ()] == ["b"]
+        assert await follower.next_ready(timeout=3600) is None
+    await follower.aclose()
+    await resume.aclose()
+    assert registry.in_flight == 0
