@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from ._errors import Aborted, AbortReason, TetherError
+from ._idle import IdleDeadline
 from ._scope import current_scope
 
 __all__ = ["Channel", "Follower", "Keeper"]
@@ -24,8 +25,6 @@ logger = logging.getLogger("tether")
 
 _PARKED: Final = (AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED)
 """What a follower's cancel means when it only detaches its client."""
-_CLOCK_SLACK: Final = 1e-3
-"""An idle timer that fires this close to its deadline counts as on time."""
 
 
 class Keeper(Protocol):
@@ -229,7 +228,7 @@ class Follower:
     cancelling it for another reason (an output it cannot encode) aborts the request.
     """
 
-    __slots__ = ("_channel", "_closed", "_deadline", "_gone", "_idle_timer", "pos")
+    __slots__ = ("_channel", "_closed", "_gone", "_idle", "pos")
 
     def __init__(self, channel: Channel, after: int) -> None:
         self._channel = channel
@@ -237,8 +236,7 @@ class Follower:
         """The number of the last event handed out."""
         self._closed = False
         self._gone: Aborted | None = None
-        self._deadline: float | None = None
-        self._idle_timer: asyncio.TimerHandle | None = None
+        self._idle = IdleDeadline(self._on_idle)  # the keep-alive wait's, one timer
 
     @property
     def rid(self) -> str:
@@ -285,7 +283,7 @@ class Follower:
             return channel.abort(reason)
         if self._gone is None:
             self._gone = Aborted(self.rid, reason)
-            self._stop_idle_timer()
+            self._idle.clear()
             channel.detach(self)
         return False
 
@@ -303,7 +301,7 @@ class Follower:
     async def aclose(self) -> None:
         """Detach this client; the stream goes on (parked) for the grace period."""
         self._closed = True
-        self._stop_idle_timer()
+        self._idle.clear()
         self.cancel(AbortReason.CANCELLED)
 
     def ready(self) -> list[tuple[str, Any]] | None:
@@ -342,17 +340,7 @@ class Follower:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         channel.waiter = waiter
-        if timeout is None:
-            self._deadline = None
-        else:
-            # One idle timer per follower, re-armed only when it fires before the
-            # current deadline (as a Stream does): not a TimerHandle per event.
-            self._deadline = deadline = loop.time() + timeout
-            timer = self._idle_timer
-            if timer is None or timer.when() > deadline + _CLOCK_SLACK:
-                if timer is not None:
-                    timer.cancel()
-                self._idle_timer = loop.call_at(deadline, self._on_idle)
+        self._idle.set(loop, timeout)
         try:
             await waiter
         except asyncio.CancelledError:
@@ -365,25 +353,13 @@ class Follower:
             raise
 
     def _on_idle(self) -> None:
-        """The idle timer fired: end the wait if its deadline passed, else re-arm."""
-        self._idle_timer = None
-        deadline, channel = self._deadline, self._channel
+        """The wait's deadline passed: it ends (with nothing, the caller pings)."""
+        channel = self._channel
         waiter = channel.waiter
-        if deadline is None or waiter is None or channel.follower is not self:
-            return
-        loop = asyncio.get_running_loop()
-        if loop.time() + _CLOCK_SLACK >= deadline:
+        if waiter is not None and channel.follower is self:
             channel.waiter = None
             if not waiter.done():
                 waiter.set_result(None)
-        else:
-            self._idle_timer = loop.call_at(deadline, self._on_idle)
-
-    def _stop_idle_timer(self) -> None:
-        timer = self._idle_timer
-        if timer is not None:
-            self._idle_timer = None
-            timer.cancel()
 
     async def next_ready(self, *, timeout: float | None = None) -> list[Any] | None:
         """Every event ready, waiting for one (up to ``timeout``, then ``[]``)."""
