@@ -153,15 +153,21 @@ PANES = """JSON.stringify([...document.querySelectorAll('.pane')].map(pane => ({
 })))"""
 
 
-@pytest.mark.parametrize("server", ["starlette", "aiohttp"])
-async def test_page_generates_side_by_side_and_stop_aborts_the_work(server: str) -> None:
+@contextlib.asynccontextmanager
+async def page_of(server: str) -> AsyncIterator[tuple[httpx.AsyncClient, Page]]:
+    """The example ``server`` running, a client of its API, and Chromium on its page."""
     async with (
-        asyncio.timeout(60),
         launched(server) as url,
         httpx.AsyncClient(base_url=url, timeout=10) as http,
         chromium() as page,
     ):
         await page.open(url + "/")
+        yield http, page
+
+
+@pytest.mark.parametrize("server", ["starlette", "aiohttp"])
+async def test_page_generates_side_by_side_and_stop_aborts_the_work(server: str) -> None:
+    async with asyncio.timeout(60), page_of(server) as (http, page):
         await eventually(
             lambda: page.js("document.getElementById('inflight')?.textContent === '0'")
         )
@@ -273,6 +279,29 @@ async def cutting_proxy(upstream: str) -> AsyncIterator[tuple[str, CuttingProxy]
         await server.wait_closed()
 
 
+async def generate(page: Page, prompt: str, tokens: int) -> None:
+    """Fill the page's form for one streamed prompt (resumable) and press Generate."""
+    await page.js(f"""
+        document.getElementById('prompt').value = {json.dumps(prompt)};
+        document.getElementById('batch').value = '1';
+        document.getElementById('max-tokens').value = '{tokens}';
+        document.getElementById('stream').checked = true;
+        document.getElementById('generate').click();
+    """)
+
+
+async def settled(http: httpx.AsyncClient) -> dict[str, Any]:
+    """The server's stats once nothing is in flight, in the registry or the engine."""
+
+    async def idle() -> bool:
+        metrics = (await http.get("/stats")).json()
+        return bool(metrics["in_flight"] == 0 and metrics["engine"]["running"] == 0)
+
+    await eventually(idle)
+    stats: dict[str, Any] = (await http.get("/stats")).json()
+    return stats
+
+
 @pytest.mark.parametrize("server", ["starlette", "aiohttp"])
 async def test_page_resumes_a_dropped_stream_and_shows_the_whole_answer_once(server: str) -> None:
     prompt, tokens = "resume me in the browser", 800
@@ -284,13 +313,7 @@ async def test_page_resumes_a_dropped_stream_and_shows_the_whole_answer_once(ser
         chromium() as page,
     ):
         await page.open(proxied + "/")
-        await page.js(f"""
-            document.getElementById('prompt').value = {json.dumps(prompt)};
-            document.getElementById('batch').value = '1';
-            document.getElementById('max-tokens').value = '{tokens}';
-            document.getElementById('stream').checked = true;
-            document.getElementById('generate').click();
-        """)
+        await generate(page, prompt, tokens)
 
         panes: list[dict[str, Any]] = []
 
@@ -312,11 +335,7 @@ async def test_page_resumes_a_dropped_stream_and_shows_the_whole_answer_once(ser
         resumes = await page.js("document.getElementById('status').dataset.resumes")
         assert int(resumes) >= 1
 
-        async def finished() -> bool:
-            return bool((await http.get("/stats")).json()["in_flight"] == 0)
-
-        await eventually(finished)
-        metrics = (await http.get("/stats")).json()
+        metrics = await settled(http)
         assert (metrics["finished"], metrics["aborted"]) == (1, {})  # never aborted
 
 
@@ -324,29 +343,11 @@ async def test_page_resumes_a_dropped_stream_and_shows_the_whole_answer_once(ser
 async def test_stop_on_a_resumable_stream_aborts_the_work_at_once(server: str) -> None:
     # A closed connection only parks a resumable stream (for 30 s in the examples):
     # the work stops within the bound only because Stop posts the stream's token.
-    async with (
-        asyncio.timeout(60),
-        launched(server) as url,
-        httpx.AsyncClient(base_url=url, timeout=10) as http,
-        chromium() as page,
-    ):
-        await page.open(url + "/")
-        await page.js("""
-            document.getElementById('prompt').value = 'stop me';
-            document.getElementById('batch').value = '1';
-            document.getElementById('max-tokens').value = '4000';
-            document.getElementById('stream').checked = true;
-            document.getElementById('generate').click();
-        """)
+    async with asyncio.timeout(60), page_of(server) as (http, page):
+        await generate(page, "stop me", 4000)
         tokens = "Number(document.querySelector('.pane')?.dataset.tokens)"
         await eventually(lambda: page.js(f"{tokens} >= 5"))
         await page.js("document.getElementById('stop').click()")
-
-        async def server_idle() -> bool:
-            metrics = (await http.get("/stats")).json()
-            return bool(metrics["in_flight"] == 0 and metrics["engine"]["running"] == 0)
-
-        await eventually(server_idle)
-        metrics = (await http.get("/stats")).json()
+        metrics = await settled(http)
         assert (metrics["aborted"], metrics["finished"]) == ({"cancelled": 1}, 0)
         assert await page.js("document.getElementById('status').textContent") == "stopped"
