@@ -8,7 +8,7 @@ the engine at once, although aiohttp does not cancel handlers by default.
 
 Run it and try it::
 
-    python examples/aiohttp_app.py --port 8001
+    python examples/aiohttp_app.py --port 8001    # or add --loop uvloop
     curl -N 127.0.0.1:8001/generate -d '{"text": "hi", "max_tokens": 8, "stream": true}'
     curl 127.0.0.1:8001/generate -d '{"text": ["a", "b"], "max_tokens": 4}'
     curl 127.0.0.1:8001/v1/completions -d '{"model": "m", "prompt": "hi", "max_tokens": 4}'
@@ -220,11 +220,12 @@ async def _clean_up(runner: web.AppRunner, registry: tether.Registry, hurry: asy
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the example server in the foreground until Ctrl-C or SIGTERM (exit code 0)."""
-    options = cli.parse(argv, "tether example server on aiohttp")
+    options = cli.parse(argv, "tether example server on aiohttp", uvicorn=False)
     sock = None
     if options.workers > 1:
         sock = workers.listen(cli.HOST, options.port, options.workers)  # (returns in each)
-    asyncio.run(serve(options, sock))
+    with asyncio.Runner(loop_factory=cli.loop_factory(options.loop)) as runner:
+        runner.run(serve(options, sock))
 
 
 if __name__ == "__main__":

@@ -1,22 +1,46 @@
 """The command line both example servers share: where to listen, how to size the engine.
 
 ``--port 0`` picks a free port; the server prints the URL it is bound to as its first
-line (``make demo`` and the tests read it). The servers bind 127.0.0.1 only.
+line (``make demo`` and the tests read it), after the HTTP implementation and event
+loop it actually runs on: ``tether example (starlette: http=h11, loop=uvloop)
+listening on http://127.0.0.1:PORT/``. The servers bind 127.0.0.1 only.
+
+``--http`` and ``--loop`` choose the server's stack: uvicorn's HTTP parser (h11 or
+httptools) and event loop (asyncio's or uvloop), which behave differently where
+tether cares most (when a connection's next request starts, when a disconnect is
+seen); the aiohttp server has its own HTTP parser and takes ``--loop`` only.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
-from collections.abc import Sequence
-from typing import Final, cast
+import importlib.util
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from api import Service
 from engine import Engine, merge_outputs
 
 import tether
 
-__all__ = ["HOST", "SHUTDOWN_MARGIN", "Options", "announce", "build_service", "parse"]
+if TYPE_CHECKING:
+    import uvicorn
+
+__all__ = [
+    "HOST",
+    "HTTP_CHOICES",
+    "LOOP_CHOICES",
+    "SHUTDOWN_MARGIN",
+    "Options",
+    "announce",
+    "build_service",
+    "loop_factory",
+    "parse",
+    "uvicorn_config",
+]
 
 HOST = "127.0.0.1"
 
@@ -25,6 +49,16 @@ SHUTDOWN_MARGIN: Final = 3.0
 (the drained streams' error events, the 503s of JSON waits) before it cancels the
 handlers still running. Each server's own grace period is derived from the drain
 timeout and this margin, so that it never cuts the drain short."""
+
+HTTP_CHOICES: Final = ("auto", "h11", "httptools")
+"""uvicorn's HTTP/1.1 implementations; ``auto`` is uvicorn's choice (httptools when
+installed)."""
+
+LOOP_CHOICES: Final = ("auto", "asyncio", "uvloop")
+"""The event loops; ``auto`` is the server's own default: uvloop when installed on
+uvicorn, asyncio's loop on aiohttp (which never picks uvloop by itself)."""
+
+_HTTP_NAMES: Final = {"H11Protocol": "h11", "HttpToolsProtocol": "httptools"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -40,10 +74,16 @@ class Options:
     engine: str | None = None
     workers: int = 1
     redis: str | None = None
+    http: str = "auto"
+    loop: str = "auto"
 
 
-def parse(argv: Sequence[str] | None, description: str) -> Options:
-    """Parse the example server's arguments (``--help`` lists them)."""
+def parse(argv: Sequence[str] | None, description: str, *, uvicorn: bool = True) -> Options:
+    """Parse the example server's arguments (``--help`` lists them).
+
+    :param uvicorn: the server runs on uvicorn, which takes ``--http`` as well as
+        ``--loop``; the aiohttp server takes ``--loop`` only.
+    """
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--port", type=int, default=8000, help="TCP port on 127.0.0.1; 0 = any")
     parser.add_argument("--max-batch", type=int, default=64, help="engine batch slots")
@@ -60,12 +100,17 @@ def parse(argv: Sequence[str] | None, description: str) -> Options:
         default=2.0,
         help="seconds that requests in flight get to finish on SIGINT or SIGTERM",
     )
+    add_stack(parser, uvicorn=uvicorn)
     add_scale_out(parser)
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error(f"--workers must be at least 1, got {args.workers}")
     if args.drain_timeout < 0:
         parser.error(f"--drain-timeout must be at least 0, got {args.drain_timeout}")
+    for option, package in (("--http", getattr(args, "http", "auto")), ("--loop", args.loop)):
+        # A missing package would otherwise be an ImportError traceback at start-up.
+        if package not in ("auto", "asyncio", "h11") and importlib.util.find_spec(package) is None:
+            parser.error(f"{option} {package} needs the {package} package: pip install {package}")
     return Options(
         port=args.port,
         max_batch=args.max_batch,
@@ -76,6 +121,27 @@ def parse(argv: Sequence[str] | None, description: str) -> Options:
         engine=args.engine,
         workers=args.workers,
         redis=args.redis,
+        http=getattr(args, "http", "auto"),
+        loop=args.loop,
+    )
+
+
+def add_stack(parser: argparse.ArgumentParser, *, uvicorn: bool) -> None:
+    """``--http`` (uvicorn only) and ``--loop``: the server's HTTP parser and event loop."""
+    if uvicorn:
+        parser.add_argument(
+            "--http",
+            choices=HTTP_CHOICES,
+            default="auto",
+            help="uvicorn's HTTP implementation (auto: httptools when installed, else h11)",
+        )
+    parser.add_argument(
+        "--loop",
+        choices=LOOP_CHOICES,
+        default="auto",
+        help="the event loop (auto: uvloop when installed, else asyncio's)"
+        if uvicorn
+        else "the event loop (auto: asyncio's, aiohttp's own default)",
     )
 
 
@@ -127,6 +193,43 @@ def build_remote_service(options: Options, address: str) -> Service:
     return Service(cast(Engine, remote), registry, redis=options.redis)
 
 
-def announce(framework: str, port: int) -> None:
-    """Print the URL the server listens on (the first line of its output)."""
-    print(f"tether example ({framework}) listening on http://{HOST}:{port}/", flush=True)
+def uvicorn_config(app: Callable[..., Any], options: Options) -> uvicorn.Config:
+    """The uvicorn configuration both uvicorn-based examples run with: the stack the
+    command line chose, and a grace period that outlasts the drain.
+
+    uvicorn cancels the handlers still running once its grace period
+    (``timeout_graceful_shutdown``) is over; it must not cut the drain short, so it is
+    the drain timeout plus :data:`SHUTDOWN_MARGIN`.
+    """
+    import uvicorn  # (imported here: the aiohttp example shares this module)
+
+    return uvicorn.Config(
+        app,
+        http=options.http,
+        loop=options.loop,
+        log_level="warning",
+        # (uvicorn takes whole seconds)
+        timeout_graceful_shutdown=math.ceil(options.drain_timeout + SHUTDOWN_MARGIN),
+    )
+
+
+def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop factory for ``--loop`` on a server that starts its own loop
+    (``asyncio.Runner(loop_factory=...)``); ``None`` is asyncio's default loop."""
+    if choice != "uvloop":
+        return None
+    import uvloop  # (installed: parse() checked)
+
+    return uvloop.new_event_loop
+
+
+def announce(framework: str, port: int, *, http: type[object] | None = None) -> None:
+    """Print the URL the server listens on (the first line of its output), after the
+    stack it really runs on: the running loop's kind and, on uvicorn, the HTTP
+    protocol class uvicorn loaded (``config.http_protocol_class``). Tests read it to
+    prove that a ``--http`` / ``--loop`` choice took effect, ``auto`` resolved."""
+    loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # asyncio, uvloop
+    stack = f"loop={loop}"
+    if http is not None:
+        stack = f"http={_HTTP_NAMES.get(http.__name__, http.__name__)}, {stack}"
+    print(f"tether example ({framework}: {stack}) listening on http://{HOST}:{port}/", flush=True)

@@ -10,7 +10,7 @@ of its own: ``TetherMiddleware`` drains when uvicorn's shutdown begins, so
 
 Run it and try it (the OpenAI client works against ``/v1``)::
 
-    python examples/fastapi_app.py --port 8000
+    python examples/fastapi_app.py --port 8000    # or add --http h11 --loop asyncio
     curl -N 127.0.0.1:8000/generate -d '{"text": "hi", "max_tokens": 8, "stream": true}'
     curl 127.0.0.1:8000/generate -d '{"text": ["a", "b"], "max_tokens": 4}'
     curl 127.0.0.1:8000/v1/completions -d '{"model": "m", "prompt": "hi", "max_tokens": 4}'
@@ -20,7 +20,6 @@ Run it and try it (the OpenAI client works against ``/v1``)::
 from __future__ import annotations
 
 import contextlib
-import math
 import signal
 import socket
 import sys
@@ -214,7 +213,8 @@ class Server(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started and sockets:
-            cli.announce("fastapi", sockets[0].getsockname()[1])
+            port = sockets[0].getsockname()[1]
+            cli.announce("fastapi", port, http=self.config.http_protocol_class)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -222,8 +222,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     options = cli.parse(argv, "tether example server on FastAPI + uvicorn")
     service = cli.build_service(options)
     app = create_app(service, drain_timeout=options.drain_timeout)
-    grace = math.ceil(options.drain_timeout + cli.SHUTDOWN_MARGIN)  # (uvicorn takes an int)
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace)
+    config = cli.uvicorn_config(app, options)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((cli.HOST, options.port))

@@ -7,7 +7,7 @@ away aborts its work in the engine at once.
 
 Run it and try it::
 
-    python examples/starlette_app.py --port 8000
+    python examples/starlette_app.py --port 8000    # or add --http h11 --loop asyncio
     curl -N 127.0.0.1:8000/generate -d '{"text": "hi", "max_tokens": 8, "stream": true}'
     curl 127.0.0.1:8000/generate -d '{"text": ["a", "b"], "max_tokens": 4}'
     curl 127.0.0.1:8000/v1/completions -d '{"model": "m", "prompt": "hi", "max_tokens": 4}'
@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import signal
 import socket
 import sys
@@ -172,7 +171,7 @@ class Server(uvicorn.Server):
     shutdown begins instead (``docs/starlette.md``), and ends them after
     ``drain_timeout``. uvicorn's own grace period (``timeout_graceful_shutdown``, past
     which it cancels the handlers still running) must outlast the drain: ``main()``
-    sets it to the drain timeout plus :data:`cli.SHUTDOWN_MARGIN`.
+    sets it to the drain timeout plus :data:`cli.SHUTDOWN_MARGIN` (``cli.uvicorn_config``).
 
     SIGINT and SIGTERM are the normal way to stop this server, and it exits with 0
     after either: uvicorn would raise the signal again once shut down (a
@@ -219,7 +218,8 @@ class Server(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started and sockets:
-            cli.announce("starlette", sockets[0].getsockname()[1])
+            port = sockets[0].getsockname()[1]
+            cli.announce("starlette", port, http=self.config.http_protocol_class)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         drain = asyncio.create_task(
@@ -242,8 +242,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     options = cli.parse(argv, "tether example server on Starlette + uvicorn")
     service = cli.build_service(options)
     app = create_app(service, drain_timeout=options.drain_timeout)
-    grace = math.ceil(options.drain_timeout + cli.SHUTDOWN_MARGIN)  # (uvicorn takes an int)
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace)
+    config = cli.uvicorn_config(app, options)
     sock = workers.listen(cli.HOST, options.port, options.workers)  # (returns in each worker)
     Server(config, service.registry, options.drain_timeout).run(sockets=[sock])
 

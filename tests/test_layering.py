@@ -50,6 +50,7 @@ def test_no_module_of_the_core_imports_another_that_imports_it_back() -> None:
     assert graph["_registry"] >= {"_table", "_stream", "_batch"}  # the front sits on top
     assert not graph["_table"] & {"_registry", "_stream", "_batch", "_consumer", "_scope"}
     assert not graph["_state"] & {"_table", "_registry", "_stream", "_batch", "_consumer"}
+    assert not graph["_limits"] & {"_state", "_table", "_registry", "_consumer"}
 
 
 def test_no_module_of_the_core_is_over_about_four_hundred_lines() -> None:

@@ -35,12 +35,12 @@ from ._errors import (
     TetherError,
     UnknownRequest,
 )
+from ._limits import DEFAULT_MAX_PENDING_BYTES, approximate_size
 from ._observe import Observer, Outcome, RequestEnd
 from ._registry import Registry
 from ._replay import MemoryStore
 from ._resume import Resume
 from ._scope import RequestScope
-from ._state import DEFAULT_MAX_PENDING_BYTES, approximate_size
 from ._stats import RegistryStats, Summary
 from ._stream import Stream
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Self
 
 from ._errors import Aborted, AbortReason
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["Consumer", "fold"]
 
 EMPTY: Final[list[Any]] = []
+_Future = asyncio.Future
 _CLOCK_SLACK: Final = 1e-3
 """An idle timer that fires this close to its deadline counts as on time."""
 
@@ -169,14 +170,25 @@ class Consumer:
                 raise StopAsyncIteration
             if box.pending:
                 items = box.take()
-                self._buf = items
-                self._pos = 1
+                if len(items) > 1:  # (an exhausted buffer needs no reset)
+                    self._buf = items
+                    self._pos = 1
                 return items[0]
             if box.error is not None:
                 raise box.error.with_traceback(None)
             if not box.live:
                 raise StopAsyncIteration
-            await self.wait_ready()
+            if box.waiter is not None or self._collecting:
+                await self.wait_ready()  # (to refuse a second reader; collect mode waits on)
+                continue
+            # The common wait, inlined: one coroutine less per output.
+            waiter = box.waiter = _Future(loop=asyncio.get_running_loop())
+            self._deadline = None
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                self._cancelled(box, waiter)
+                raise
 
     def ready(self) -> list[Any] | None:
         """Every output (or pair) that is ready now, oldest first, without waiting.
@@ -224,6 +236,40 @@ class Consumer:
             if timeout is not None:
                 break  # one timed wait: [] if it passed with nothing ready
         return items
+
+    def set_sink(self, sink: Callable[[list[Any]], bool] | None) -> bool:
+        """Let the producer hand this stream's outputs straight to ``sink``, inside its
+        ``deliver()``, instead of waking the task that reads (``None`` removes it).
+
+        For adapters that can write without waiting: while the reading task is parked
+        in :meth:`wait_ready`, each ``deliver()`` calls ``sink(outputs)`` with what is
+        ready, oldest first; the sink writes them and returns ``True``, or returns
+        ``False`` (or raises) to decline: then the outputs stay readable, in order,
+        the sink is removed and the reading task is woken. The end of the request,
+        its error or its abort always wakes the reading task, never the sink. Remove
+        the sink before the reading task writes by itself, so that bytes keep their
+        order. A sink runs in the producer's step: it must be quick and never block.
+
+        :returns: whether the sink is set; only a single request's stream that is
+            live, with nothing ready, takes one (``False`` for a batch read whole).
+        """
+        box = self._box or self._first_read()
+        if not isinstance(box, RequestState):
+            return False
+        if sink is None:
+            box.sink = None
+            return False
+        if (
+            not box.live
+            or box.error is not None
+            or box.pending
+            or self._closed
+            or self._collecting
+            or self._pos < len(self._buf)
+        ):
+            return False
+        box.sink = sink
+        return True
 
     def _take_buffered(self) -> list[Any] | None:
         buf, pos = self._buf, self._pos
@@ -300,13 +346,17 @@ class Consumer:
         try:
             await waiter
         except asyncio.CancelledError:
-            if box.waiter is waiter:
-                box.waiter = None
-            scope = current_scope()
-            if scope is not None:
-                scope.cancelled()  # the framework may be cancelling because the client left
-            self.cancel(AbortReason.CANCELLED)
+            self._cancelled(box, waiter)
             raise
+
+    def _cancelled(self, box: RequestState | Group, waiter: asyncio.Future[None]) -> None:
+        """The task waiting on ``waiter`` was cancelled: that is an abort of this consumer."""
+        if box.waiter is waiter:
+            box.waiter = None
+        scope = current_scope()
+        if scope is not None:
+            scope.cancelled()  # the framework may be cancelling because the client left
+        self.cancel(AbortReason.CANCELLED)
 
     def _on_idle(self, box: RequestState | Group) -> None:
         self._idle_timer = None

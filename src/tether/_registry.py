@@ -30,9 +30,10 @@ from ._errors import (
     ProducerError,
     check_rid,
 )
+from ._limits import DEFAULT_MAX_PENDING_BYTES, Limits, approximate_size
 from ._observe import Observer, announce_first_output, opened
 from ._scope import current_scope
-from ._state import DEFAULT_MAX_PENDING_BYTES, Group, Limits, RequestState, approximate_size
+from ._state import Group, RequestState
 from ._stats import RegistryStats
 from ._stream import Stream
 from ._table import Table, now

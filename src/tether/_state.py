@@ -20,21 +20,16 @@ the table breaks that cycle when the last sub-request ends.)
 from __future__ import annotations
 
 import asyncio
-import sys
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from ._errors import TetherError
-from .types import Merge, SizeOf
+from ._limits import Limits
 
-__all__ = [
-    "DEFAULT_MAX_PENDING_BYTES",
-    "NOTHING",
-    "Group",
-    "Limits",
-    "RequestState",
-    "approximate_size",
-]
+logger = logging.getLogger("tether")
+
+__all__ = ["NOTHING", "Group", "RequestState"]
 
 
 class _Nothing:
@@ -47,89 +42,11 @@ class _Nothing:
 NOTHING: Final[Any] = _Nothing()
 """Marks "no output yet" where ``None`` is a valid output."""
 
-DEFAULT_MAX_PENDING_BYTES: Final = 16 * 1024 * 1024
-"""The default byte budget of one request's backlog (``Registry(max_pending_bytes=)``)."""
-
-_SIZE_NODES: Final = 4096
-"""How many values ``approximate_size`` looks at in one output before it estimates."""
-
-_SCALARS: Final = (int, float, bool, type(None))
-
-
-def approximate_size(output: Any) -> int:
-    """About how many bytes ``output`` holds: the length of strings and bytes, found
-    however deep they sit in dicts, lists, tuples, sets and objects (their
-    ``__dict__``, ``__slots__``: dataclasses, pydantic models, an engine's output
-    objects), plus a word per value. Past a few thousand values it extrapolates from
-    what it saw, so its cost stays bounded whatever the output. Cheap for a token
-    stream's outputs, and it sees the megabyte string inside a tool-call delta."""
-    total = seen = 0
-    todo = [output]
-    while todo and seen < _SIZE_NODES:
-        value = todo.pop()
-        seen += 1
-        total += 8  # a word per value, for its reference and header
-        if isinstance(value, str | bytes | bytearray):
-            total += len(value)
-        elif isinstance(value, _SCALARS):
-            pass
-        elif isinstance(value, dict):
-            todo.extend(value.keys())
-            todo.extend(value.values())
-        elif isinstance(value, list | tuple | set | frozenset):
-            todo.extend(value)
-        elif isinstance(value, memoryview):
-            total += value.nbytes
-        else:
-            total += _object_size(value, todo)
-    if todo:  # too many values to look at all: the rest weigh what the seen ones did
-        total += total * len(todo) // seen
-    return total
-
-
-def _object_size(value: Any, todo: list[Any]) -> int:
-    """An object's own weight; its attributes' values join ``todo``."""
-    fields = getattr(value, "__dict__", None)
-    if isinstance(fields, dict):
-        todo.extend(fields.values())
-        return 64
-    slots = [
-        name
-        for cls in type(value).__mro__
-        for name in getattr(cls, "__slots__", ())
-        if isinstance(name, str) and not name.startswith("__")
-    ]
-    if slots:
-        todo.extend(getattr(value, name, None) for name in slots)
-        return 64
-    return sys.getsizeof(value)
-
 
 def wake(waiter: asyncio.Future[None] | None) -> None:
     """Resolve ``waiter`` if it is still pending (its consumer may have been cancelled)."""
     if waiter is not None and not waiter.done():
         waiter.set_result(None)
-
-
-class Limits:
-    """How much may wait for a consumer that falls behind (one per registry).
-
-    :param merge: folds a waiting output and a newer one into one, or ``None``.
-    :param max_pending: how many outputs may wait without ``merge``.
-    :param max_bytes: how many bytes may wait beyond the oldest output (with
-        ``merge``: the merged output's size), or ``None``.
-    :param sizeof: what one output weighs.
-    """
-
-    __slots__ = ("max_bytes", "max_pending", "merge", "sizeof")
-
-    def __init__(
-        self, merge: Merge | None, max_pending: int, max_bytes: int | None, sizeof: SizeOf
-    ) -> None:
-        self.merge = merge
-        self.max_pending = max_pending
-        self.max_bytes = max_bytes
-        self.sizeof = sizeof
 
 
 class Group:
@@ -220,10 +137,20 @@ class Group:
             self.error = error
 
     def drop(self, indices: set[int]) -> None:
-        """Forget the waiting outputs of the sub-requests at ``indices`` (aborted ones)."""
-        if self.pending:
-            self.pending = [pair for pair in self.pending if pair[0] not in indices]
-            self.gen += 1
+        """Forget the waiting outputs of the sub-requests at ``indices`` (aborted ones).
+
+        The others' outputs stay waiting where they were, so each survivor's place
+        in the list is moved with it (not forgotten: its next output must still fold
+        into, or count against, what already waits).
+        """
+        pending, states = self.pending, self.states
+        if not pending:
+            return
+        kept = [pair for pair in pending if pair[0] not in indices]
+        if states:  # (() once every sub-request ended: nobody puts any more)
+            for pos, (index, _) in enumerate(kept):
+                states[index].pos = pos  # the last pair of each is its newest
+        self.pending = kept
 
     def split_up(self, states: Sequence[RequestState]) -> None:
         """Make each sub-request its own mailbox: from now on each state keeps its
@@ -268,6 +195,7 @@ class RequestState:
         "pos",
         "request_id",
         "rid",
+        "sink",
         "timer",
         "waiter",
     )
@@ -282,6 +210,8 @@ class RequestState:
         self.pending: list[Any] = []
         self.error: TetherError | None = None
         self.waiter: asyncio.Future[None] | None = None
+        # Called instead of waking the waiter when an output arrives (Consumer.set_sink).
+        self.sink: Callable[[list[Any]], bool] | None = None
         self.timer: asyncio.TimerHandle | None = None
         # In a group: where this state's newest output sits in group.pending
         # (valid while gen == group.gen) and how many of its outputs wait there.
@@ -331,8 +261,34 @@ class RequestState:
                 return False
         else:
             return False
-        self.wake()
+        if self.sink is not None and self.sink_took():
+            return True
+        # self.wake(), inlined: this is the producer's per-output path.
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+        if group is not None:
+            group.wake()
         return True
+
+    def sink_took(self) -> bool:
+        """Hand what waits to the sink; whether it took it. A sink that declines or
+        raises gets nothing (the outputs wait again, in order) and is removed: the
+        waiting consumer is woken and reads the usual way."""
+        sink, items = self.sink, self.take()
+        try:
+            if sink is not None and sink(items):
+                return True
+        except Exception:
+            logger.debug(
+                "the sink of %r raised; its consumer reads instead", self.rid, exc_info=True
+            )
+        self.sink = None
+        self.pending = items  # (take() left it empty: nothing newer waits)
+        self.npending = len(items)
+        return False
 
     def weigh(self, output: Any, limits: Limits) -> bool:
         """Count ``output``, the ``npending``-th waiting (or folded) output, against the
@@ -386,6 +342,7 @@ class RequestState:
         if drop:
             self.pending = []
             self.nbytes = self.npending = 0
+        self.sink = None  # the end always wakes the consumer
         self.wake()
 
     def wake(self) -> None:

@@ -40,9 +40,10 @@ from ._errors import (
     RequestTimeout,
     TetherError,
 )
+from ._limits import Limits
 from ._notify import Notifier
 from ._observe import Observer, observe_end
-from ._state import Limits, RequestState
+from ._state import RequestState
 from ._stats import RegistryStats, Summary, sample_buffer
 from .types import OnAbort
 

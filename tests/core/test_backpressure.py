@@ -47,6 +47,43 @@ async def test_merge_folds_batch_outputs_per_sub_request(aborts: AbortLog) -> No
     assert await batch.result() == ["!", "?"]
 
 
+async def test_aborting_one_sub_request_keeps_its_siblings_outputs_in_their_own_places(
+    aborts: AbortLog,
+) -> None:
+    # An abort drops the aborted sub-request's waiting outputs from the batch's
+    # shared list; its siblings' later outputs must still fold into their own
+    # entries and count against their own limit.
+    registry = tether.Registry(aborts, merge=operator.add, max_pending=2)
+    batch = registry.open_batch(3, keep_going=True)
+    first, second, third = batch.rids
+    registry.deliver(first, 1000)
+    registry.deliver(second, 10)
+    registry.deliver(third, 100)
+    registry.abort(first)
+    registry.deliver(second, 5)
+    registry.deliver(third, 1, finished=True)
+    registry.deliver(second, 0, finished=True)
+    ready = await batch.next_ready()
+    assert ready is not None
+    outputs = [pair for pair in ready if not isinstance(pair[1], tether.Aborted)]
+    assert outputs == [(1, 15), (2, 101)]
+    assert [pair[0] for pair in ready if isinstance(pair[1], tether.Aborted)] == [0]
+    assert aborts.rids == {first}
+
+
+async def test_a_sub_request_at_its_limit_stays_at_it_when_a_sibling_is_aborted(
+    aborts: AbortLog,
+) -> None:
+    registry = tether.Registry(aborts, max_pending=1)
+    batch = registry.open_batch(2, keep_going=True)
+    first, second = batch.rids
+    registry.deliver(second, "waiting")
+    registry.abort(first)
+    registry.deliver(second, "one too many")
+    with pytest.raises(tether.ConsumerTooSlow):  # (too slow ends a whole batch)
+        await asyncio.wait_for(batch.result(), 10)
+
+
 async def test_too_many_waiting_outputs_without_merge_raise_consumer_too_slow(
     registry: tether.Registry, aborts: AbortLog
 ) -> None:

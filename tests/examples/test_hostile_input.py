@@ -9,7 +9,8 @@ correctly right after, ``/health`` 200 with nothing in flight, and nothing in th
 server's output that reports a failure (no traceback, no error log).
 
 One server of each kind serves the module (its output is checked once it has
-stopped); the aborted-upload test runs its own, to read its output after stopping it.
+stopped); the aborted-upload test runs its own, to read its output after stopping it,
+on every uvicorn stack for the Starlette and FastAPI servers.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from engine import expected_text
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .conftest import Served, eventually, served
+from .conftest import SERVER_STACKS, Served, Stack, eventually, served
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -212,10 +213,12 @@ def abandon_upload(url: str, path: str, sent: bytes) -> None:
         sock.sendall(head.encode() + sent)
 
 
-@pytest.mark.parametrize("name", SERVERS)
-async def test_an_abandoned_upload_ends_quietly_and_the_server_answers_next(name: str) -> None:
+@pytest.mark.parametrize(("name", "stack"), SERVER_STACKS)
+async def test_an_abandoned_upload_ends_quietly_and_the_server_answers_next(
+    name: str, stack: Stack
+) -> None:
     async with (
-        served(name, "--step-ms", "2") as own,
+        served(name, "--step-ms", "2", stack=stack) as own,
         httpx.AsyncClient(base_url=own.url, timeout=BOUND) as http,
     ):
         for path in ("/generate", "/v1/completions"):

@@ -2,8 +2,10 @@
 
 Each server runs as a subprocess on 127.0.0.1 (ephemeral port), as ``make serve``
 runs it; the test sends the signal itself, reads every response to its end, and
-checks the exit code and what the server wrote on stderr. Both servers run at
-once, so the long drain costs its time once.
+checks the exit code and what the server wrote on stderr. The uvicorn-based
+servers run on each of uvicorn's stacks (h11 or httptools, asyncio's loop or
+uvloop: ``conftest.UVICORN_STACKS``), the aiohttp one on both loops; the servers of
+one test run at once, so a wait costs its time once per test.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
 
 import cli
@@ -27,7 +29,14 @@ from launch import SERVERS
 
 import tether
 
-from .conftest import eventually
+from .conftest import (
+    AIOHTTP_STACKS,
+    STACK_SETS,
+    UVICORN_STACKS,
+    Stack,
+    eventually,
+    stacked,
+)
 
 BOUND: Final = 10.0
 """A generous bound on any wait that does not include a drain."""
@@ -35,7 +44,21 @@ BOUND: Final = 10.0
 LONG: Final = 4096
 """``max_tokens`` that keeps the engine producing for 20 s or more (5 ms steps)."""
 
-NAMES: Final = tuple(SERVERS)
+H11_ASYNCIO, H11_UVLOOP, HTTPTOOLS_ASYNCIO, HTTPTOOLS_UVLOOP = UVICORN_STACKS
+
+LONG_DRAIN_SERVERS: Final = (
+    ("starlette", H11_ASYNCIO),
+    ("starlette", HTTPTOOLS_UVLOOP),
+    ("fastapi", H11_UVLOOP),
+    ("fastapi", HTTPTOOLS_ASYNCIO),
+    ("aiohttp", AIOHTTP_STACKS[0]),
+)
+"""The servers of the long-drain test: a covering set rather than every server on
+every stack. That test lasts the drain timeout (over 5 s) whatever it runs on, and its
+servers run at once on a two-core machine: all ten would starve one another. These five
+put each uvicorn-based server on both HTTP implementations and both loops, and
+every one of the four stacks under one of them; the short shutdown tests below run
+every server on every stack."""
 
 
 @dataclasses.dataclass
@@ -58,14 +81,16 @@ class Server:
 
 
 @contextlib.asynccontextmanager
-async def serving(name: str, *args: str) -> AsyncIterator[Server]:
-    """Run the example server ``name`` until the block ends (killed if still running)."""
+async def serving(name: str, stack: Stack, *args: str) -> AsyncIterator[Server]:
+    """Run the example server ``name`` on ``stack`` until the block ends (killed if
+    still running); it fails unless the server says it runs on ``stack``."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-u",
         str(SERVERS[name]),
         "--port",
         "0",
+        *stack.args,
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -79,6 +104,7 @@ async def serving(name: str, *args: str) -> AsyncIterator[Server]:
         async with asyncio.timeout(30):
             line = (await process.stdout.readline()).decode()
         if "listening on " in line:
+            stack.check(name, line)
             server.url = line.rsplit("listening on ", 1)[1].strip().rstrip("/")
             yield server
     finally:
@@ -145,11 +171,12 @@ async def has_in_flight(client: httpx.AsyncClient, expected: int) -> bool:
     return bool(metrics["in_flight"] == expected)
 
 
-async def drain_for_long(name: str, drain_timeout: float) -> list[str]:
-    """SIGTERM to server ``name`` while streams and JSON waits are in flight, with a
-    drain timeout above uvicorn's default grace of 5 s; returns what went wrong."""
+async def drain_for_long(name: str, stack: Stack, drain_timeout: float) -> list[str]:
+    """SIGTERM to server ``name`` on ``stack`` while streams and JSON waits are in
+    flight, with a drain timeout above uvicorn's default grace of 5 s; returns what
+    went wrong."""
     async with (
-        serving(name, "--drain-timeout", str(drain_timeout)) as server,
+        serving(name, stack, "--drain-timeout", str(drain_timeout)) as server,
         httpx.AsyncClient(base_url=server.url, timeout=drain_timeout + BOUND) as client,
         asyncio.TaskGroup() as group,
     ):
@@ -191,20 +218,32 @@ async def drain_for_long(name: str, drain_timeout: float) -> list[str]:
             found.append(f"JSON wait answered {response.text!r}")
     if exited_after < drain_timeout - 0.5:
         found.append(f"exited {exited_after:.1f}s after SIGTERM: the drain was cut short")
-    return [f"{name}: {problem}" for problem in found]
+    return [f"{name} on {stack.id}: {problem}" for problem in found]
 
 
 async def test_sigterm_during_a_drain_longer_than_5s_completes_every_response_and_exits_0() -> None:
     drain_timeout = 6.0
-    found = await asyncio.gather(*(drain_for_long(name, drain_timeout) for name in NAMES))
+    found = await asyncio.gather(
+        *(drain_for_long(name, stack, drain_timeout) for name, stack in LONG_DRAIN_SERVERS)
+    )
     problems = [problem for problems in found for problem in problems]
     assert not problems, "\n".join(problems)
 
 
-async def stop_with(name: str, sig: signal.Signals) -> list[str]:
-    """``sig`` to server ``name`` with a stream in flight; returns what went wrong."""
+def test_the_long_drain_covers_every_stack_and_each_server_on_both_of_each() -> None:
+    """What the covering set of :data:`LONG_DRAIN_SERVERS` promises, kept true."""
+    assert {stack for _, stack in LONG_DRAIN_SERVERS} >= set(UVICORN_STACKS)
+    for name in ("starlette", "fastapi"):
+        stacks = [stack for server, stack in LONG_DRAIN_SERVERS if server == name]
+        assert {stack.http for stack in stacks} == {"h11", "httptools"}, name
+        assert {stack.loop for stack in stacks} == {"asyncio", "uvloop"}, name
+
+
+async def stop_with(name: str, stack: Stack, sig: signal.Signals) -> list[str]:
+    """``sig`` to server ``name`` on ``stack`` with a stream in flight; returns what
+    went wrong."""
     async with (
-        serving(name, "--drain-timeout", "0.2") as server,
+        serving(name, stack, "--drain-timeout", "0.2") as server,
         httpx.AsyncClient(base_url=server.url, timeout=BOUND) as client,
     ):
         reading = Reading()
@@ -224,29 +263,33 @@ async def stop_with(name: str, sig: signal.Signals) -> list[str]:
     if server.stderr.strip():
         found.append(f"stderr:\n{server.stderr.decode(errors='replace')}")
     found.extend(problems_of_stream(reading))
-    return [f"{name}: {problem}" for problem in found]
+    return [f"{name} on {stack.id}: {problem}" for problem in found]
 
 
+@pytest.mark.parametrize("servers", STACK_SETS)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 async def test_a_signal_drains_open_streams_and_exits_0_without_a_traceback(
-    sig: signal.Signals,
+    sig: signal.Signals, servers: Sequence[tuple[str, Stack]]
 ) -> None:
-    found = await asyncio.gather(*(stop_with(name, sig) for name in NAMES))
+    found = await asyncio.gather(*(stop_with(name, stack, sig) for name, stack in servers))
     problems = [problem for problems in found for problem in problems]
     assert not problems, "\n".join(problems)
 
 
-async def stop_at_once(name: str) -> int:
-    async with serving(name) as server:
+async def stop_at_once(name: str, stack: Stack) -> int:
+    async with serving(name, stack) as server:
         server.stop(signal.SIGTERM)
         return await server.exit_code(within=BOUND)
 
 
-async def test_a_sigterm_as_soon_as_the_url_is_printed_is_a_clean_exit() -> None:
+@pytest.mark.parametrize("servers", STACK_SETS)
+async def test_a_sigterm_as_soon_as_the_url_is_printed_is_a_clean_exit(
+    servers: Sequence[tuple[str, Stack]],
+) -> None:
     """A supervisor may stop a server the moment it says it is up: its signal handlers
     must already be in place then."""
-    codes = await asyncio.gather(*(stop_at_once(name) for name in NAMES))
-    assert dict(zip(NAMES, codes, strict=True)) == dict.fromkeys(NAMES, 0)
+    codes = await asyncio.gather(*(stop_at_once(name, stack) for name, stack in servers))
+    assert codes == [0] * len(servers), stacked(servers)
 
 
 async def refuses_connections(url: str) -> bool:
@@ -261,10 +304,11 @@ async def refuses_connections(url: str) -> bool:
     return False
 
 
-async def hurry_with_a_second_ctrl_c(name: str) -> list[str]:
-    """Ctrl-C twice to server ``name`` during a 60 s drain; returns what went wrong."""
+async def hurry_with_a_second_ctrl_c(name: str, stack: Stack) -> list[str]:
+    """Ctrl-C twice to server ``name`` on ``stack`` during a 60 s drain; returns what
+    went wrong."""
     async with (
-        serving(name, "--drain-timeout", "60") as server,
+        serving(name, stack, "--drain-timeout", "60") as server,
         httpx.AsyncClient(base_url=server.url, timeout=BOUND) as client,
     ):
         reading = Reading()
@@ -286,11 +330,16 @@ async def hurry_with_a_second_ctrl_c(name: str) -> list[str]:
     if server.stderr.strip():
         found.append(f"stderr:\n{server.stderr.decode(errors='replace')}")
     found.extend(problems_of_stream(reading))
-    return [f"{name}: {problem}" for problem in found]
+    return [f"{name} on {stack.id}: {problem}" for problem in found]
 
 
-async def test_a_second_ctrl_c_ends_the_drain_at_once_and_still_exits_0() -> None:
-    found = await asyncio.gather(*(hurry_with_a_second_ctrl_c(name) for name in NAMES))
+@pytest.mark.parametrize("servers", STACK_SETS)
+async def test_a_second_ctrl_c_ends_the_drain_at_once_and_still_exits_0(
+    servers: Sequence[tuple[str, Stack]],
+) -> None:
+    found = await asyncio.gather(
+        *(hurry_with_a_second_ctrl_c(name, stack) for name, stack in servers)
+    )
     problems = [problem for problems in found for problem in problems]
     assert not problems, "\n".join(problems)
 

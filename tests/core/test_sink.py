@@ -1,0 +1,129 @@
+"""A stream's sink: outputs handed over inside the producer's deliver(), with the
+reading task woken only for the end, an error, or a sink that declines."""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+from typing import Any
+
+import pytest
+
+import tether
+
+from .conftest import AbortLog
+
+
+class Sink:
+    """Records what it is handed; declines (or raises) from a chosen call on."""
+
+    def __init__(self, *, decline_at: int | None = None, raise_at: int | None = None) -> None:
+        self.calls: list[list[Any]] = []
+        self.decline_at = decline_at
+        self.raise_at = raise_at
+
+    def __call__(self, outputs: list[Any]) -> bool:
+        n = len(self.calls)
+        if n == self.raise_at:
+            raise OSError("transport gone")
+        if n == self.decline_at:
+            return False
+        self.calls.append(list(outputs))
+        return True
+
+
+async def test_a_sink_gets_each_output_in_the_producers_step_without_waking_the_reader(
+    aborts: AbortLog,
+) -> None:
+    registry = tether.Registry(aborts)
+    async with registry.open() as stream:
+        sink = Sink()
+        assert stream.set_sink(sink)
+        reader = asyncio.create_task(stream.wait_ready())
+        await asyncio.sleep(0)  # the reader parks
+        for token in ("a", "b", "c"):
+            registry.deliver(stream.rid, token)
+            assert sink.calls[-1] == [token]  # handed over inside deliver()
+        assert not reader.done()  # nobody was woken for them
+        registry.deliver(stream.rid, "end", finished=True)
+        await asyncio.wait_for(reader, 10)  # the end wakes the reader
+        assert sink.calls == [["a"], ["b"], ["c"], ["end"]]
+        assert stream.ready() is None  # everything went through the sink
+    assert not aborts.calls
+    assert registry.stats().in_flight == 0
+
+
+async def test_a_sink_that_declines_leaves_the_outputs_to_the_reader_in_order(
+    aborts: AbortLog,
+) -> None:
+    registry = tether.Registry(aborts)
+    async with registry.open() as stream:
+        sink = Sink(decline_at=1)
+        assert stream.set_sink(sink)
+        reader = asyncio.create_task(stream.wait_ready())
+        await asyncio.sleep(0)
+        registry.deliver(stream.rid, 1)
+        registry.deliver(stream.rid, 2)  # declined: the reader is woken
+        registry.deliver(stream.rid, 3)  # the sink is gone: this one waits too
+        await asyncio.wait_for(reader, 10)
+        assert sink.calls == [[1]]
+        assert stream.ready() == [2, 3]
+
+
+async def test_a_sink_that_raises_loses_nothing_and_the_producer_goes_on(
+    aborts: AbortLog,
+) -> None:
+    registry = tether.Registry(aborts, merge=operator.add)
+    async with registry.open() as stream:
+        assert stream.set_sink(Sink(raise_at=0))
+        reader = asyncio.create_task(stream.wait_ready())
+        await asyncio.sleep(0)
+        assert registry.deliver(stream.rid, 1) is True  # nothing raised into the producer
+        registry.deliver(stream.rid, 2)
+        await asyncio.wait_for(reader, 10)
+        assert stream.ready() == [3]  # the declined output, merged with the next
+        registry.deliver(stream.rid, 4, finished=True)
+        assert stream.ready() == [4]
+    assert not aborts.calls
+
+
+async def test_an_abort_or_a_failure_wakes_the_reader_not_the_sink(aborts: AbortLog) -> None:
+    registry = tether.Registry(aborts)
+    aborted, failed = registry.open(), registry.open()
+    sinks = [Sink(), Sink()]
+    readers = []
+    for stream, sink in zip((aborted, failed), sinks, strict=True):
+        assert stream.set_sink(sink)
+        readers.append(asyncio.create_task(stream.wait_ready()))
+    await asyncio.sleep(0)
+    registry.abort(aborted.rid)
+    registry.fail(failed.rid, ValueError("engine"))
+    await asyncio.wait_for(asyncio.gather(*readers), 10)
+    assert sinks[0].calls == sinks[1].calls == []
+    with pytest.raises(tether.Aborted):
+        aborted.ready()
+    with pytest.raises(tether.ProducerError):
+        failed.ready()
+    await aborted.aclose()
+    await failed.aclose()
+    assert aborts.rids == {aborted.rid}
+
+
+async def test_a_sink_is_refused_while_outputs_wait_and_for_a_batch_read_whole(
+    aborts: AbortLog,
+) -> None:
+    registry = tether.Registry(aborts)
+    async with registry.open() as stream:
+        registry.deliver(stream.rid, "waiting")
+        assert not stream.set_sink(Sink())  # read what waits first: bytes keep their order
+        assert stream.ready() == ["waiting"]
+        assert stream.set_sink(Sink())
+        assert not stream.set_sink(None)  # removed
+        registry.deliver(stream.rid, "read the usual way")
+        assert stream.ready() == ["read the usual way"]
+    async with registry.open_batch(2) as batch:
+        assert not batch.set_sink(Sink())
+    ended = registry.open()
+    registry.deliver(ended.rid, "last", finished=True)
+    assert not ended.set_sink(Sink())
+    await ended.aclose()
