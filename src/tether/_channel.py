@@ -17,7 +17,7 @@ from typing import Any, Final, Protocol
 
 from ._errors import Aborted, AbortReason, TetherError
 from ._idle import IdleDeadline
-from ._scope import current_scope
+from ._scope import waiter_cancelled
 
 __all__ = ["Channel", "Follower", "Keeper"]
 
@@ -346,9 +346,7 @@ class Follower:
         except asyncio.CancelledError:
             if channel.waiter is waiter:
                 channel.waiter = None
-            scope = current_scope()
-            if scope is not None:
-                scope.cancelled()  # the framework may be cancelling because the client left
+            waiter_cancelled()
             self.cancel(AbortReason.CANCELLED)
             raise
 

@@ -35,6 +35,11 @@ class IdleDeadline:
         self.deadline: float | None = None
         """When the current wait ends, in the loop's time; ``None`` for no limit."""
 
+    @property
+    def armed(self) -> bool:
+        """Whether a timer is armed (it keeps nothing alive but this deadline)."""
+        return self._timer is not None
+
     def set(self, loop: asyncio.AbstractEventLoop, timeout: float | None) -> None:
         """A wait starts now: it may last ``timeout`` seconds (``None``: no limit)."""
         if timeout is None:

@@ -23,6 +23,7 @@ __all__ = [
     "RequestScope",
     "accept_request_id",
     "current_scope",
+    "waiter_cancelled",
 ]
 
 REQUEST_ID_HEADER: Final = "X-Request-Id"
@@ -74,6 +75,14 @@ def accept_request_id(value: str | bytes | None) -> str | None:
     if not value or len(value) > MAX_REQUEST_ID_LENGTH or not _PRINTABLE.fullmatch(value):
         return None
     return value
+
+
+def waiter_cancelled() -> None:
+    """A task waiting for a stream's outputs was cancelled: tell the request's scope,
+    since the framework may be cancelling because the client left."""
+    scope = current_scope()
+    if scope is not None:
+        scope.cancelled()
 
 
 def current_scope() -> RequestScope | None:
