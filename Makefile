@@ -40,7 +40,8 @@ serve: venv
 
 # Every benchmark, about ten minutes on 2 cores: the core microbenchmark, then
 # the HTTP ones (servers and load client as subprocesses on 127.0.0.1) and a
-# py-spy profile of each server, which rewrite their sections of bench/README.md.
+# py-spy profile of each server, the ZeroMQ link and resumable streams (a redis-server
+# on PATH), which rewrite their sections of bench/README.md.
 # py-spy is the benchmark's tool, not a dependency of tether: installed here.
 bench: venv
 	$(PY) -m pip install --quiet py-spy
@@ -49,6 +50,7 @@ bench: venv
 	$(PY) -m bench.run --profile
 	$(PY) bench/zmq_relay.py
 	$(PY) bench/zmq_liveness.py
+	$(PY) -m bench.resume
 
 wheel: venv
 	$(PY) -m build --wheel --outdir dist .

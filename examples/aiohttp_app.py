@@ -34,14 +34,17 @@ from aiohttp.typedefs import Handler
 import tether
 import tether.http
 import tether_aiohttp
-from tether_aiohttp import respond
+from tether_aiohttp import respond, resume
 
 SERVICE: web.AppKey[api.Service] = web.AppKey("service", api.Service)
 
 
 def refuse(exc: api.BadRequest | tether.TetherError) -> web.Response:
     """The JSON error response for a request refused before anything was registered."""
-    refusal = api.rejection(exc)
+    return refuse_with(api.rejection(exc))
+
+
+def refuse_with(refusal: tether.http.ErrorResponse) -> web.Response:
     return web.json_response(refusal.body, status=refusal.status, headers=refusal.headers)
 
 
@@ -74,6 +77,9 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
 
 async def generate(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
+    resumed = await resume(request, service.resume)  # a reconnect (Last-Event-ID)?
+    if resumed is not None:
+        return resumed
     try:
         generation = api.parse_generate(await read_body(request))
         source = service.open(generation)
@@ -81,13 +87,19 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return refuse(exc)
     except api.ClientGone:
         return client_gone()
-    return await respond(request, source, streaming=generation.stream)
+    resumable = service.resume if generation.resume else None
+    return await respond(request, source, streaming=generation.stream, resume=resumable)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     try:
         generation = api.parse_completions(await read_body(request))
+        # a reconnect (Last-Event-ID, with the same body), answered as it began
+        again = api.CompletionChunks(None, generation.model)
+        resumed = await resume(request, service.resume, encoder=again)
+        if resumed is not None:
+            return resumed
         source = service.open(generation)
     except api.REFUSALS as exc:
         return refuse(exc)
@@ -96,12 +108,18 @@ async def completions(request: web.Request) -> web.StreamResponse:
     cid = api.completion_id(source)
     if generation.stream:
         encoder = api.CompletionChunks(cid, generation.model)
-        return await respond(request, source, streaming=True, encoder=encoder)
+        resumable = service.resume if generation.resume else None
+        return await respond(request, source, streaming=True, encoder=encoder, resume=resumable)
     response = await respond(request, source, streaming=False)
     result = response.body if isinstance(response, web.Response) else None
     if response.status != 200 or not isinstance(result, bytes):
         return response
     return web.json_response(api.completion(generation, json.loads(result), cid))
+
+
+async def stop(request: web.Request) -> web.Response:
+    stopped = await request.app[SERVICE].stop(request.headers.get(tether.http.TOKEN_HEADER, ""))
+    return web.Response(status=204) if stopped else refuse_with(tether.http.NOT_RESUMABLE)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -130,7 +148,7 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> web.Appli
     tether_aiohttp.setup(app, service.registry, drain_timeout=drain_timeout)
 
     async def engine_running(app: web.Application) -> AsyncIterator[None]:
-        async with service.engine.running(service.registry):
+        async with service.engine.running(service.registry), service.resuming():
             yield
 
     page = api.page()
@@ -140,6 +158,7 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> web.Appli
 
     app.cleanup_ctx.append(engine_running)
     app.router.add_post("/generate", generate)
+    app.router.add_post("/generate/stop", stop)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/stats", stats)

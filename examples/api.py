@@ -7,11 +7,16 @@ through their adapter's ``respond()``. Everything that decides what the API
 accepts and what its answers look like lives here, once:
 
 * ``POST /generate``: ``{"text": str | [str], "max_tokens": int, "stream": bool,
-  "rid": str | [str], "timeout": float}`` (``rid``: client-chosen request ids, and
-  ``timeout``: a deadline in seconds, both optional);
+  "rid": str | [str], "timeout": float, "resume": bool}`` (``rid``: client-chosen
+  request ids, ``timeout``: a deadline in seconds, ``resume``: a stream that a
+  dropped client continues by sending ``POST /generate`` again with the
+  ``Last-Event-ID`` header, all optional; see ``docs/resume.md``);
 * ``POST /v1/completions``: the OpenAI completions shape (``prompt``, ``max_tokens``,
-  ``stream``, ``model``), with :class:`CompletionChunks` framing its stream and
-  :func:`completion` building its JSON body;
+  ``stream``, ``model``, and tether's ``resume``), with :class:`CompletionChunks`
+  framing its stream and :func:`completion` building its JSON body;
+* ``POST /generate/stop``: Stop a resumable stream by the ``Tether-Resume-Token``
+  header its response carried (204, or 404 for no such stream): a closed connection
+  only parks a resumable stream, so Stop needs its own signal;
 * refusals: :class:`BadRequest` (400 malformed JSON, 413 too large, 422 invalid)
   and tether's own errors, mapped by :func:`rejection`. Nothing is registered for
   a refused request: parsing happens before ``Registry.open()``.
@@ -27,12 +32,13 @@ client sent. A client that leaves while its body is being read is not an error
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import pathlib
 import re
 import time
-from collections.abc import AsyncIterable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from typing import Any, Final
 
 import prometheus_client
@@ -111,6 +117,8 @@ class Generation:
     :param rids: client-chosen request ids, one per prompt, or ``None``.
     :param model: the model named by a completions request.
     :param timeout: a deadline in seconds for the whole request, or ``None``.
+    :param resume: make the stream resumable (``"resume": true``): a client that drops
+        reconnects with ``Last-Event-ID`` and continues (see ``docs/resume.md``).
     """
 
     prompts: tuple[str, ...]
@@ -120,6 +128,7 @@ class Generation:
     rids: tuple[str, ...] | None = None
     model: str = MODEL
     timeout: float | None = None
+    resume: bool = False
 
 
 class ClientGone(Exception):
@@ -262,13 +271,17 @@ def parse_generate(body: bytes) -> Generation:
     """
     data = _load_object(body)
     prompts, batched = _prompts(data, "text")
+    stream, resume = _flag(data, "stream"), _flag(data, "resume")
+    if resume and (batched or not stream):
+        raise BadRequest(422, "'resume' needs 'stream': true and a single prompt")
     return Generation(
         prompts=prompts,
         batched=batched,
         max_tokens=_max_tokens(data),
-        stream=_flag(data, "stream"),
+        stream=stream,
         rids=_rids(data, prompts, batched),
         timeout=_timeout(data),
+        resume=resume,
     )
 
 
@@ -288,12 +301,16 @@ def parse_completions(body: bytes) -> Generation:
     _identifier(model, "model")
     if data.get("n", 1) not in (1, None):
         raise BadRequest(422, "'n' must be 1: one completion per prompt")
+    stream, resume = _flag(data, "stream"), _flag(data, "resume")
+    if resume and (batched or not stream):
+        raise BadRequest(422, "'resume' needs 'stream': true and a single prompt")
     return Generation(
         prompts=prompts,
         batched=batched,
         max_tokens=_max_tokens(data),
-        stream=_flag(data, "stream"),
+        stream=stream,
         model=model,
+        resume=resume,
     )
 
 
@@ -377,11 +394,27 @@ class Service:
 
     :param engine: the producer.
     :param registry: the registry whose ``on_abort`` is ``engine.abort``.
+    :param redis: the URL of a Redis server that keeps resumable streams, so that a
+        reconnect continues on any server sharing it (``--redis``); ``None`` keeps
+        them in this process.
     """
 
-    def __init__(self, engine: Engine, registry: tether.Registry) -> None:
+    def __init__(
+        self, engine: Engine, registry: tether.Registry, *, redis: str | None = None
+    ) -> None:
         self.engine = engine
         self.registry = registry
+        store: tether.MemoryStore | None = None
+        self._redis: Any = None  # (a redis.asyncio.Redis: the store does not close it)
+        if redis is not None:
+            # (needs tether[redis]: imported only when asked)
+            from redis.asyncio import Redis
+            from tether_redis import RedisStore
+
+            self._redis = Redis.from_url(redis)
+            store = RedisStore(self._redis, block=0.2)
+        self.resume = tether.Resume(grace=30.0, store=store)
+        """Resumable streams (``"resume": true``); see :meth:`resuming`."""
         # A collector registry of its own: two services in one process (the tests)
         # must not clash in prometheus_client's process-wide default one.
         self.prometheus = prometheus_client.CollectorRegistry()
@@ -406,6 +439,21 @@ class Service:
         for rid, prompt in zip(rids, request.prompts, strict=True):
             self.engine.submit(rid, prompt, request.max_tokens)
         return source
+
+    @contextlib.asynccontextmanager
+    async def resuming(self) -> AsyncIterator[None]:
+        """Resumable streams for as long as the server runs: at the end every one left
+        is aborted, its store's tasks end, and the Redis connection (if any) closes."""
+        try:
+            yield
+        finally:
+            await self.resume.aclose()
+            if self._redis is not None:
+                await self._redis.aclose()
+
+    async def stop(self, token: str) -> bool:
+        """``POST /generate/stop``: abort the resumable stream of ``token`` at once."""
+        return await self.resume.cancel(token)
 
     def metrics(self) -> tuple[bytes, str]:
         """``GET /metrics``: the Prometheus exposition (body, content type), scraped
@@ -445,21 +493,25 @@ class CompletionChunks(tether.SSE):
     """SSE framing for ``/v1/completions``: each engine output becomes an OpenAI
     ``text_completion`` chunk; errors, pings and ``data: [DONE]`` are tether's.
 
-    :param completion_id: the ``id`` every chunk carries.
+    :param completion_id: the ``id`` every chunk carries; ``None`` (a reconnect to a
+        resumable stream, whose request is known only once it is followed): each
+        chunk's own, ``cmpl-<rid>`` from the output, which is what the first
+        response carried (:func:`completion_id` of a stream).
     :param model: the ``model`` every chunk carries.
     """
 
     __slots__ = ("completion_id", "created", "model")
 
-    def __init__(self, completion_id: str, model: str) -> None:
+    def __init__(self, completion_id: str | None, model: str) -> None:
         super().__init__()
         self.completion_id = completion_id
         self.model = model
         self.created = int(time.time())
 
     def _chunk(self, index: int, output: dict[str, Any]) -> dict[str, Any]:
+        cid = self.completion_id or "cmpl-" + output["meta_info"]["id"]
         return {
-            "id": self.completion_id,
+            "id": cid,
             "object": "text_completion",
             "created": self.created,
             "model": self.model,

@@ -73,6 +73,7 @@ class Options:
     drain_timeout: float
     engine: str | None = None
     workers: int = 1
+    redis: str | None = None
     http: str = "auto"
     loop: str = "auto"
 
@@ -119,6 +120,7 @@ def parse(argv: Sequence[str] | None, description: str, *, uvicorn: bool = True)
         drain_timeout=args.drain_timeout,
         engine=args.engine,
         workers=args.workers,
+        redis=args.redis,
         http=getattr(args, "http", "auto"),
         loop=args.loop,
     )
@@ -155,6 +157,13 @@ def add_scale_out(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers", type=int, default=1, help="server processes sharing the port (pre-fork)"
     )
+    parser.add_argument(
+        "--redis",
+        metavar="URL",
+        default=None,
+        help="keep resumable streams in this Redis (redis://127.0.0.1:6379), so that a "
+        "reconnect continues on any server sharing it; without it, in each process",
+    )
 
 
 def build_service(options: Options) -> Service:
@@ -169,7 +178,7 @@ def build_service(options: Options) -> Service:
     registry = tether.Registry(
         on_abort=engine.abort, merge=merge_outputs, max_in_flight=options.max_in_flight
     )
-    return Service(engine, registry)
+    return Service(engine, registry, redis=options.redis)
 
 
 def build_remote_service(options: Options, address: str) -> Service:
@@ -181,7 +190,7 @@ def build_remote_service(options: Options, address: str) -> Service:
         on_abort=remote.abort, merge=merge_outputs, max_in_flight=options.max_in_flight
     )
     # RemoteEngine has every call Service and the servers make of an Engine.
-    return Service(cast(Engine, remote), registry)
+    return Service(cast(Engine, remote), registry, redis=options.redis)
 
 
 def uvicorn_config(app: Callable[..., Any], options: Options) -> uvicorn.Config:

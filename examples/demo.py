@@ -11,6 +11,10 @@ notes ``time.monotonic()`` when it drops a connection, the server's engine notes
 ``time.monotonic()`` when tether calls its ``on_abort`` for that request id
 (``GET /metrics/aborts``); both read the same system-wide clock.
 
+Then the resumption scene (``resumescene.py``; ``--no-resume`` skips it): resumable
+streams of which a quarter drop mid-stream and resume, each token exactly once, on
+each server alone and on two servers sharing a ``redis-server`` (when one is on PATH).
+
 Then the scale-out scene (``scaleout.py``; ``--no-scale-out`` skips it): one engine
 process, two front workers per server over ZeroMQ, the same verified load, the
 engine killed mid-run and restarted, one worker killed.
@@ -33,6 +37,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
+import resumescene
 import scaleout
 from launch import SERVERS, launched
 from load import KINDS, Client, Tally
@@ -219,10 +224,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=True,
         help="also run the scale-out scene (engine process + 2 workers, scaleout.py)",
     )
+    parser.add_argument(
+        "--resume",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run the resumption scene (drops resumed, resumescene.py)",
+    )
     args = parser.parse_args(argv)
     servers = args.server or ["starlette", "aiohttp", "fastapi"]
     print(f"tether demo: {', '.join(servers)}; {args.clients} clients, {args.seconds:g} s each\n")
     clean = asyncio.run(run(servers, seconds=args.seconds, clients=args.clients))
+    if args.resume:
+        scene = resumescene.run(servers, seconds=args.seconds, clients=args.clients)
+        clean = asyncio.run(scene) and clean
     if args.scale_out:
         # (the FastAPI example has no --engine/--workers: the scene runs the other two)
         remote = [name for name in servers if name in ("starlette", "aiohttp")]

@@ -38,7 +38,7 @@ from starlette.requests import ClientDisconnect
 
 import tether
 import tether.http
-from tether_starlette import TetherMiddleware, lifespan, respond
+from tether_starlette import TetherMiddleware, lifespan, respond, resume
 from tether_starlette.fastapi import (
     RegistryDep,
     add_exception_handlers,
@@ -56,6 +56,7 @@ class GenerateBody(BaseModel):
     stream: bool = False
     rid: str | list[str] | None = None
     timeout: float | None = None
+    resume: bool = False
 
 
 class CompletionBody(BaseModel):
@@ -68,6 +69,7 @@ class CompletionBody(BaseModel):
     model: str = api.MODEL
     max_tokens: int = api.DEFAULT_MAX_TOKENS
     stream: bool = False
+    resume: bool = False
 
 
 def refuse(exc: api.BadRequest | tether.TetherError) -> JSONResponse:
@@ -101,7 +103,7 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def engine_running(app: FastAPI) -> AsyncIterator[None]:
-        async with service.engine.running(service.registry):
+        async with service.engine.running(service.registry), service.resuming():
             yield
 
     app = FastAPI(
@@ -120,17 +122,33 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> FastAPI:
     async def generate(body: GenerateBody, request: Request) -> Response:
         try:
             generation = api.parse_generate(await read_body(request))
+            # a reconnect (Last-Event-ID, with the same body: FastAPI validates it)
+            resumed = await resume(request, service.resume)
+            if resumed is not None:
+                return resumed
             source = service.open(generation)
         except api.REFUSALS as exc:
             return refuse(exc)
         except api.ClientGone:
             return Response(status_code=tether.http.CLIENT_CLOSED_REQUEST)
-        return await respond(request, source, streaming=generation.stream)
+        resumable = service.resume if generation.resume else None
+        return await respond(request, source, streaming=generation.stream, resume=resumable)
+
+    @app.post("/generate/stop")
+    async def stop(request: Request) -> Response:
+        if await service.stop(request.headers.get(tether.http.TOKEN_HEADER, "")):
+            return Response(status_code=204)
+        refusal = tether.http.NOT_RESUMABLE
+        return JSONResponse(refusal.body, refusal.status)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody, request: Request) -> Response:
         try:
             generation = api.parse_completions(await read_body(request))
+            again = api.CompletionChunks(None, generation.model)  # (a reconnect's chunks)
+            resumed = await resume(request, service.resume, encoder=again)
+            if resumed is not None:
+                return resumed
             source = service.open(generation)
         except api.REFUSALS as exc:
             return refuse(exc)
@@ -139,7 +157,8 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> FastAPI:
         cid = api.completion_id(source)
         if generation.stream:
             encoder = api.CompletionChunks(cid, generation.model)
-            return await respond(request, source, streaming=True, encoder=encoder)
+            resumable = service.resume if generation.resume else None
+            return await respond(request, source, streaming=True, encoder=encoder, resume=resumable)
 
         def shape(results: Any) -> dict[str, Any]:
             return api.completion(generation, results, cid)

@@ -4,6 +4,8 @@
 ``python examples/<name>_app.py --port 0``, reads the URL the server prints
 once it listens, and on exit stops the server by its process id (SIGINT, then
 SIGKILL if it does not exit in time), keeping its output for the error message.
+:func:`redis_server` runs a ``redis-server`` the same way, for the servers'
+``--redis`` (resumable streams shared between servers).
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import pathlib
+import shutil
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
 
-__all__ = ["SERVERS", "ServerFailed", "launched"]
+__all__ = ["SERVERS", "ServerFailed", "launched", "redis_server"]
 
 HERE = pathlib.Path(__file__).resolve().parent
 SERVERS = {
@@ -79,12 +83,57 @@ async def launched(
         raise ServerFailed(f"{name} server exited with {code}:\n" + "\n".join(lines))
 
 
-async def _stop(process: asyncio.subprocess.Process) -> int:
+async def _stop(process: asyncio.subprocess.Process, sig: int = signal.SIGINT) -> int:
+    """Stop ``process`` with ``sig`` (SIGKILL after 10 s); its exit code."""
     if process.returncode is None:
-        process.send_signal(signal.SIGINT)
+        process.send_signal(sig)
         try:
             async with asyncio.timeout(10):
                 return await process.wait()
         except TimeoutError:
             process.kill()
     return await process.wait()
+
+
+@contextlib.asynccontextmanager
+async def redis_server(*, start_timeout: float = 10.0) -> AsyncIterator[str]:
+    """Run a ``redis-server`` of its own on 127.0.0.1 (a free port, nothing saved to
+    disk) for the duration of the block; yields its URL, ``redis://127.0.0.1:PORT``.
+
+    :raises FileNotFoundError: there is no ``redis-server`` on PATH (Debian's package).
+    :raises ServerFailed: it did not accept connections within ``start_timeout``.
+    """
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise FileNotFoundError("redis-server is not installed (apt-get install redis-server)")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    process = await asyncio.create_subprocess_exec(
+        binary,
+        "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        try:
+            async with asyncio.timeout(start_timeout):
+                while not await _accepts(port):
+                    if process.returncode is not None:
+                        raise ServerFailed(f"redis-server exited with {process.returncode}")
+                    await asyncio.sleep(0.02)
+        except TimeoutError:
+            raise ServerFailed(f"redis-server did not listen on port {port}") from None
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        await _stop(process, signal.SIGTERM)
+
+
+async def _accepts(port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.close()
+    await writer.wait_closed()
+    return True

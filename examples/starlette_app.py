@@ -40,7 +40,7 @@ from starlette.routing import Route
 
 import tether
 import tether.http
-from tether_starlette import TetherMiddleware, lifespan, respond
+from tether_starlette import TetherMiddleware, lifespan, respond, resume
 
 
 def refuse(exc: api.BadRequest | tether.TetherError) -> JSONResponse:
@@ -80,6 +80,9 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
     page = api.page()
 
     async def generate(request: Request) -> Response:
+        resumed = await resume(request, service.resume)  # a reconnect (Last-Event-ID)?
+        if resumed is not None:
+            return resumed
         try:
             generation = api.parse_generate(await read_body(request))
             source = service.open(generation)
@@ -87,11 +90,17 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
             return refuse(exc)
         except api.ClientGone:
             return client_gone()
-        return await respond(request, source, streaming=generation.stream)
+        resumable = service.resume if generation.resume else None
+        return await respond(request, source, streaming=generation.stream, resume=resumable)
 
     async def completions(request: Request) -> Response:
         try:
             generation = api.parse_completions(await read_body(request))
+            # a reconnect (Last-Event-ID, with the same body), answered as it began
+            again = api.CompletionChunks(None, generation.model)
+            resumed = await resume(request, service.resume, encoder=again)
+            if resumed is not None:
+                return resumed
             source = service.open(generation)
         except api.REFUSALS as exc:
             return refuse(exc)
@@ -100,11 +109,16 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
         cid = api.completion_id(source)
         if generation.stream:
             encoder = api.CompletionChunks(cid, generation.model)
-            return await respond(request, source, streaming=True, encoder=encoder)
+            resumable = service.resume if generation.resume else None
+            return await respond(request, source, streaming=True, encoder=encoder, resume=resumable)
         response = await respond(request, source, streaming=False)
         if response.status_code != 200:
             return response
         return JSONResponse(api.completion(generation, json.loads(bytes(response.body)), cid))
+
+    async def stop(request: Request) -> Response:
+        stopped = await service.stop(request.headers.get(tether.http.TOKEN_HEADER, ""))
+        return Response(status_code=204) if stopped else refuse_with(tether.http.NOT_RESUMABLE)
 
     async def metrics(request: Request) -> Response:
         body, content_type = service.metrics()
@@ -125,12 +139,13 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
 
     @contextlib.asynccontextmanager
     async def engine_running(app: Starlette) -> AsyncIterator[None]:
-        async with service.engine.running(service.registry):
+        async with service.engine.running(service.registry), service.resuming():
             yield
 
     return Starlette(
         routes=[
             Route("/generate", generate, methods=["POST"]),
+            Route("/generate/stop", stop, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/metrics", metrics),
             Route("/stats", stats),

@@ -87,6 +87,8 @@ APPLICATION = {
     "InvalidRequest",
     "InvalidRequestId",
     "MAX_RID_LENGTH",
+    "MemoryStore",
+    "Resume",
     "Observer",
     "Outcome",
     "RegistryStats",
@@ -103,11 +105,19 @@ ADAPTER_AUTHORS = {
     "REQUEST_ID_HEADER",
     "ErrorResponse",
     "Exchange",
+    "Channel",
+    "Follower",
     "Head",
+    "Keeper",
+    "NOT_RESUMABLE",
+    "ResumePoint",
+    "TOKEN_HEADER",
     "accept_request_id",
     "current_scope",
     "error_body",
     "error_response",
+    "new_token",
+    "resume_point",
 }
 
 
@@ -126,7 +136,7 @@ def test_adapter_authors_find_their_names_in_tether_http() -> None:
 
 
 def test_both_adapters_export_the_same_verbs_and_their_own_install_call() -> None:
-    verbs = {"REGISTRY_KEY", "get_registry", "respond"}
+    verbs = {"REGISTRY_KEY", "get_registry", "respond", "resume"}
     assert set(tether_starlette.__all__) == verbs | {"TetherMiddleware", "lifespan"}
     assert set(tether_aiohttp.__all__) == verbs | {"setup"}
     for adapter in (tether_starlette, tether_aiohttp):

@@ -9,6 +9,6 @@ leave, a shutdown drain); ``respond`` turns a :class:`tether.Stream` or
 from __future__ import annotations
 
 from ._plugin import REGISTRY_KEY, get_registry, setup
-from ._respond import respond
+from ._respond import respond, resume
 
-__all__ = ["REGISTRY_KEY", "get_registry", "respond", "setup"]
+__all__ = ["REGISTRY_KEY", "get_registry", "respond", "resume", "setup"]

@@ -43,24 +43,30 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
 import tether
-from tether.http import DEFAULT_SEND_TIMEOUT, FAREWELL_TIMEOUT, Exchange
+from tether.http import (
+    DEFAULT_SEND_TIMEOUT,
+    FAREWELL_TIMEOUT,
+    Exchange,
+    Follower,
+)
 
 from ._plugin import request_scope
 
-__all__ = ["respond"]
+__all__ = ["respond", "resume"]
 
 logger = logging.getLogger("tether.aiohttp")
 
 
 async def respond(
     request: web.Request,
-    source: tether.Stream | tether.Batch,
+    source: tether.Stream | tether.Batch | Follower,
     *,
     streaming: bool,
     encoder: tether.Encoder | type[tether.Encoder] | None = None,
     ping_interval: float = 15.0,
     headers: Mapping[str, str] | None = None,
     send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
+    resume: tether.Resume | None = None,
 ) -> web.StreamResponse:
     """Answer ``request`` from ``source`` and close ``source`` when the response ends.
 
@@ -80,10 +86,20 @@ async def respond(
     :param send_timeout: seconds one write of a stream may wait for a client that
         stopped reading before the request is aborted as if the client had left and
         its connection dropped; ``None`` waits for ever.
+    :param resume: make the stream resumable (``streaming=True``, SSE, a Stream; see
+        ``docs/resume.md``): a client that leaves parks it; :func:`resume` continues it.
     :raises RuntimeError: ``tether_aiohttp.setup(app, ...)`` was not called.
     :raises TypeError: ``source`` is not a tether Stream or Batch.
-    :raises ValueError: ``ping_interval`` or ``send_timeout`` is not positive.
+    :raises ValueError: ``ping_interval`` or ``send_timeout`` is not positive; ``resume``
+        without ``streaming`` or with an encoder that has no event ids.
     """
+    if resume is not None:
+        try:
+            request_scope(request)  # before the stream outlives the request: checked now
+        except RuntimeError:
+            source.cancel()
+            raise
+        source = await resume.open(source)  # (not a Stream: aborted, TypeError)
     exchange = Exchange(  # (bad options: it aborts the source, which it owns, and raises)
         source,
         streaming=streaming,
@@ -111,6 +127,37 @@ async def respond(
         raise
     finally:
         await exchange.aclose()
+
+
+async def resume(
+    request: web.Request,
+    resume: tether.Resume,
+    *,
+    encoder: tether.Encoder | type[tether.Encoder] | None = None,
+    ping_interval: float = 15.0,
+    headers: Mapping[str, str] | None = None,
+    send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
+) -> web.StreamResponse | None:
+    """Answer a reconnect to a resumable stream (``Last-Event-ID`` or the resume token,
+    see :meth:`tether.Resume.reconnect`), or ``None`` if ``request`` is none. Call it
+    first in a handler that answers with ``respond(..., resume=resume)``.
+
+    :returns: the response (a 404 for a stream that is not resumable), or ``None``.
+    :raises RuntimeError: ``tether_aiohttp.setup(app, ...)`` was not called.
+    """
+    request_scope(request)  # (the follower joins the request's scope)
+    found = await resume.reconnect(request.headers, request.query)
+    if not isinstance(found, Follower):
+        return None if found is None else web.json_response(found.body, status=found.status)
+    return await respond(
+        request,
+        found,
+        streaming=True,
+        encoder=encoder,
+        ping_interval=ping_interval,
+        headers=headers,
+        send_timeout=send_timeout,
+    )
 
 
 async def _stream(
@@ -147,7 +194,9 @@ async def _write_stream(
     # the send timeout is bookkeeping around a write that may wait, not a coroutine.
     writing, written, ready_chunk = exchange.writing, exchange.written, exchange.ready_chunk
     source = exchange.source
-    wait, set_sink, ping_interval = source.wait_ready, source.set_sink, exchange.ping_interval
+    wait, ping_interval = source.wait_ready, exchange.ping_interval
+    # (a batch read whole, or a resumable stream's follower, is written the usual way)
+    stream = source if isinstance(source, tether.Stream) else None
     write = response.write
     chunk = first
     first_write = True
@@ -160,14 +209,19 @@ async def _write_stream(
                 written()
             ready = ready_chunk()
             if ready is None:
-                if direct is not None and direct.writable() and set_sink(direct.sink):
+                if (
+                    stream is not None
+                    and direct is not None
+                    and direct.writable()
+                    and stream.set_sink(direct.sink)
+                ):
                     # Parked with nothing in flight on an idle transport: the producer's
                     # step writes what it delivers (_Direct.sink); this task wakes for
                     # the end, an error, a ping, or once the transport holds bytes back.
                     try:
                         await wait(timeout=ping_interval)
                     finally:
-                        set_sink(None)
+                        stream.set_sink(None)
                 else:
                     await wait(timeout=ping_interval)
                 ready = exchange.waited_chunk()

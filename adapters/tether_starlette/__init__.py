@@ -10,6 +10,6 @@ stream_or_batch, streaming=...)``, and close the registry at shutdown with
 from __future__ import annotations
 
 from ._middleware import REGISTRY_KEY, TetherMiddleware, get_registry, lifespan
-from ._respond import respond
+from ._respond import respond, resume
 
-__all__ = ["REGISTRY_KEY", "TetherMiddleware", "get_registry", "lifespan", "respond"]
+__all__ = ["REGISTRY_KEY", "TetherMiddleware", "get_registry", "lifespan", "respond", "resume"]

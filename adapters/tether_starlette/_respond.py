@@ -40,28 +40,35 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 import tether
-from tether.http import DEFAULT_SEND_TIMEOUT, FAREWELL_TIMEOUT, Exchange, Head
+from tether.http import (
+    DEFAULT_SEND_TIMEOUT,
+    FAREWELL_TIMEOUT,
+    Exchange,
+    Follower,
+    Head,
+)
 
 from ._middleware import request_scope
 
-__all__ = ["ExchangeResponse", "respond"]
+__all__ = ["ExchangeResponse", "respond", "resume"]
 
 logger = logging.getLogger("tether.starlette")
 
 
 async def respond(
     request: Request,
-    source: tether.Stream | tether.Batch,
+    source: tether.Stream | tether.Batch | Follower,
     *,
     streaming: bool,
     encoder: tether.Encoder | type[tether.Encoder] | None = None,
     ping_interval: float = 15.0,
     headers: Mapping[str, str] | None = None,
     send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
+    resume: tether.Resume | None = None,
     transform: Callable[[Any], Any] | None = None,
 ) -> Response:
     """Answer ``request`` from ``source`` and close ``source`` when the response ends.
@@ -84,14 +91,24 @@ async def respond(
     :param send_timeout: seconds one write of a stream may wait for a client that
         stopped reading before the request is aborted as if the client had left;
         ``None`` waits for ever.
+    :param resume: make the stream resumable (``streaming=True``, SSE, a Stream; see
+        ``docs/resume.md``): a client that leaves parks it; :func:`resume` continues it.
     :param transform: turns what is answered into the value written, with no round
         trip through JSON: ``streaming=False``, the result (a batch's: the list of
         results, in order); ``streaming=True``, each output. Its errors fail the
         request as an unencodable output does (500, or an error event).
     :raises RuntimeError: :class:`TetherMiddleware` is not installed (``source`` is closed).
     :raises TypeError: ``source`` is not a tether Stream or Batch.
-    :raises ValueError: ``ping_interval`` or ``send_timeout`` is not positive.
+    :raises ValueError: ``ping_interval`` or ``send_timeout`` is not positive; ``resume``
+        without ``streaming`` or with an encoder that has no event ids.
     """
+    if resume is not None:
+        try:
+            request_scope(request)  # before the stream outlives the request: checked now
+        except RuntimeError:
+            source.cancel()
+            raise
+        source = await resume.open(source)  # (not a Stream: aborted, TypeError)
     if transform is not None:
         encoder = _shaped(encoder, transform, streaming=streaming)
     exchange = Exchange(  # (bad options: it aborts the source, which it owns, and raises)
@@ -115,6 +132,37 @@ async def respond(
         await exchange.aclose()
         return Response(head.body, head.status, headers={**head.headers, **extra})
     return ExchangeResponse(exchange, head, extra)
+
+
+async def resume(
+    request: Request,
+    resume: tether.Resume,
+    *,
+    encoder: tether.Encoder | type[tether.Encoder] | None = None,
+    ping_interval: float = 15.0,
+    headers: Mapping[str, str] | None = None,
+    send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
+) -> Response | None:
+    """Answer a reconnect to a resumable stream (``Last-Event-ID`` or the resume token,
+    see :meth:`tether.Resume.reconnect`), or ``None`` if ``request`` is none. Call it
+    first in a handler that answers with ``respond(..., resume=resume)``.
+
+    :returns: the response (a 404 for a stream that is not resumable), or ``None``.
+    :raises RuntimeError: :class:`TetherMiddleware` is not installed.
+    """
+    request_scope(request)  # (the follower joins the request's scope)
+    found = await resume.reconnect(request.headers, request.query_params)
+    if not isinstance(found, Follower):
+        return None if found is None else JSONResponse(found.body, found.status)
+    return await respond(
+        request,
+        found,
+        streaming=True,
+        encoder=encoder,
+        ping_interval=ping_interval,
+        headers=headers,
+        send_timeout=send_timeout,
+    )
 
 
 def _shaped(

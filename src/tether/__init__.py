@@ -11,8 +11,8 @@ and the error mapping in :mod:`tether.http`. Where each concept lives:
 ``_registry`` (the public front), ``_table`` (admission, the one end-of-request
 path, ``on_abort``, counters), ``_state`` (mailboxes), ``_consumer`` (the reading
 loop of ``_stream`` and ``_batch``), ``_scope``, ``_errors``, ``_encoders``,
-``_stats``, ``_observe`` (hooks for metrics, traces, logs); and for adapters
-``_exchange``, ``_framing``, ``_responses``, ``_guard``.
+``_stats``, ``_observe`` (hooks for metrics, traces, logs), ``_resume`` (resumable
+streams); and for adapters ``_exchange``, ``_framing``, ``_responses``, ``_guard``.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ from ._errors import (
 from ._limits import DEFAULT_MAX_PENDING_BYTES, approximate_size
 from ._observe import Observer, Outcome, RequestEnd
 from ._registry import Registry
+from ._replay import MemoryStore
+from ._resume import Resume
 from ._scope import RequestScope
 from ._stats import RegistryStats, Summary
 from ._stream import Stream
@@ -58,6 +60,7 @@ __all__ = [
     "Encoder",
     "InvalidRequest",
     "InvalidRequestId",
+    "MemoryStore",
     "Observer",
     "Outcome",
     "Overloaded",
@@ -68,6 +71,7 @@ __all__ = [
     "RequestEnd",
     "RequestScope",
     "RequestTimeout",
+    "Resume",
     "Stream",
     "Summary",
     "TetherError",

@@ -19,13 +19,15 @@ is ready at once, so that one write can carry them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Self
 
 from ._errors import Aborted, AbortReason
-from ._scope import current_scope
+from ._idle import IdleDeadline
+from ._scope import waiter_cancelled
 from ._state import NOTHING, Group, RequestState
 
 if TYPE_CHECKING:
@@ -36,16 +38,15 @@ __all__ = ["Consumer", "fold"]
 
 EMPTY: Final[list[Any]] = []
 _Future = asyncio.Future
-_CLOCK_SLACK: Final = 1e-3
-"""An idle timer that fires this close to its deadline counts as on time."""
 
 
-def _idle(consumer: weakref.ref[Consumer], box: RequestState | Group) -> None:
-    """An idle timer fired. It holds its consumer weakly: a consumer dropped while its
-    timer is armed is freed (and its request aborted) at once, not when it fires."""
+def _idle(consumer: weakref.ref[Consumer]) -> None:
+    """A timed wait's deadline passed. The timer holds its consumer weakly: a consumer
+    dropped while its timer is armed is freed (and its request aborted) at once, not
+    when it fires."""
     alive = consumer()
     if alive is not None:
-        alive._on_idle(box)  # noqa: SLF001 (this module's own consumer)
+        alive._on_idle()  # noqa: SLF001 (this module's own consumer)
 
 
 def fold(merge: Merge | None, acc: Any, output: Any) -> Any:
@@ -65,8 +66,7 @@ class Consumer:
         "_buf",
         "_closed",
         "_collecting",
-        "_deadline",
-        "_idle_timer",
+        "_idle",
         "_pos",
         "_states",
         "_table",
@@ -83,9 +83,9 @@ class Consumer:
         self._pos = 0
         self._closed = False
         self._collecting = False  # result() put the requests in collect mode
-        # The idle timer of timed waits (next_ready(timeout=...)), see wait_ready().
-        self._deadline: float | None = None
-        self._idle_timer: asyncio.TimerHandle | None = None
+        # The deadline of timed waits (next_ready(timeout=...)) and its one timer,
+        # made at the first timed wait.
+        self._idle: IdleDeadline | None = None
 
     def _first_read(self) -> RequestState | Group:
         """Decide the mailbox at the first read (a batch is read whole or split)."""
@@ -129,7 +129,7 @@ class Consumer:
         called for each, exactly once. Idempotent; later reads end the iteration."""
         self._closed = True
         self._buf = EMPTY
-        self._stop_idle_timer()
+        self._stop_idle()
         self.cancel(AbortReason.CANCELLED)
 
     async def __aenter__(self) -> Self:
@@ -183,7 +183,8 @@ class Consumer:
                 continue
             # The common wait, inlined: one coroutine less per output.
             waiter = box.waiter = _Future(loop=asyncio.get_running_loop())
-            self._deadline = None
+            if self._idle is not None:
+                self._idle.deadline = None  # an untimed wait
             try:
                 await waiter
             except asyncio.CancelledError:
@@ -214,7 +215,7 @@ class Consumer:
         if rest:
             return rest
         if box.error is not None or not box.live:
-            self._stop_idle_timer()
+            self._stop_idle()
             if box.error is not None:
                 raise box.error.with_traceback(None)
             return None
@@ -330,19 +331,13 @@ class Consumer:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         box.waiter = waiter
-        if timeout is None:
-            self._deadline = None
-        else:
-            # One idle timer per consumer, re-armed only when it fires before the
-            # current deadline: a stream that gets an output every millisecond must
-            # not build, heap-push and cancel a TimerHandle for every output. A timer
-            # armed for a later deadline (an earlier, longer timeout) is replaced.
-            self._deadline = deadline = loop.time() + timeout
-            timer = self._idle_timer
-            if timer is None or timer.when() > deadline + _CLOCK_SLACK:
-                if timer is not None:
-                    timer.cancel()
-                self._idle_timer = loop.call_at(deadline, _idle, weakref.ref(self), box)
+        idle = self._idle
+        if idle is None and timeout is not None:
+            idle = self._idle = IdleDeadline(functools.partial(_idle, weakref.ref(self)))
+        if idle is not None:
+            # One timer per consumer, re-armed only when needed: a stream that gets an
+            # output every millisecond must not build and cancel a timer per output.
+            idle.set(loop, timeout)
         try:
             await waiter
         except asyncio.CancelledError:
@@ -353,25 +348,17 @@ class Consumer:
         """The task waiting on ``waiter`` was cancelled: that is an abort of this consumer."""
         if box.waiter is waiter:
             box.waiter = None
-        scope = current_scope()
-        if scope is not None:
-            scope.cancelled()  # the framework may be cancelling because the client left
+        waiter_cancelled()
         self.cancel(AbortReason.CANCELLED)
 
-    def _on_idle(self, box: RequestState | Group) -> None:
-        self._idle_timer = None
-        deadline, waiter = self._deadline, box.waiter
-        if deadline is None or waiter is None or waiter.done():
-            return  # no timed wait now: the next one arms the timer again
-        loop = waiter.get_loop()
-        if loop.time() + _CLOCK_SLACK >= deadline:
+    def _on_idle(self) -> None:
+        """The timed wait's deadline passed: it ends with nothing ready."""
+        box = self._box
+        waiter = box.waiter if box is not None else None
+        if box is not None and waiter is not None and not waiter.done():
             box.waiter = None
             waiter.set_result(None)
-        else:
-            self._idle_timer = loop.call_at(deadline, _idle, weakref.ref(self), box)
 
-    def _stop_idle_timer(self) -> None:
-        timer = self._idle_timer
-        if timer is not None:
-            self._idle_timer = None
-            timer.cancel()
+    def _stop_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.clear()

@@ -14,6 +14,14 @@ outputs), overriding :meth:`Encoder.encode` (one output to one whole frame: the
 one override point, which :meth:`Encoder.encode_many` and
 :meth:`Encoder.encode_indexed` go through whenever a subclass overrides it), or
 overriding those two for whole chunks.
+
+SSE can also write the optional fields of the format: ``retry:`` once at the start
+(``SSE(retry=...)``), an ``id:`` per output (:meth:`Encoder.encode_events`, used by
+resumable streams, whose ids a reconnect sends back as ``Last-Event-ID``) and an
+``event:`` name on the error event (``SSE(error_event="error")``, and always on
+resumable streams). The defaults write none of them: plain ``data:`` frames are what
+OpenAI-style clients read, and a browser ``EventSource`` dispatches a named
+``error`` event to the same listeners as its own connection errors.
 """
 
 from __future__ import annotations
@@ -81,6 +89,8 @@ class Encoder:
 
     media_type: ClassVar[str] = "application/octet-stream"
     headers: ClassVar[dict[str, str]] = {}
+    has_event_ids: ClassVar[bool] = False
+    """Whether :meth:`encode_events` is supported (a stream can be resumable)."""
     _own_encode: ClassVar[bool] = False
     """Whether this class overrides :meth:`encode` (set for each subclass)."""
 
@@ -138,9 +148,24 @@ class Encoder:
         frame, dumps = self.frame, self.dumps
         return b"".join([frame(dumps(with_index(index, output))) for index, output in pairs])
 
-    def error(self, body: dict[str, Any]) -> bytes:
-        """An error event (``body`` is ``{"error": {...}}``, see ``tether.error_body``)."""
+    def encode_events(self, events: Iterable[tuple[str, Any]]) -> bytes:
+        """Several ``(event id, output)`` pairs as consecutive frames, each carrying
+        its id (resumable streams). Only formats with event ids support it.
+
+        :raises TypeError: the format has no event ids (see :attr:`has_event_ids`).
+        """
+        raise TypeError(f"{type(self).__name__} has no event ids: resumable streams need SSE")
+
+    def error(self, body: dict[str, Any], *, event: str | None = None) -> bytes:
+        """An error event (``body`` is ``{"error": {...}}``, see ``tether.error_body``).
+
+        :param event: an event name for formats that have them (SSE's ``event:``).
+        """
         return self.frame(self.dumps(body))
+
+    def preamble(self) -> bytes:
+        """What a stream starts with before its first output; ``b""`` by default."""
+        return b""
 
     def terminal(self) -> bytes:
         """The frame that ends a stream; ``b""`` when the format has none."""
@@ -153,15 +178,62 @@ class Encoder:
 
 class SSE(Encoder):
     """Server-sent events: ``data: <json>\\n\\n``, ending with ``data: [DONE]\\n\\n``,
-    pinging with a ``: ping`` comment."""
+    pinging with a ``: ping`` comment.
+
+    :param dumps: serialises one JSON value to bytes.
+    :param transform: turns each output into the value written.
+    :param retry: milliseconds a browser ``EventSource`` waits before it reconnects,
+        written once as a ``retry:`` field at the start of the stream; ``None`` (the
+        default) writes no field.
+    :param error_event: the ``event:`` name of the error event sent after the stream
+        started; ``None`` (the default) sends it as a plain ``data:`` frame, as
+        OpenAI-style clients expect. Resumable streams always name it ``error``.
+    :raises ValueError: a negative ``retry``, or an ``error_event`` with a line break.
+    """
 
     media_type: ClassVar[str] = "text/event-stream"
     headers: ClassVar[dict[str, str]] = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    has_event_ids: ClassVar[bool] = True
 
-    __slots__ = ()
+    __slots__ = ("error_event", "retry")
+
+    def __init__(
+        self,
+        *,
+        dumps: Dumps | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        retry: int | None = None,
+        error_event: str | None = None,
+    ) -> None:
+        super().__init__(dumps=dumps, transform=transform)
+        if retry is not None and (isinstance(retry, bool) or not retry >= 0):
+            raise ValueError(f"retry is a number of milliseconds >= 0, got {retry!r}")
+        if error_event is not None and not _is_field_value(error_event):
+            raise ValueError(f"an event name cannot hold a line break: {error_event!r}")
+        self.retry = retry
+        self.error_event = error_event
 
     def frame(self, payload: bytes) -> bytes:
         return b"data: " + payload + b"\n\n"
+
+    def encode_events(self, events: Iterable[tuple[str, Any]]) -> bytes:
+        # Each output through encode_many, so that a transform or a subclass that
+        # shapes its outputs (an OpenAI chunk, say) keeps its shape with an id.
+        encode_many = self.encode_many
+        return b"".join(
+            [
+                b"id: " + event_id.encode() + b"\n" + encode_many((output,))
+                for event_id, output in events
+            ]
+        )
+
+    def error(self, body: dict[str, Any], *, event: str | None = None) -> bytes:
+        name = event or self.error_event
+        data = b"data: " + self.dumps(body) + b"\n\n"
+        return data if name is None else b"event: " + name.encode() + b"\n" + data
+
+    def preamble(self) -> bytes:
+        return b"" if self.retry is None else b"retry: %d\n\n" % self.retry
 
     def terminal(self) -> bytes:
         return b"data: [DONE]\n\n"
@@ -184,3 +256,8 @@ class NDJSON(Encoder):
 
     def ping(self) -> bytes:
         return b"\n"
+
+
+def _is_field_value(value: str) -> bool:
+    """Whether ``value`` fits in one SSE field (no line break ends it early)."""
+    return "\n" not in value and "\r" not in value and "\0" not in value

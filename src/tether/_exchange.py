@@ -20,11 +20,13 @@ from collections.abc import Awaitable
 from typing import Any, Final
 
 from ._batch import Batch
+from ._channel import Follower
 from ._encoders import SSE, Encoder, default_dumps
 from ._errors import Aborted, AbortReason, TetherError
 from ._framing import Framer, jsonable
 from ._guard import SendGuard
 from ._responses import DEFAULT_SEND_TIMEOUT, JSON_HEADERS, Head, error_response
+from ._resume import TOKEN_HEADER
 from ._scope import current_scope
 from ._stream import Stream
 
@@ -47,7 +49,8 @@ _SSE: Final = SSE()
 class Exchange:
     """Drives one HTTP response from a :class:`~tether.Stream` or :class:`~tether.Batch`.
 
-    :param source: what to answer with.
+    :param source: what to answer with (a :class:`~tether.Follower` for a resumable
+        stream: its outputs carry event ids, its error event is named ``error``).
     :param streaming: stream every output (``True``) or answer with one JSON body.
     :param encoder: the streaming framing; :class:`~tether.SSE` by default.
     :param ping_interval: seconds of silence after which a keep-alive is sent.
@@ -63,6 +66,7 @@ class Exchange:
         "_done",
         "_framer",
         "_guard",
+        "_numbered",
         "encoder",
         "ping_interval",
         "send_timeout",
@@ -72,48 +76,44 @@ class Exchange:
 
     def __init__(
         self,
-        source: Stream | Batch,
+        source: Stream | Batch | Follower,
         *,
         streaming: bool,
         encoder: Encoder | type[Encoder] | None = None,
         ping_interval: float = 15.0,
         send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
     ) -> None:
-        if not isinstance(source, Stream | Batch):
+        if not isinstance(source, Stream | Batch | Follower):
             raise TypeError(f"expected a tether Stream or Batch, got {type(source).__name__}")
-        bad = None
-        if not ping_interval > 0:
-            bad = f"ping_interval must be positive, got {ping_interval}"
-        elif send_timeout is not None and not send_timeout > 0:
-            bad = f"send_timeout must be positive or None, got {send_timeout}"
-        if bad is not None:
-            source.cancel()  # the exchange owned the source all the same: nothing is left open
-            raise ValueError(bad)
         if encoder is None:
             encoder = _SSE
         elif isinstance(encoder, type):
             encoder = encoder()
+        numbered = isinstance(source, Follower)
+        bad = None
+        if numbered and not (streaming and encoder.has_event_ids):
+            bad = "a resumable stream is streamed with event ids: streaming=True and SSE"
+        elif not ping_interval > 0:
+            bad = f"ping_interval must be positive, got {ping_interval}"
+        elif send_timeout is not None and not send_timeout > 0:
+            bad = f"send_timeout must be positive or None, got {send_timeout}"
+        if bad is not None:
+            # the exchange owned the source all the same: nothing is left open
+            (source.abort if isinstance(source, Follower) else source.cancel)()
+            raise ValueError(bad)
         self.source = source
         self.streaming = streaming
         self.encoder: Encoder = encoder
         self.ping_interval = ping_interval
         self.send_timeout = send_timeout
-        # A one-shot JSON answer writes once, after its request finished: it needs
-        # neither the send timeout's guard nor the framing (made when first used).
+        # A resumable stream's outputs come with their event ids (see _resume).
+        self._numbered = numbered
+        # (a one-shot JSON answer writes once: no send timeout's guard unless asked for)
         self._guard: SendGuard | None = SendGuard(send_timeout) if streaming else None
-        self._framer: Framer | None = self._make_framer() if streaming else None
+        inline = isinstance(source, Batch) and source.keep_going
+        batch = isinstance(source, Batch)
+        self._framer = Framer(encoder, indexed=batch, errors_inline=inline, numbered=numbered)
         self._done = False
-
-    def _make_framer(self) -> Framer:
-        batch = self.source if isinstance(self.source, Batch) else None
-        inline = batch is not None and batch.keep_going
-        return Framer(self.encoder, indexed=batch is not None, errors_inline=inline)
-
-    @property
-    def _framing(self) -> Framer:
-        if self._framer is None:
-            self._framer = self._make_framer()
-        return self._framer
 
     @property
     def _bound(self) -> SendGuard:
@@ -164,20 +164,21 @@ class Exchange:
             return self._error_head(exc)
         encoder = self.encoder
         headers = self._success_headers()
+        first = encoder.preamble()
         if items is None:
             self._done = True
-            return Head(200, headers, encoder.terminal())
+            return Head(200, headers, first + encoder.terminal())
         if not items:
-            return Head(200, headers, encoder.ping())
-        framer = self._framer or self._framing
+            return Head(200, headers, first + encoder.ping())
+        framer = self._framer
         try:
             chunk = framer.some(items)
         except Exception as exc:
             return self._unencodable_head(exc)
         if framer.carry is None and self.source.exhausted:
             self._done = True
-            return Head(200, headers, chunk + encoder.terminal())
-        return Head(200, headers, chunk)
+            return Head(200, headers, first + chunk + encoder.terminal())
+        return Head(200, headers, first + chunk if first else chunk)
 
     def _unencodable(self, exc: Exception) -> None:
         logger.error(
@@ -193,10 +194,14 @@ class Exchange:
         if not self.streaming:
             return dict(JSON_HEADERS)
         encoder = self.encoder
-        return {
+        headers = {
             "content-type": encoder.media_type,
             **{k.lower(): v for k, v in encoder.headers.items()},
         }
+        source = self.source
+        if isinstance(source, Follower):
+            headers[TOKEN_HEADER] = source.token
+        return headers
 
     async def start_head_only(self) -> Head:
         """Answer a HEAD request: abort the work now and return a successful head.
@@ -218,7 +223,7 @@ class Exchange:
         """
         if self._done:
             return b""
-        framer = self._framer or self._framing
+        framer = self._framer
         carry = framer.carry
         if carry is not None:
             framer.carry = None
@@ -232,17 +237,13 @@ class Exchange:
         return self._chunk(items)
 
     def sink_chunk(self, outputs: list[Any]) -> bytes | None:
-        """``outputs`` (what a :meth:`~tether.Stream.set_sink` sink is handed, in the
-        producer's step) as one chunk to write now; ``None`` when they must go the
-        usual way instead: the sink then declines them, they wait again in the source,
-        and the handler's write loop reads them with :meth:`ready_chunk` (an output the
-        encoder cannot serialise fails the request there, not in the producer's step).
-
-        It never ends the response, aborts the work or raises: the producer's step
-        must go on whatever one response does.
+        """``outputs`` (handed to a ``Stream.set_sink`` sink in the producer's step) as
+        one chunk to write now; ``None`` when the sink must decline them (they wait
+        again, and the write loop reads them with :meth:`ready_chunk`: an output that
+        does not encode fails the request there). Never ends, aborts or raises.
         """
         framer = self._framer
-        if self._done or framer is None or framer.carry is not None:
+        if self._done or framer.carry is not None:
             return None
         try:
             return framer.encode(outputs)
@@ -267,9 +268,8 @@ class Exchange:
         return self.waited_chunk()
 
     def waited_chunk(self) -> bytes:
-        """The next bytes once ``await source.wait_ready(timeout=ping_interval)``
-        returned: what is ready, or a ping. A write loop that awaits the source's wait
-        itself (one coroutine less per wait than :meth:`wait_chunk`) ends with it."""
+        """What :meth:`wait_chunk` returns after its wait, for a write loop that awaits
+        ``source.wait_ready(timeout=ping_interval)`` itself (one coroutine less)."""
         chunk = self.ready_chunk()
         return self.encoder.ping() if chunk is None else chunk
 
@@ -278,7 +278,7 @@ class Exchange:
         if items is None:
             self._done = True
             return encoder.terminal()
-        framer = self._framer or self._framing
+        framer = self._framer
         try:
             chunk = framer.some(items)
         except Exception as exc:
@@ -297,7 +297,12 @@ class Exchange:
         if isinstance(exc, Aborted) and exc.reason in _CLIENT_GONE:
             return b""
         encoder = self.encoder
-        return encoder.error(error_response(exc).body) + encoder.terminal()
+        return encoder.error(error_response(exc).body, event=self._error_event) + encoder.terminal()
+
+    @property
+    def _error_event(self) -> str | None:
+        # A resumable stream names its error event: a reconnecting client tells it apart.
+        return "error" if self._numbered else None
 
     def writing(self) -> None:
         """A write of this response starts now: it is bounded by ``send_timeout``.
@@ -361,7 +366,7 @@ class Exchange:
         self._done = True
         source = self.source
         source.cancel(AbortReason.CANCELLED)
-        framer = self._framer or self._framing
+        framer = self._framer
         carry = framer.take_carry()
         try:
             held = framer.encode(carry) if carry else b""
@@ -369,7 +374,7 @@ class Exchange:
             held = b""
         encoder = self.encoder
         body = error_response(self._server_abort()).body
-        return held + encoder.error(body) + encoder.terminal()
+        return held + encoder.error(body, event=self._error_event) + encoder.terminal()
 
     def farewell_head(self) -> Head:
         """The whole answer to a request whose handler the server cancelled before its
@@ -379,7 +384,7 @@ class Exchange:
 
     def _server_abort(self) -> Aborted:
         source = self.source
-        rid = source.rid if isinstance(source, Stream) else source.rids[0]
+        rid = source.rids[0] if isinstance(source, Batch) else source.rid
         return Aborted(rid, AbortReason.SERVER, f"request {rid!r} was ended by the server")
 
     async def aclose(self) -> None:

@@ -4,7 +4,8 @@ A :class:`Framer` encodes what a consumer had ready into one chunk for one write
 and when that is a backlog larger than :data:`WRITE_BYTES`, into several chunks,
 never encoded or joined whole: what does not fit in this chunk waits (``carry``)
 for the next one, in order. A batch's outputs carry their index; a keep-going
-batch's failed sub-request stands in its place as its error's JSON body.
+batch's failed sub-request stands in its place as its error's JSON body; a
+resumable stream's outputs carry their event ids.
 """
 
 from __future__ import annotations
@@ -38,13 +39,17 @@ class Framer:
     :param encoder: the stream's framing.
     :param indexed: the outputs are a batch's ``(index, output)`` pairs.
     :param errors_inline: a keep-going batch: an error may stand for an output.
+    :param numbered: the outputs are a resumable stream's ``(event id, output)`` pairs.
     """
 
-    __slots__ = ("_errors_inline", "_frame_bytes", "_indexed", "carry", "encoder")
+    __slots__ = ("_errors_inline", "_frame_bytes", "_indexed", "_numbered", "carry", "encoder")
 
-    def __init__(self, encoder: Encoder, *, indexed: bool, errors_inline: bool) -> None:
+    def __init__(
+        self, encoder: Encoder, *, indexed: bool, errors_inline: bool, numbered: bool = False
+    ) -> None:
         self.encoder = encoder
         self._indexed = indexed
+        self._numbered = numbered
         self._errors_inline = errors_inline
         self.carry: list[Any] | None = None
         """Ready outputs that did not fit in the last chunk, for the next one."""
@@ -88,6 +93,8 @@ class Framer:
 
     def encode(self, items: list[Any]) -> bytes:
         """Every one of ``items`` as consecutive frames, for one write."""
+        if self._numbered:
+            return self.encoder.encode_events(items)
         if self._indexed:
             if self._errors_inline:
                 # a keep-going batch yields a failed sub-request's error in its place

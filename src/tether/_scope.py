@@ -23,6 +23,7 @@ __all__ = [
     "RequestScope",
     "accept_request_id",
     "current_scope",
+    "waiter_cancelled",
 ]
 
 REQUEST_ID_HEADER: Final = "X-Request-Id"
@@ -74,6 +75,14 @@ def accept_request_id(value: str | bytes | None) -> str | None:
     if not value or len(value) > MAX_REQUEST_ID_LENGTH or not _PRINTABLE.fullmatch(value):
         return None
     return value
+
+
+def waiter_cancelled() -> None:
+    """A task waiting for a stream's outputs was cancelled: tell the request's scope,
+    since the framework may be cancelling because the client left."""
+    scope = current_scope()
+    if scope is not None:
+        scope.cancelled()
 
 
 def current_scope() -> RequestScope | None:
@@ -196,6 +205,16 @@ class RequestScope:
         this request) is still cancelled when this request's client leaves."""
         if not any(tracked is consumer for tracked in reversed(self._consumers)):
             self.track(consumer)
+
+    def release(self, consumer: Consumer) -> None:
+        """Stop tracking ``consumer``: something else owns it now (a resumable stream
+        outlives the request that opened it), so neither a disconnect nor the end of
+        this scope cancels it. Releasing what is not tracked does nothing."""
+        consumers = self._consumers
+        for index, kept in enumerate(consumers):
+            if kept is consumer:
+                del consumers[index]
+                return
 
     def check(self) -> None:
         """Raise :class:`~tether.Aborted` if the client already disconnected."""

@@ -33,7 +33,9 @@ from an exception to a status, a JSON body and headers). A client's
 
 from __future__ import annotations
 
+from ._channel import Channel, Follower, Keeper
 from ._exchange import FAREWELL_TIMEOUT, Exchange
+from ._replay import new_token
 from ._responses import (
     CLIENT_CLOSED_REQUEST,
     DEFAULT_SEND_TIMEOUT,
@@ -42,6 +44,7 @@ from ._responses import (
     error_body,
     error_response,
 )
+from ._resume import NOT_RESUMABLE, TOKEN_HEADER, ResumePoint, resume_point
 from ._scope import MAX_REQUEST_ID_LENGTH, REQUEST_ID_HEADER, accept_request_id, current_scope
 
 __all__ = [
@@ -49,12 +52,20 @@ __all__ = [
     "DEFAULT_SEND_TIMEOUT",
     "FAREWELL_TIMEOUT",
     "MAX_REQUEST_ID_LENGTH",
+    "NOT_RESUMABLE",
     "REQUEST_ID_HEADER",
+    "TOKEN_HEADER",
+    "Channel",
     "ErrorResponse",
     "Exchange",
+    "Follower",
     "Head",
+    "Keeper",
+    "ResumePoint",
     "accept_request_id",
     "current_scope",
     "error_body",
     "error_response",
+    "new_token",
+    "resume_point",
 ]

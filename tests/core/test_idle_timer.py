@@ -19,7 +19,7 @@ class _CountingTimers:
         self._call_at = loop.call_at
 
     def call_at(self, when: float, callback: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(callback, "__name__", "") == "_idle":
+        if getattr(callback, "__name__", "") == "_fired":  # IdleDeadline's timer
             self.armed += 1
         return self._call_at(when, callback, *args, **kwargs)
 
@@ -46,7 +46,8 @@ async def test_timed_reads_of_a_busy_stream_arm_one_idle_timer_not_one_per_outpu
         await producer
     assert received == list(range(200))
     assert timers.armed == 1
-    assert stream._idle_timer is None  # stopped at the end, so nothing keeps the stream alive
+    assert stream._idle is not None
+    assert not stream._idle.armed  # stopped at the end, so nothing keeps the stream alive
 
 
 async def test_idle_timeout_counts_from_the_current_wait_not_the_first() -> None:
@@ -72,10 +73,11 @@ async def test_aclose_stops_the_idle_timer() -> None:
     reader = asyncio.create_task(stream.next_ready(timeout=30))
     async with asyncio.timeout(10):
         await asyncio.sleep(0)  # one loop turn: the reader starts its timed wait
-        assert stream._idle_timer is not None
+        assert stream._idle is not None
+        assert stream._idle.armed
         await stream.aclose()
         assert await reader is None
-    assert stream._idle_timer is None
+    assert not stream._idle.armed
 
 
 async def test_a_short_timed_wait_after_a_longer_one_returns_on_its_own_deadline() -> None:

@@ -153,15 +153,21 @@ PANES = """JSON.stringify([...document.querySelectorAll('.pane')].map(pane => ({
 })))"""
 
 
-@pytest.mark.parametrize("server", ["starlette", "aiohttp"])
-async def test_page_generates_side_by_side_and_stop_aborts_the_work(server: str) -> None:
+@contextlib.asynccontextmanager
+async def page_of(server: str) -> AsyncIterator[tuple[httpx.AsyncClient, Page]]:
+    """The example ``server`` running, a client of its API, and Chromium on its page."""
     async with (
-        asyncio.timeout(60),
         launched(server) as url,
         httpx.AsyncClient(base_url=url, timeout=10) as http,
         chromium() as page,
     ):
         await page.open(url + "/")
+        yield http, page
+
+
+@pytest.mark.parametrize("server", ["starlette", "aiohttp"])
+async def test_page_generates_side_by_side_and_stop_aborts_the_work(server: str) -> None:
+    async with asyncio.timeout(60), page_of(server) as (http, page):
         await eventually(
             lambda: page.js("document.getElementById('inflight')?.textContent === '0'")
         )
@@ -200,3 +206,148 @@ async def test_page_generates_side_by_side_and_stop_aborts_the_work(server: str)
         await eventually(
             lambda: page.js("document.getElementById('inflight')?.textContent === '0'")
         )
+
+
+class CuttingProxy:
+    """A TCP relay on 127.0.0.1 in front of a server, whose open connections the test
+    can cut at once, both sides, as a network drop does (no HTTP-level goodbye)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = httpx.URL(upstream)
+        self.pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self.relays: set[asyncio.Task[None]] = set()
+
+    async def relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.relays.add(task)
+        host, port = self.upstream.host, self.upstream.port
+        try:
+            up_reader, up_writer = await asyncio.open_connection(host, port)
+        except OSError:
+            writer.transport.abort()
+            return
+        pair = (writer, up_writer)
+        self.pairs.add(pair)
+        pipes = [
+            asyncio.create_task(_pipe(reader, up_writer)),
+            asyncio.create_task(_pipe(up_reader, writer)),
+        ]
+        try:
+            await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pipe in pipes:
+                pipe.cancel()
+            await asyncio.wait(pipes)
+            self.pairs.discard(pair)
+            for side in pair:
+                side.transport.abort()
+            self.relays.discard(task)
+
+    def cut(self) -> int:
+        """Drop every open connection, both sides; how many there were."""
+        pairs = list(self.pairs)
+        for pair in pairs:
+            for side in pair:
+                side.transport.abort()
+        return len(pairs)
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError):
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+
+
+@contextlib.asynccontextmanager
+async def cutting_proxy(upstream: str) -> AsyncIterator[tuple[str, CuttingProxy]]:
+    """A :class:`CuttingProxy` to ``upstream``; its URL. Its relays end with it."""
+    proxy = CuttingProxy(upstream)
+    server = await asyncio.start_server(proxy.relay, "127.0.0.1", 0)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}", proxy
+    finally:
+        server.close()
+        proxy.cut()
+        relays = set(proxy.relays)
+        for relay in relays:
+            relay.cancel()
+        if relays:
+            await asyncio.wait(relays)
+        await server.wait_closed()
+
+
+async def generate(page: Page, prompt: str, tokens: int) -> None:
+    """Fill the page's form for one streamed prompt (resumable) and press Generate."""
+    await page.js(f"""
+        document.getElementById('prompt').value = {json.dumps(prompt)};
+        document.getElementById('batch').value = '1';
+        document.getElementById('max-tokens').value = '{tokens}';
+        document.getElementById('stream').checked = true;
+        document.getElementById('generate').click();
+    """)
+
+
+async def settled(http: httpx.AsyncClient) -> dict[str, Any]:
+    """The server's stats once nothing is in flight, in the registry or the engine."""
+
+    async def idle() -> bool:
+        metrics = (await http.get("/stats")).json()
+        return bool(metrics["in_flight"] == 0 and metrics["engine"]["running"] == 0)
+
+    await eventually(idle)
+    stats: dict[str, Any] = (await http.get("/stats")).json()
+    return stats
+
+
+@pytest.mark.parametrize("server", ["starlette", "aiohttp"])
+async def test_page_resumes_a_dropped_stream_and_shows_the_whole_answer_once(server: str) -> None:
+    prompt, tokens = "resume me in the browser", 800
+    async with (
+        asyncio.timeout(60),
+        launched(server) as url,
+        httpx.AsyncClient(base_url=url, timeout=10) as http,
+        cutting_proxy(url) as (proxied, proxy),
+        chromium() as page,
+    ):
+        await page.open(proxied + "/")
+        await generate(page, prompt, tokens)
+
+        panes: list[dict[str, Any]] = []
+
+        async def growing() -> bool:
+            panes[:] = json.loads(await page.js(PANES))
+            return len(panes) == 1 and panes[0]["tokens"] >= 20
+
+        await eventually(growing)
+        assert proxy.cut() >= 1  # the stream's connection, mid-stream
+        assert panes[0]["tokens"] < tokens
+
+        await eventually(
+            lambda: page.js("document.getElementById('status').textContent === 'done'"),
+            timeout=30,
+        )
+        panes[:] = json.loads(await page.js(PANES))
+        whole = expected_text(prompt, tokens)
+        assert panes == [{"prompt": prompt, "tokens": tokens, "text": whole}]  # once, in order
+        resumes = await page.js("document.getElementById('status').dataset.resumes")
+        assert int(resumes) >= 1
+
+        metrics = await settled(http)
+        assert (metrics["finished"], metrics["aborted"]) == (1, {})  # never aborted
+
+
+@pytest.mark.parametrize("server", ["starlette", "aiohttp"])
+async def test_stop_on_a_resumable_stream_aborts_the_work_at_once(server: str) -> None:
+    # A closed connection only parks a resumable stream (for 30 s in the examples):
+    # the work stops within the bound only because Stop posts the stream's token.
+    async with asyncio.timeout(60), page_of(server) as (http, page):
+        await generate(page, "stop me", 4000)
+        tokens = "Number(document.querySelector('.pane')?.dataset.tokens)"
+        await eventually(lambda: page.js(f"{tokens} >= 5"))
+        await page.js("document.getElementById('stop').click()")
+        metrics = await settled(http)
+        assert (metrics["aborted"], metrics["finished"]) == ({"cancelled": 1}, 0)
+        assert await page.js("document.getElementById('status').textContent") == "stopped"

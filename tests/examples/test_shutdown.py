@@ -297,7 +297,8 @@ async def refuses_connections(url: str) -> bool:
     host, port = url.removeprefix("http://").split(":")
     try:
         _, writer = await asyncio.open_connection(host, int(port))
-    except ConnectionRefusedError:
+    except (ConnectionRefusedError, ConnectionResetError):
+        # (reset: the connection reached the backlog as the listener was closed)
         return True
     writer.close()
     await writer.wait_closed()

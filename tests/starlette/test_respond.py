@@ -25,6 +25,7 @@ def test_exports_only_the_entry_points_sorted() -> None:
         "get_registry",
         "lifespan",
         "respond",
+        "resume",
     ]
     assert tether_starlette.__all__ == sorted(tether_starlette.__all__)
 

@@ -1,0 +1,178 @@
+"""A reconnect on a worker that does not own its stream: a local channel fed from
+Redis (the backlog, then the live tail through the store's :class:`~._ear.Ear`), and
+the control messages that keep the owner informed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+from redis.asyncio import Redis
+
+import tether
+from tether.http import Channel, Follower, new_token
+
+from ._ear import Ear, Fields, text
+
+__all__ = ["Host", "Mirror", "end_error"]
+
+
+class Host(Protocol):
+    """What a mirror needs of its store (a ``RedisStore``)."""
+
+    client: Redis
+    block_ms: int
+    worker: str
+    ear: Ear
+    writes: asyncio.Semaphore
+
+    def key(self, token: str, kind: str) -> str:
+        """The Redis key of ``token``'s ``log``, ``ctl``, ``meta`` or ``lease``."""
+        ...
+
+    def spawn(self, job: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``job`` as a task the store owns."""
+        ...
+
+
+class Mirror:
+    """A reconnect on a worker that does not own the stream: a local channel fed from
+    Redis, and the control messages that keep the owner informed. It is the keeper
+    of that channel (no store holds it)."""
+
+    __slots__ = ("_after", "_channel", "_fid", "_store", "_token")
+
+    def __init__(self, store: Host, token: str, after: int) -> None:
+        self._store = store
+        self._token = token
+        self._after = after
+        self._fid = new_token()
+        self._channel: Channel | None = None
+
+    def _key(self, kind: str) -> str:
+        return self._store.key(self._token, kind)
+
+    async def start(self) -> Follower | None:
+        store, after = self._store, self._after
+        client = store.client
+        meta: Any = await client.hgetall(self._key("meta"))
+        if not meta:
+            return None
+        rid = meta[b"rid"].decode()
+        entries: Any = await client.xrange(self._key("log"))
+        events: list[Any] = []
+        first = count = 0
+        end: Fields | None = None
+        for _entry_id, fields in entries:
+            if b"end" in fields:
+                end = fields
+                continue
+            count = int(fields[b"n"])
+            first = first or count
+            events.append(json.loads(fields[b"d"]))
+        first = first or count + 1
+        if (end is not None and end[b"end"] == b"aborted") or not first - 1 <= after <= count:
+            return None
+        channel = Channel(
+            self, rid, self._token, grace=3600.0, max_events=1 << 62, abort=self._abort
+        )
+        channel.events = events
+        channel.first = first
+        channel.count = count
+        self._channel = channel
+        follower = Follower(channel, after)
+        ctl_id = await client.xadd(
+            self._key("ctl"), {"op": "attach", "w": store.worker, "f": self._fid}
+        )
+        await client.set(self._key("lease"), self._fid, px=3 * store.block_ms)
+        channel.attach(follower)
+        if end is not None:
+            channel.end(end_error(rid, end))
+        else:
+            last_id = entries[-1][0] if entries else "0-0"
+            await store.ear.listen(self, {self._key("log"): last_id, self._key("ctl"): ctl_id})
+        return follower
+
+    def heard(self, key: str, entry_id: Any, fields: Fields) -> bool:
+        """Follow the log and the control stream until the stream ends or this client
+        is replaced, stopped or gone."""
+        channel = self._channel
+        if channel is None or channel.follower is None:
+            return False
+        if key == self._key("log"):
+            return self._record(channel, fields)
+        op = text(fields, b"op")
+        if op == "cancel":
+            channel.end(tether.Aborted(channel.rid, tether.AbortReason.CANCELLED))
+            return False
+        if op == "attach" and text(fields, b"f") != self._fid:
+            channel.attach_remote()  # a newer client, elsewhere: this one ends
+            return False
+        return True
+
+    async def tick(self) -> bool:
+        """Hold this client's lease; end if the owner is gone."""
+        channel, store = self._channel, self._store
+        if channel is None or channel.follower is None:
+            return False
+        async with store.writes, store.client.pipeline(transaction=False) as pipe:
+            pipe.set(self._key("lease"), self._fid, px=3 * store.block_ms)
+            pipe.exists(self._key("meta"))
+            _, alive = await pipe.execute()
+        if not alive:  # the owner is gone (its keys expired): nobody will write more
+            gone = "the worker that ran this request is gone"
+            channel.end(tether.Aborted(channel.rid, tether.AbortReason.SERVER, gone))
+            return False
+        return True
+
+    def _record(self, channel: Channel, fields: Fields) -> bool:
+        """One entry of the log; whether the stream goes on."""
+        if b"end" in fields:
+            channel.end(end_error(channel.rid, fields))
+            return False
+        if int(fields[b"n"]) != channel.count + 1:  # trimmed before it was read
+            channel.end(tether.ConsumerTooSlow(channel.rid, channel.max_events))
+            return False
+        channel.append([json.loads(fields[b"d"])])
+        return True
+
+    def _abort(self, reason: tether.AbortReason) -> bool:
+        """Only the owner aborts: ask it to (this worker could not encode an output)."""
+        self._store.spawn(self._send({"op": "cancel", "w": self._store.worker}))
+        return True
+
+    async def _send(self, fields: dict[str, str]) -> None:
+        await self._store.client.xadd(self._key("ctl"), fields)  # type: ignore[arg-type]
+
+    # -- Keeper ------------------------------------------------------------------------
+
+    def holds(self, channel: Channel) -> bool:
+        return False
+
+    def forget(self, channel: Channel) -> None:
+        pass
+
+    def recorded(self, channel: Channel, outputs: list[Any]) -> None:
+        pass
+
+    def ended(self, channel: Channel) -> None:
+        pass
+
+    def attached(self, channel: Channel, follower: Follower) -> None:
+        pass
+
+    def detached(self, channel: Channel, follower: Follower) -> None:
+        self._store.ear.drop(self)
+        fields = {"op": "detach", "w": self._store.worker, "f": self._fid, "pos": str(follower.pos)}
+        self._store.spawn(self._send(fields))
+
+
+def end_error(rid: str, end: Fields) -> tether.TetherError | None:
+    kind = end.get(b"end")
+    if kind == b"ok":
+        return None
+    if kind == b"aborted":
+        return tether.Aborted(rid, tether.AbortReason(text(end, b"reason") or "server"))
+    return tether.Aborted(rid, tether.AbortReason.SERVER, text(end, b"m"))

@@ -1,0 +1,370 @@
+"""A resumable stream's log in one process (:class:`Channel`) and one client's view of
+it (:class:`Follower`); see ``_resume`` for the concept.
+
+A channel holds the outputs numbered from 1 and at most one follower, the newest; a
+follower hands its client the events after its position, then waits on the channel.
+While no client is attached, a timer of ``grace`` seconds runs; when it fires the
+stream is aborted (live) or forgotten (ended). A store (``_replay``) keeps channels
+and hears what happens to them (:class:`Keeper`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+from ._errors import Aborted, AbortReason, TetherError
+from ._idle import IdleDeadline
+from ._scope import waiter_cancelled
+
+__all__ = ["Channel", "Follower", "Keeper"]
+
+logger = logging.getLogger("tether")
+
+_PARKED: Final = (AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED)
+"""What a follower's cancel means when it only detaches its client."""
+
+
+class Keeper(Protocol):
+    """What holds a :class:`Channel` (a store) and hears what happens to it."""
+
+    def holds(self, channel: Channel) -> bool:
+        """Whether ``channel`` is still resumable."""
+        ...
+
+    def forget(self, channel: Channel) -> None:
+        """``channel`` is resumable no more."""
+        ...
+
+    def recorded(self, channel: Channel, outputs: list[Any]) -> None:
+        """``outputs`` were appended to ``channel`` (numbered up to ``channel.count``)."""
+        ...
+
+    def ended(self, channel: Channel) -> None:
+        """``channel``'s stream ended (``channel.error`` says how)."""
+        ...
+
+    def attached(self, channel: Channel, follower: Follower) -> None:
+        """``follower`` is ``channel``'s client now."""
+        ...
+
+    def detached(self, channel: Channel, follower: Follower) -> None:
+        """``follower``, ``channel``'s client, left after event ``follower.pos``."""
+        ...
+
+
+class Channel:
+    """One resumable stream's log of events, in one process: the owner's record of
+    it, or (a store shared between processes) a mirror of another process's.
+
+    :param keeper: the store that holds it.
+    :param rid: the request id.
+    :param token: the resume token.
+    :param grace: seconds it lives on with no client.
+    :param max_events: how many events may wait for a client before ``abort``.
+    :param abort: aborts the request with a reason (``on_abort`` exactly once).
+    """
+
+    __slots__ = (
+        "abort",
+        "count",
+        "ended",
+        "error",
+        "events",
+        "first",
+        "follower",
+        "grace",
+        "keeper",
+        "max_events",
+        "remote",
+        "rid",
+        "sent",
+        "timer",
+        "token",
+        "waiter",
+    )
+
+    def __init__(
+        self,
+        keeper: Keeper,
+        rid: str,
+        token: str,
+        *,
+        grace: float,
+        max_events: int,
+        abort: Callable[[AbortReason], bool],
+    ) -> None:
+        self.keeper = keeper
+        self.abort = abort
+        self.rid = rid
+        self.token = token
+        self.remote = False  # a client attached in another process (see attach_remote)
+        self.grace = grace
+        self.max_events = max_events
+        self.events: list[Any] = []
+        self.first = 1  # the number of events[0]
+        self.count = 0  # the number of the last event recorded
+        self.sent = 0  # the last event handed to a client that since detached
+        self.ended = False
+        self.error: TetherError | None = None
+        self.follower: Follower | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    def append(self, outputs: list[Any]) -> None:
+        """Record outputs the pump read; abort the request if too many wait unsent."""
+        events = self.events
+        events.extend(outputs)
+        self.count += len(outputs)
+        follower = self.follower
+        # (a client in another process reads from there: the cap is its store's to keep)
+        sent = follower.pos if follower is not None else self.count if self.remote else self.sent
+        if self.count - sent > self.max_events:
+            logger.warning(
+                "resumable request %r: more than %d events wait for a client; aborted",
+                self.rid,
+                self.max_events,
+            )
+            self.abort(AbortReason.CONSUMER_TOO_SLOW)
+        # Forget what was sent beyond the cap, in steps so that it costs O(1) per event.
+        extra = len(events) - self.max_events
+        if extra > self.max_events // 2:
+            drop = min(extra, sent - self.first + 1)
+            if drop > 0:
+                del events[:drop]
+                self.first += drop
+        self.keeper.recorded(self, outputs)
+        self.wake()
+
+    def end(self, error: TetherError | None) -> None:
+        """The stream ended: finished (``None``), failed, or aborted (then forgotten)."""
+        self.ended = True
+        self.error = error
+        self.keeper.ended(self)
+        if isinstance(error, Aborted):
+            self.keeper.forget(self)  # an aborted stream is not resumable
+        elif self.follower is None and not self.remote:
+            self.arm()
+        self.wake()
+
+    def attach(self, follower: Follower) -> None:
+        """``follower`` is the client now: the one before it ends, the timer stops."""
+        old = self.follower
+        self.follower = follower
+        self.remote = False
+        self.disarm()
+        if old is not None:
+            old.replaced()
+            self.wake()
+        self.keeper.attached(self, follower)
+
+    def attach_remote(self) -> None:
+        """A client attached in another process: this one's ends, the timer stops."""
+        old = self.follower
+        self.follower = None
+        self.remote = True
+        self.disarm()
+        if old is not None:
+            old.replaced()
+            self.wake()
+
+    def detach_remote(self, sent: int) -> None:
+        """The other process's client left after event ``sent``: the stream parks."""
+        if self.remote:
+            self.remote = False
+            self.sent = max(self.sent, sent)
+            if self.keeper.holds(self):
+                self.arm()
+
+    def detach(self, follower: Follower) -> None:
+        """``follower`` left (if it still was the client): the stream parks."""
+        if self.follower is not follower:
+            return
+        self.follower = None
+        self.sent = follower.pos
+        self.wake()
+        self.keeper.detached(self, follower)
+        if self.keeper.holds(self):
+            self.arm()
+
+    def arm(self) -> None:
+        """Start the grace period (again)."""
+        self.disarm()
+        loop = asyncio.get_running_loop()
+        self.timer = loop.call_later(self.grace, self.expire)
+
+    def disarm(self) -> None:
+        """Stop the grace period."""
+        timer = self.timer
+        if timer is not None:
+            self.timer = None
+            timer.cancel()
+
+    def expire(self) -> None:
+        """The grace period passed with no client: abort a live stream, forget its log."""
+        self.timer = None
+        if self.follower is not None or self.remote:
+            return
+        self.keeper.forget(self)
+        if not self.ended:
+            self.abort(AbortReason.CLIENT_DISCONNECTED)
+
+    def wake(self) -> None:
+        """Wake the follower waiting for more, if one is."""
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+class Follower:
+    """One client's view of a resumable stream: what an :class:`~tether.http.Exchange`
+    reads instead of the stream. Its outputs come as ``(event id, output)`` pairs.
+
+    Its scope cancelling it (the client left, the request ended) only detaches it;
+    cancelling it for another reason (an output it cannot encode) aborts the request.
+    """
+
+    __slots__ = ("_channel", "_closed", "_gone", "_idle", "pos")
+
+    def __init__(self, channel: Channel, after: int) -> None:
+        self._channel = channel
+        self.pos = after
+        """The number of the last event handed out."""
+        self._closed = False
+        self._gone: Aborted | None = None
+        self._idle = IdleDeadline(self._on_idle)  # the keep-alive wait's, one timer
+
+    @property
+    def rid(self) -> str:
+        """The request id of the stream followed."""
+        return self._channel.rid
+
+    @property
+    def token(self) -> str:
+        """The stream's resume token."""
+        return self._channel.token
+
+    def __repr__(self) -> str:
+        return f"<Follower {self._channel.rid!r} at={self.pos}>"
+
+    @property
+    def finished(self) -> bool:
+        """Whether this client is done with the stream (nothing for a scope to cancel)."""
+        return self._closed or self._gone is not None
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether everything was handed out and the stream ended cleanly."""
+        channel = self._channel
+        return (
+            self._gone is None
+            and channel.ended
+            and channel.error is None
+            and self.pos >= channel.count
+        )
+
+    def replaced(self) -> None:
+        """A newer reconnect took this stream over: this client ends quietly."""
+        if self._gone is None:
+            self._gone = Aborted(self.rid, AbortReason.CLIENT_DISCONNECTED, "resumed elsewhere")
+
+    def cancel(self, reason: AbortReason = AbortReason.CANCELLED) -> bool:
+        """Detach this client (``client_disconnected``, ``cancelled``: the stream is
+        parked); any other reason aborts the request.
+
+        :returns: whether a request was aborted.
+        """
+        channel = self._channel
+        if reason not in _PARKED:
+            return channel.abort(reason)
+        if self._gone is None:
+            self._gone = Aborted(self.rid, reason)
+            self._idle.clear()
+            channel.detach(self)
+        return False
+
+    async def result(self) -> Any:
+        """A resumable stream is only streamed.
+
+        :raises TypeError: always.
+        """
+        raise TypeError("a resumable stream is only streamed: it has no result()")
+
+    def abort(self) -> bool:
+        """Abort the request followed (the response could not even start)."""
+        return self._channel.abort(AbortReason.CANCELLED)
+
+    async def aclose(self) -> None:
+        """Detach this client; the stream goes on (parked) for the grace period."""
+        self._closed = True
+        self._idle.clear()
+        self.cancel(AbortReason.CANCELLED)
+
+    def ready(self) -> list[tuple[str, Any]] | None:
+        """Every event not handed out yet, as ``(event id, output)`` pairs.
+
+        :returns: a non-empty list; ``[]`` when nothing is ready; ``None`` at the end.
+        :raises TetherError: the stream failed or was aborted, or this client left.
+        """
+        if self._closed:
+            return None
+        if self._gone is not None:
+            raise self._gone.with_traceback(None)
+        channel = self._channel
+        pos, count = self.pos, channel.count
+        if pos < count:
+            self.pos = count
+            prefix = channel.token + "."
+            start = pos + 1
+            events = channel.events[start - channel.first :]
+            return [(prefix + str(n), output) for n, output in enumerate(events, start)]
+        if channel.error is not None:
+            raise channel.error.with_traceback(None)
+        return None if channel.ended else []
+
+    async def wait_ready(self, *, timeout: float | None = None) -> None:
+        """Wait until :meth:`ready` has something to say, or ``timeout`` passed."""
+        channel = self._channel
+        if (
+            self._closed
+            or self._gone is not None
+            or self.pos < channel.count
+            or channel.ended
+            or channel.follower is not self
+        ):
+            return
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        channel.waiter = waiter
+        self._idle.set(loop, timeout)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if channel.waiter is waiter:
+                channel.waiter = None
+            waiter_cancelled()
+            self.cancel(AbortReason.CANCELLED)
+            raise
+
+    def _on_idle(self) -> None:
+        """The wait's deadline passed: it ends (with nothing, the caller pings)."""
+        channel = self._channel
+        waiter = channel.waiter
+        if waiter is not None and channel.follower is self:
+            channel.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def next_ready(self, *, timeout: float | None = None) -> list[Any] | None:
+        """Every event ready, waiting for one (up to ``timeout``, then ``[]``)."""
+        items = self.ready()
+        while items == []:
+            await self.wait_ready(timeout=timeout)
+            items = self.ready()
+            if timeout is not None:
+                break
+        return items

@@ -1,0 +1,222 @@
+"""Resumable streams: a client that reconnects with ``Last-Event-ID`` continues where
+it left off, exactly once and in order.
+
+A resumable response is not read from its :class:`~tether.Stream` by the HTTP
+handler. :meth:`Resume.open` hands the stream to a pump task (owned by the store)
+that records every output in a log, numbered from 1, and gives the handler a
+:class:`Follower` of that log; a reconnect gets another follower
+(:meth:`Resume.follow`), which replays what came after its ``Last-Event-ID`` and
+then follows the live tail. A follower is what the request's scope tracks, so a
+client that leaves only detaches it: the request is *parked*, not aborted, and
+its outputs keep being recorded for the grace period. The one follower attached
+at a time is the newest (an older one ends quietly).
+
+The request is aborted (``on_abort``, exactly once, by the stream's own path) when
+the grace period passes with no client attached (reason ``client_disconnected``),
+when more than ``max_events`` outputs wait for a client (reason
+``consumer_too_slow``), on a Stop (:meth:`Resume.cancel`, at once: a closed
+connection alone cannot tell Stop from a network drop), or when the registry
+closes. A stream that ended stays resumable for the grace period, so a late
+reconnect still gets its tail.
+
+Event ids are ``<token>.<n>``: the resume token (128 random bits, separate from
+the rid, bound to one stream) and the event's number. A browser ``EventSource``
+sends the last one back by itself when it reconnects to the same URL; a
+``fetch`` reader sends it as the ``Last-Event-ID`` header or the
+``last_event_id`` query parameter, or the token alone (``Tether-Resume-Token``
+header, ``resume_token`` parameter, from the response's header) to resume before
+the first event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from ._batch import Batch
+from ._channel import Follower
+from ._errors import AbortReason
+from ._replay import MemoryStore
+from ._responses import ErrorResponse
+from ._scope import RequestScope, current_scope
+from ._stream import Stream
+
+__all__ = [
+    "NOT_RESUMABLE",
+    "TOKEN_HEADER",
+    "Resume",
+    "ResumePoint",
+    "resume_point",
+]
+
+TOKEN_HEADER: Final = "tether-resume-token"
+"""The response header that carries a resumable stream's token (and the request
+header a reconnect may carry it in)."""
+
+_MAX_ID_LENGTH: Final = 128
+"""A Last-Event-ID longer than this is no id tether wrote."""
+
+NOT_RESUMABLE: Final = ErrorResponse(
+    404,
+    {"error": {"message": "there is no resumable stream here", "type": "NotFound", "code": 404}},
+    {},
+)
+"""The answer to a reconnect whose token is wrong or expired, or whose event is no
+longer held: one body for every case, so that it reveals nothing."""
+
+
+class ResumePoint:
+    """Where a reconnect asks to resume: a token and the last event number it saw."""
+
+    __slots__ = ("after", "token")
+
+    def __init__(self, token: str, after: int) -> None:
+        self.token = token
+        self.after = after
+
+    def __repr__(self) -> str:  # never the token: it is a credential
+        return f"<ResumePoint after={self.after}>"
+
+
+_INVALID: Final = ResumePoint("", -1)
+
+
+def resume_point(last_event_id: str | None, token: str | None) -> ResumePoint | None:
+    """Read a reconnect's resume point from what the client sent.
+
+    :param last_event_id: the ``Last-Event-ID`` header or ``last_event_id`` query
+        parameter: ``<token>.<n>`` as tether writes it, or ``<n>`` with ``token``.
+    :param token: the ``Tether-Resume-Token`` header or ``resume_token`` parameter.
+    :returns: ``None`` when the request is no reconnect (neither was sent); a point
+        that matches no stream when what was sent is malformed or contradicts itself.
+    """
+    if not last_event_id:
+        return None if not token else ResumePoint(token, 0)
+    if len(last_event_id) > _MAX_ID_LENGTH:
+        return _INVALID
+    claimed, dot, number = last_event_id.rpartition(".")
+    if dot:
+        if token and token != claimed:
+            return _INVALID
+        token = claimed
+    if not token or not number.isascii() or not number.isdigit():
+        return _INVALID
+    return ResumePoint(token, int(number))
+
+
+class Resume:
+    """Makes streams resumable: the policy and the store of their logs.
+
+    Make one per application and pass it to the adapter's ``respond(..., resume=)``
+    and ``resume(request, ...)``; ``await aclose()`` at shutdown (closing the
+    registry also ends every parked stream, by aborting it).
+
+    :param grace: seconds a stream whose client left stays alive waiting for a
+        reconnect, and a stream that ended stays resumable.
+    :param max_events: how many outputs may wait for a client (parked, or one that
+        reads too slowly) before the request is aborted; also how many events are
+        kept for a reconnect.
+    :param store: where the logs live; an in-process :class:`MemoryStore` by default.
+    :raises ValueError: a non-positive ``grace`` or ``max_events``.
+    """
+
+    __slots__ = ("grace", "max_events", "store")
+
+    def __init__(
+        self, *, grace: float = 30.0, max_events: int = 10_000, store: MemoryStore | None = None
+    ) -> None:
+        if not grace > 0:
+            raise ValueError(f"grace must be a positive number of seconds, got {grace}")
+        if isinstance(max_events, bool) or max_events < 1:
+            raise ValueError(f"max_events must be at least 1, got {max_events}")
+        self.grace = grace
+        self.max_events = max_events
+        self.store = store if store is not None else MemoryStore()
+
+    def __repr__(self) -> str:
+        return f"<Resume grace={self.grace:g} max_events={self.max_events}>"
+
+    async def open(self, stream: Stream | Batch | Follower) -> Follower:
+        """Make ``stream`` resumable; the follower that answers its first request.
+
+        The stream leaves the current request scope (a client that leaves no longer
+        aborts it); the follower joins it instead. From now on the store owns the
+        stream. Returns once the store knows the token everywhere (a shared store
+        publishes it first), so a client that has seen it can resume or stop anywhere.
+
+        :raises TypeError: ``stream`` is not a :class:`~tether.Stream` (it is aborted).
+        :raises Exception: whatever the store raised publishing it (it is aborted).
+        """
+        if not isinstance(stream, Stream):
+            (stream.abort if isinstance(stream, Follower) else stream.cancel)()
+            raise TypeError(f"only a tether Stream can be resumable, got {type(stream).__name__}")
+        follower = self.store.open(stream, self.grace, self.max_events)
+        scope = current_scope()
+        if scope is not None:
+            scope.release(stream)
+            _join(scope, follower)
+        try:
+            await self.store.opened(follower)
+        except BaseException:
+            follower.abort()
+            raise
+        return follower
+
+    async def follow(self, point: ResumePoint) -> Follower | None:
+        """A follower for a reconnect, or ``None`` (answer :data:`NOT_RESUMABLE`): the
+        token is wrong or expired, or the event asked for is no longer held.
+
+        The follower joins the current request scope; the client it replaces, if
+        any, ends.
+        """
+        follower = await self.store.follow(point.token, point.after)
+        if follower is not None:
+            scope = current_scope()
+            if scope is not None:
+                _join(scope, follower)
+        return follower
+
+    async def reconnect(
+        self, headers: Mapping[str, str], query: Mapping[str, str]
+    ) -> Follower | ErrorResponse | None:
+        """Answer a request that may be a reconnect (an adapter's ``resume()``).
+
+        A reconnect carries ``Last-Event-ID`` (header, or ``last_event_id`` query
+        parameter) or the resume token alone (``Tether-Resume-Token`` header, or
+        ``resume_token`` parameter): its follower gets every event after that id, then
+        the live tail, and the client it replaces ends (see :meth:`follow`).
+
+        :param headers: the request's headers, looked up by lower-case name (pass the
+            framework's case-insensitive mapping).
+        :param query: the request's query parameters.
+        :returns: ``None`` when the request asks to resume nothing; :data:`NOT_RESUMABLE`
+            (a 404 that says nothing more) when the token is wrong or expired, or the
+            event is no longer held; else the follower that answers it.
+        """
+        point = resume_point(
+            headers.get("last-event-id") or query.get("last_event_id"),
+            headers.get(TOKEN_HEADER) or query.get("resume_token"),
+        )
+        if point is None:
+            return None
+        follower = await self.follow(point)
+        return NOT_RESUMABLE if follower is None else follower
+
+    async def cancel(self, token: str) -> bool:
+        """Stop: abort the stream of ``token`` at once (``on_abort``) and forget it.
+
+        :returns: whether the token named a stream (a live one is aborted; one that
+            ended is only forgotten).
+        """
+        return await self.store.cancel(token)
+
+    async def aclose(self) -> None:
+        """Abort every parked or live resumable stream and forget every log."""
+        await self.store.aclose()
+
+
+def _join(scope: RequestScope, follower: Follower) -> None:
+    """Let ``scope`` track ``follower``; a client already gone detaches it at once."""
+    scope.track(follower)
+    if scope.disconnected:
+        follower.cancel(AbortReason.CLIENT_DISCONNECTED)

@@ -1,0 +1,102 @@
+"""RedisStore in one process standing for two workers (two stores, one Redis), on a
+plain loop and on an eager-task loop: outputs delivered before the stream was made
+resumable reach Redis too, and the other worker replays them all."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+from tether_redis import RedisStore
+
+import tether
+from tether.http import resume_point
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+async def test_outputs_ready_before_the_stream_was_resumable_reach_the_other_worker(
+    redis: Redis,
+) -> None:
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    owner = tether.Resume(store=RedisStore(redis, block=0.1))
+    other = tether.Resume(store=RedisStore(redis, block=0.1))
+    stream = registry.open()
+    for n in range(3):  # ready before open(): an eager pump records them during open()
+        registry.deliver(stream.rid, n)
+    async with asyncio.timeout(10):
+        first = await owner.open(stream)
+        assert [output for _, output in await first.next_ready()] == [0, 1, 2]
+        await first.aclose()  # the client leaves: parked
+        registry.deliver(stream.rid, 3, finished=True)
+        point = resume_point(None, first.token)
+        assert point is not None
+        while True:  # (the owner's writer copies to Redis in its own time)
+            follower = await other.follow(point)
+            assert follower is not None
+            items = await follower.next_ready()
+            seen = [output for _, output in items or ()]
+            while (items := await follower.next_ready()) is not None:
+                seen += [output for _, output in items]
+            await follower.aclose()
+            if seen == [0, 1, 2, 3]:
+                break
+            assert seen == [0, 1, 2, 3][: len(seen)]
+        await other.aclose()
+        await owner.aclose()
+    assert not aborted
+    assert registry.in_flight == 0
+
+
+async def test_more_streams_than_the_client_has_connections_each_reach_the_other_worker(
+    redis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # redis.asyncio's pool holds 100 connections by default: one blocked read per
+    # stream (owner or mirror) would exhaust it, and writes would fail.
+    count = 150
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    owner = tether.Resume(store=RedisStore(redis, block=0.1))
+    other = tether.Resume(store=RedisStore(redis, block=0.1))
+    async with asyncio.timeout(30):
+        streams = [registry.open() for _ in range(count)]
+        firsts = [await owner.open(stream) for stream in streams]
+        for stream in streams:
+            registry.deliver(stream.rid, 0)
+        for first in firsts:  # every client leaves after the first output: parked
+            assert [output for _, output in await first.next_ready() or ()] == [0]
+            await first.aclose()
+
+        async def followed(token: str) -> tether.http.Follower:
+            while True:  # (the owner's writer copies to Redis in its own time)
+                point = resume_point(f"{token}.1", None)
+                assert point is not None
+                follower = await other.follow(point)
+                if follower is not None:
+                    return follower
+                await asyncio.sleep(0.01)
+
+        mirrors = [await followed(first.token) for first in firsts]  # all listening at once
+        for stream in streams:
+            registry.deliver(stream.rid, 1)
+            registry.deliver(stream.rid, 2, finished=True)
+        for mirror in mirrors:
+            seen = []
+            while (items := await mirror.next_ready()) is not None:
+                seen += [output for _, output in items]
+            assert seen == [1, 2]
+        await other.aclose()
+        await owner.aclose()
+    assert not aborted
+    assert registry.in_flight == 0
+    assert [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "WARNING")] == []

@@ -1,0 +1,163 @@
+"""The resumption machinery without HTTP: reading a resume point, the policy's checks,
+and a follower's exactly-once hand-over on a plain loop and on an eager-task loop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import tether
+from tether.http import Exchange, Follower, resume_point
+
+
+@pytest.mark.parametrize(
+    ("last_event_id", "token", "expected"),
+    [
+        (None, None, None),
+        ("", "", None),
+        ("abc.7", None, ("abc", 7)),
+        ("7", "abc", ("abc", 7)),
+        (None, "abc", ("abc", 0)),
+        ("abc.7", "abc", ("abc", 7)),
+        ("abc.7", "xyz", ("", -1)),
+        ("7", None, ("", -1)),
+        ("abc.-1", None, ("", -1)),
+        ("abc.٣", None, ("", -1)),
+        ("a" * 200 + ".1", None, ("", -1)),
+    ],
+    ids=[
+        "nothing",
+        "empty",
+        "id-with-token",
+        "number-and-token",
+        "token-alone",
+        "both-agree",
+        "both-disagree",
+        "number-alone",
+        "negative",
+        "non-ascii-digit",
+        "overlong",
+    ],
+)
+def test_a_resume_point_is_read_from_the_id_or_the_token(
+    last_event_id: str | None, token: str | None, expected: tuple[str, int] | None
+) -> None:
+    point = resume_point(last_event_id, token)
+    assert (None if point is None else (point.token, point.after)) == expected
+    if point is not None:
+        assert point.token not in repr(point) or not point.token
+
+
+@pytest.mark.parametrize("options", [{"grace": 0}, {"grace": -1}, {"max_events": 0}])
+def test_a_resume_policy_refuses_bounds_that_keep_nothing(options: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="must be"):
+        tether.Resume(**options)  # type: ignore[arg-type]
+
+
+async def test_only_a_stream_can_be_resumable_and_a_batch_offered_is_aborted() -> None:
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    batch = registry.open_batch(2)
+    with pytest.raises(TypeError, match="only a tether Stream"):
+        await tether.Resume().open(batch)  # type: ignore[arg-type]
+    assert sorted(aborted) == sorted(batch.rids)
+    assert registry.in_flight == 0
+
+
+async def test_a_resumable_stream_needs_an_encoder_with_event_ids() -> None:
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    resume = tether.Resume()
+    stream = registry.open()
+    follower = await resume.open(stream)
+    with pytest.raises(ValueError, match="event ids"):
+        Exchange(follower, streaming=True, encoder=tether.NDJSON)
+    async with asyncio.timeout(10):
+        await resume.aclose()
+    assert aborted == [stream.rid]
+    assert registry.in_flight == 0
+
+
+async def test_a_follower_hands_over_every_output_once_in_order_however_they_arrive() -> None:
+    registry = tether.Registry()
+    resume = tether.Resume()
+    stream = registry.open()
+    follower = await resume.open(stream)
+    seen: list[object] = []
+
+    async def read() -> None:
+        while (items := await follower.next_ready()) is not None:
+            seen.extend(output for _, output in items)
+
+    async with asyncio.timeout(10):
+        reader = asyncio.create_task(read())
+        for n in range(200):
+            registry.deliver(stream.rid, n, finished=n == 199)
+            if n % 7 == 0:
+                await asyncio.sleep(0)  # let the pump and the reader interleave
+        await reader
+    assert seen == list(range(200))
+    assert follower.exhausted
+    await follower.aclose()
+    await resume.aclose()
+
+
+async def test_a_follower_that_cannot_encode_aborts_the_request_not_just_its_client() -> None:
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    resume = tether.Resume()
+    stream = registry.open()
+    follower = await resume.open(stream)
+    assert isinstance(follower, Follower)
+    assert follower.cancel(tether.AbortReason.SERVER)
+    assert aborted == [stream.rid]
+    async with asyncio.timeout(10):
+        with pytest.raises(tether.Aborted):
+            await follower.next_ready()
+        await resume.aclose()
+    with pytest.raises(TypeError, match="only streamed"):
+        await follower.result()
+
+
+async def test_a_follower_cancelled_by_its_scope_parks_the_stream() -> None:
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    resume = tether.Resume(grace=30)
+    with tether.RequestScope() as scope:
+        stream = registry.open()
+        follower = await resume.open(stream)
+        scope.disconnect()
+    assert follower.finished
+    assert not aborted
+    assert resume.store.parked == 1
+    registry.deliver(stream.rid, "kept", finished=True)
+    again = await resume.follow(resume_point(None, follower.token))  # type: ignore[arg-type]
+    assert again is not None
+    async with asyncio.timeout(10):
+        assert await again.next_ready() == [(f"{follower.token}.1", "kept")]
+        assert await again.next_ready() is None
+        await resume.aclose()
+    assert not aborted
+
+
+async def test_a_follower_waits_out_each_timeout_even_after_a_longer_one() -> None:
+    # (one idle timer per follower, re-armed: a short wait after a long one must not
+    # wait out the long one's timer, and an event ends a wait at once)
+    registry = tether.Registry()
+    resume = tether.Resume()
+    stream = registry.open()
+    follower = await resume.open(stream)
+    async with asyncio.timeout(10):
+        assert await follower.next_ready(timeout=0.02) == []  # nothing came: ping time
+        waiting = asyncio.create_task(follower.next_ready(timeout=3600))
+        registry.deliver(stream.rid, "a")
+        assert [output for _, output in await waiting or ()] == ["a"]
+        async with asyncio.timeout(5):  # far below the hour the last wait armed
+            assert await follower.next_ready(timeout=0.02) == []
+        registry.deliver(stream.rid, "b", finished=True)
+        assert [output for _, output in await follower.next_ready(timeout=3600) or ()] == ["b"]
+        assert await follower.next_ready(timeout=3600) is None
+    await follower.aclose()
+    await resume.aclose()
+    assert registry.in_flight == 0
