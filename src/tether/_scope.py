@@ -203,7 +203,11 @@ class RequestScope:
         """Track ``consumer`` unless the scope already does: an adapter's ``respond()``
         calls it, so that a stream opened elsewhere (by a dispatcher task, or before
         this request) is still cancelled when this request's client leaves."""
-        if not any(tracked is consumer for tracked in reversed(self._consumers)):
+        consumers = self._consumers
+        if not consumers or consumers[-1] is not consumer:  # (the usual case: just opened)
+            for tracked in consumers:
+                if tracked is consumer:
+                    return
             self.track(consumer)
 
     def release(self, consumer: Consumer) -> None:
