@@ -99,10 +99,19 @@ class RedisStore(tether.MemoryStore):
         if channel is None:
             return
         meta = self.key(channel.token, "meta")
-        async with self.client.pipeline(transaction=False) as pipe:
-            pipe.hset(meta, mapping={"rid": channel.rid, "w": self.worker})
-            pipe.pexpire(meta, _keep_ms(channel))
-            await pipe.execute()
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.hset(meta, mapping={"rid": channel.rid, "w": self.worker})
+                pipe.pexpire(meta, _keep_ms(channel))
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            # Redis is an extra reach, not a dependency of the stream: it goes on,
+            # resumable on this worker only (its writer stops at its first write).
+            logger.warning(
+                "resumable request %r: Redis is unreachable (%s); it resumes on this worker only",
+                channel.rid,
+                exc,
+            )
 
     def _writer(self, channel: Channel) -> _Writer | None:
         """The writer of ``channel``, started at its first event (which may come while
@@ -135,6 +144,8 @@ class RedisStore(tether.MemoryStore):
             writer.forgotten()
 
     def done(self, writer: _Writer, token: str) -> None:
+        """``writer`` is over: a later event of its channel may start another (but a
+        writer that failed stays, inert, until its channel is forgotten)."""
         if self._writers.get(token) is writer:
             del self._writers[token]
 
@@ -186,6 +197,7 @@ class _Writer:
         "_remote",
         "_store",
         "_wake",
+        "failed",
         "task",
     )
 
@@ -198,9 +210,14 @@ class _Writer:
         self._ended = False
         self._forgotten = False
         self._remote: str | None = None  # the client attached on another worker, if any
+        self.failed = False
+        """Redis failed it: the channel stays resumable here only, and this writer
+        stays in its store's table (inert) so that no later event starts another."""
         self.task: asyncio.Task[None] | None = None
 
     def put(self, outputs: list[Any]) -> None:
+        if self.failed:
+            return
         first = self._channel.count - len(outputs) + 1
         self._outbox.extend(
             {"n": str(n), "d": _DUMPS(output).decode()} for n, output in enumerate(outputs, first)
@@ -208,6 +225,8 @@ class _Writer:
         self._wake.set()
 
     def end(self, error: tether.TetherError | None) -> None:
+        if self.failed:
+            return
         if error is None:
             entry = {"end": "ok"}
         elif isinstance(error, tether.Aborted):
@@ -220,12 +239,16 @@ class _Writer:
         self._wake.set()
 
     def attach_here(self) -> None:
+        if self.failed:
+            return
         self._outbox.append({"ctl": "attach"})
         self._wake.set()
 
     def forgotten(self) -> None:
         self._forgotten = True
         self._wake.set()
+        if self.failed:  # (its task is over: nothing else takes it out of the table)
+            self._store.done(self, self._channel.token)
 
     async def run(self) -> None:
         """Copy the events as they come, until the end entry is written; then keep the
@@ -250,6 +273,8 @@ class _Writer:
             await self._expire(keys, _GONE_MS)
             await store.client.delete(keys[2])  # resumable nowhere from now on
         except (RedisError, OSError) as exc:
+            self.failed = True
+            self._outbox = []
             logger.error(
                 "resumable request %r: writing to Redis failed (%s); it resumes on this "
                 "worker only from now on",
@@ -257,7 +282,8 @@ class _Writer:
                 exc,
             )
         finally:
-            store.done(self, channel.token)
+            if not self.failed or self._forgotten:
+                store.done(self, channel.token)
             store.ear.drop(self)
 
     async def _expire(self, keys: tuple[str, ...], ms: int) -> None:

@@ -5,10 +5,12 @@ resumable reach Redis too, and the other worker replays them all."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from tether_redis import RedisStore
 
 import tether
@@ -100,3 +102,49 @@ async def test_more_streams_than_the_client_has_connections_each_reach_the_other
     assert not aborted
     assert registry.in_flight == 0
     assert [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "WARNING")] == []
+
+
+async def _until_gone(redis: Redis) -> None:
+    """Shut the Redis server down and wait until it answers no more (bounded)."""
+    with contextlib.suppress(RedisError):
+        await redis.shutdown(nosave=True)
+    async with asyncio.timeout(10):
+        while True:
+            try:
+                await redis.ping()
+            except RedisError:
+                return
+            await asyncio.sleep(0.01)
+
+
+async def test_a_stream_whose_redis_died_goes_on_here_with_one_error_logged(
+    redis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    owner = tether.Resume(store=RedisStore(redis, block=0.1))
+    async with asyncio.timeout(30):
+        stream = registry.open()
+        first = await owner.open(stream)
+        registry.deliver(stream.rid, 0)
+        assert [output for _, output in await first.next_ready() or ()] == [0]
+        await _until_gone(redis)
+        seen = []
+        for n in range(1, 21):  # one at a time: each is recorded (and copied) on its own
+            registry.deliver(stream.rid, n)
+            seen += [output for _, output in await first.next_ready() or ()]
+        assert seen == list(range(1, 21))
+        # A stream opened while Redis is down is served too, resumable here only.
+        later = registry.open()
+        second = await owner.open(later)
+        registry.deliver(later.rid, "x", finished=True)
+        assert [output for _, output in await second.next_ready() or ()] == ["x"]
+        await second.aclose()
+        registry.deliver(stream.rid, 21, finished=True)
+        assert [output for _, output in await first.next_ready() or ()] == [21]
+        await first.aclose()
+        await owner.aclose()
+    assert not aborted
+    assert registry.in_flight == 0
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len([message for message in errors if repr(stream.rid) in message]) == 1, errors
