@@ -152,9 +152,18 @@ class RedisStore(tether.MemoryStore):
     # -- any worker ----------------------------------------------------------------------
 
     async def follow(self, token: str, after: int) -> Follower | None:
+        """A new client of the stream of ``token``: from this process if it owns it,
+        else from Redis.
+
+        :raises ConnectionError: Redis cannot be reached (the stream may exist: the
+            answer is a 503, not a 404).
+        """
         if self.channel(token) is not None or not _plain(token):
             return await super().follow(token, after)
-        return await Mirror(self, token, after).start()
+        try:
+            return await Mirror(self, token, after).start()
+        except (RedisError, OSError) as exc:
+            raise ConnectionError(f"Redis cannot be reached: {exc}") from exc
 
     async def aclose(self) -> None:
         """Abort every stream still running and let each writer put its end entry in
@@ -166,11 +175,18 @@ class RedisStore(tether.MemoryStore):
         await super().aclose()
 
     async def cancel(self, token: str) -> bool:
+        """Stop the stream of ``token``, here or on the worker that owns it.
+
+        :raises ConnectionError: Redis cannot be reached.
+        """
         if self.channel(token) is not None or not _plain(token):
             return await super().cancel(token)
-        if not await self.client.exists(self.key(token, "meta")):
-            return False
-        await self.client.xadd(self.key(token, "ctl"), {"op": "cancel", "w": self.worker})
+        try:
+            if not await self.client.exists(self.key(token, "meta")):
+                return False
+            await self.client.xadd(self.key(token, "ctl"), {"op": "cancel", "w": self.worker})
+        except (RedisError, OSError) as exc:
+            raise ConnectionError(f"Redis cannot be reached: {exc}") from exc
         return True
 
 

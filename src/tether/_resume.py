@@ -30,6 +30,7 @@ the first event.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Final
 
@@ -63,6 +64,22 @@ NOT_RESUMABLE: Final = ErrorResponse(
 )
 """The answer to a reconnect whose token is wrong or expired, or whose event is no
 longer held: one body for every case, so that it reveals nothing."""
+
+_UNAVAILABLE: Final = ErrorResponse(
+    503,
+    {
+        "error": {
+            "message": "resumable streams cannot be reached now; retry",
+            "type": "Unavailable",
+            "code": 503,
+        }
+    },
+    {"retry-after": "1"},
+)
+"""The answer to a reconnect when the store cannot be reached (a shared store whose
+server is down): the stream may well exist, so no 404; the client may retry."""
+
+logger = logging.getLogger("tether")
 
 
 class ResumePoint:
@@ -191,7 +208,9 @@ class Resume:
         :param query: the request's query parameters.
         :returns: ``None`` when the request asks to resume nothing; :data:`NOT_RESUMABLE`
             (a 404 that says nothing more) when the token is wrong or expired, or the
-            event is no longer held; else the follower that answers it.
+            event is no longer held; a 503 (``Retry-After``) when the store cannot be
+            reached (its ``follow`` raised :class:`ConnectionError`); else the follower
+            that answers it.
         """
         point = resume_point(
             headers.get("last-event-id") or query.get("last_event_id"),
@@ -199,7 +218,11 @@ class Resume:
         )
         if point is None:
             return None
-        follower = await self.follow(point)
+        try:
+            follower = await self.follow(point)
+        except ConnectionError as exc:
+            logger.warning("a reconnect could not reach the resumable streams' store: %s", exc)
+            return _UNAVAILABLE
         return NOT_RESUMABLE if follower is None else follower
 
     async def cancel(self, token: str) -> bool:
@@ -207,6 +230,7 @@ class Resume:
 
         :returns: whether the token named a stream (a live one is aborted; one that
             ended is only forgotten).
+        :raises ConnectionError: a shared store could not be reached.
         """
         return await self.store.cancel(token)
 

@@ -148,3 +148,19 @@ async def test_a_stream_whose_redis_died_goes_on_here_with_one_error_logged(
     assert registry.in_flight == 0
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len([message for message in errors if repr(stream.rid) in message]) == 1, errors
+
+
+async def test_a_reconnect_while_redis_is_down_is_a_503_to_retry_and_stop_says_why(
+    redis: Redis,
+) -> None:
+    other = tether.Resume(store=RedisStore(redis, block=0.1))
+    async with asyncio.timeout(30):
+        await _until_gone(redis)
+        # The stream may live on its owner: not a 404 (it would make the client give up).
+        answer = await other.reconnect({"last-event-id": "A" * 22 + ".1"}, {})
+        assert isinstance(answer, tether.http.ErrorResponse)
+        assert answer.status == 503
+        assert answer.headers == {"retry-after": "1"}
+        with pytest.raises(ConnectionError):
+            await other.cancel("A" * 22)
+        await other.aclose()
