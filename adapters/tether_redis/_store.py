@@ -320,6 +320,11 @@ class _Writer:
                     pipe.xadd(keys[1], {"op": "attach", "w": store.worker})
                 else:
                     pipe.xadd(keys[0], entry, maxlen=maxlen, approximate=False)  # type: ignore[arg-type]
+            # A key that XADD just made has no expiry: set it in the same round trip, so
+            # that an owner killed before its first upkeep leaves nothing for ever.
+            keep = _keep_ms(self._channel)
+            for key in keys[:2]:
+                pipe.pexpire(key, keep)
             await pipe.execute()
 
     def heard(self, key: str, entry_id: Any, fields: Fields) -> bool:

@@ -164,3 +164,25 @@ async def test_a_reconnect_while_redis_is_down_is_a_503_to_retry_and_stop_says_w
         with pytest.raises(ConnectionError):
             await other.cancel("A" * 22)
         await other.aclose()
+
+
+async def test_every_key_of_a_stream_expires_from_its_first_write(redis: Redis) -> None:
+    # An owner killed before its first upkeep (one block period) must leave nothing
+    # behind for ever: the upkeep is made rare here, so only the writes can set expiries.
+    registry = tether.Registry()
+    owner = tether.Resume(store=RedisStore(redis, block=30.0))
+    async with asyncio.timeout(30):
+        stream = registry.open()
+        first = await owner.open(stream)
+        registry.deliver(stream.rid, 0)
+        log = f"tether:resume:{first.token}:log"
+        while True:  # (the owner's writer copies in its own time)
+            if await redis.exists(log):
+                break
+            await asyncio.sleep(0.01)
+        keys = await redis.keys(f"tether:resume:{first.token}:*")
+        assert len(keys) == 3
+        for key in keys:
+            assert await redis.pttl(key) > 0, key
+        await first.aclose()
+        await owner.aclose()
