@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 import tether
 from tether.http import Channel, Follower, new_token
@@ -17,6 +19,8 @@ from tether.http import Channel, Follower, new_token
 from ._ear import Ear, Fields, text
 
 __all__ = ["Host", "Mirror", "end_error"]
+
+logger = logging.getLogger("tether.redis")
 
 
 class Host(Protocol):
@@ -83,9 +87,13 @@ class Mirror:
         channel.count = count
         self._channel = channel
         follower = Follower(channel, after)
-        ctl_id = await client.xadd(
-            self._key("ctl"), {"op": "attach", "w": store.worker, "f": self._fid}
+        # (NOMKSTREAM: a control stream that is gone is an owner that is gone; one
+        # made here would have no expiry)
+        ctl_id: Any = await client.xadd(
+            self._key("ctl"), {"op": "attach", "w": store.worker, "f": self._fid}, nomkstream=True
         )
+        if ctl_id is None:  # the owner forgot it since
+            return None
         await client.set(self._key("lease"), self._fid, px=3 * store.block_ms)
         channel.attach(follower)
         if end is not None:
@@ -144,7 +152,12 @@ class Mirror:
         return True
 
     async def _send(self, fields: dict[str, str]) -> None:
-        await self._store.client.xadd(self._key("ctl"), fields)  # type: ignore[arg-type]
+        """Tell the owner (a task of its own: a Redis that fails is logged, not raised
+        into nobody's hands); nothing once the owner's control stream is gone."""
+        try:
+            await self._store.client.xadd(self._key("ctl"), fields, nomkstream=True)  # type: ignore[arg-type]
+        except (RedisError, OSError) as exc:
+            logger.warning("resumable request: the owner could not be told (%s)", exc)
 
     # -- Keeper ------------------------------------------------------------------------
 

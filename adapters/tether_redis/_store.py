@@ -99,10 +99,14 @@ class RedisStore(tether.MemoryStore):
         if channel is None:
             return
         meta = self.key(channel.token, "meta")
+        ctl = self.key(channel.token, "ctl")
         try:
             async with self.client.pipeline(transaction=False) as pipe:
                 pipe.hset(meta, mapping={"rid": channel.rid, "w": self.worker})
-                pipe.pexpire(meta, _keep_ms(channel))
+                # The control stream exists from now on (others post to it only if it does).
+                pipe.xadd(ctl, {"op": "open", "w": self.worker})
+                for key in (meta, ctl):
+                    pipe.pexpire(key, _keep_ms(channel))
                 await pipe.execute()
         except (RedisError, OSError) as exc:
             # Redis is an extra reach, not a dependency of the stream: it goes on,
@@ -184,7 +188,12 @@ class RedisStore(tether.MemoryStore):
         try:
             if not await self.client.exists(self.key(token, "meta")):
                 return False
-            await self.client.xadd(self.key(token, "ctl"), {"op": "cancel", "w": self.worker})
+            ctl = self.key(token, "ctl")  # (NOMKSTREAM: never one with no expiry)
+            posted: Any = await self.client.xadd(
+                ctl, {"op": "cancel", "w": self.worker}, nomkstream=True
+            )
+            if posted is None:  # the owner forgot it since
+                return False
         except (RedisError, OSError) as exc:
             raise ConnectionError(f"Redis cannot be reached: {exc}") from exc
         return True

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -17,6 +19,8 @@ import tether
 from tether.http import resume_point
 
 pytestmark = pytest.mark.timeout(60)
+
+_NOWHERE = tether.http.ResumePoint("", -1)
 
 
 @pytest.fixture
@@ -186,3 +190,69 @@ async def test_every_key_of_a_stream_expires_from_its_first_write(redis: Redis) 
             assert await redis.pttl(key) > 0, key
         await first.aclose()
         await owner.aclose()
+
+
+async def test_a_client_elsewhere_that_leaves_after_the_stream_expired_leaves_no_key(
+    redis: Redis,
+) -> None:
+    registry = tether.Registry()
+    owner = tether.Resume(grace=0.3, store=RedisStore(redis, block=0.1))
+    other = tether.Resume(grace=0.3, store=RedisStore(redis, block=0.1))
+    async with asyncio.timeout(30):
+        stream = registry.open()
+        first = await owner.open(stream)
+        registry.deliver(stream.rid, 0, finished=True)
+        assert [output for _, output in await first.next_ready() or ()] == [0]
+        await first.aclose()  # the stream is over; it stays resumable for its grace period
+        while True:  # (the owner's writer copies the end in its own time)
+            mirror = await other.follow(resume_point(f"{first.token}.1", None) or _NOWHERE)
+            assert mirror is not None
+            if await mirror.next_ready() is None:
+                break
+            await mirror.aclose()
+        prefix = f"tether:resume:{first.token}:"
+        while True:  # the owner forgets it: its keys go
+            if not await redis.keys(prefix + "*"):
+                break
+            await asyncio.sleep(0.02)
+        before = asyncio.all_tasks()
+        await mirror.aclose()  # that client leaves only now: the owner is told
+        told = asyncio.all_tasks() - before
+        if told:
+            await asyncio.wait(told)
+        assert await redis.keys(prefix + "*") == []
+        await other.aclose()
+        await owner.aclose()
+
+
+async def test_a_client_elsewhere_that_leaves_while_redis_is_down_raises_into_no_task(
+    redis: Redis,
+) -> None:
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: unhandled.append(context))
+    registry = tether.Registry()
+    owner = tether.Resume(store=RedisStore(redis, block=0.1))
+    other = tether.Resume(store=RedisStore(redis, block=0.1))
+    async with asyncio.timeout(30):
+        stream = registry.open()
+        first = await owner.open(stream)
+        registry.deliver(stream.rid, 0)
+        assert [output for _, output in await first.next_ready() or ()] == [0]
+        while True:  # (the owner's writer copies in its own time)
+            mirror = await other.follow(resume_point(f"{first.token}.0", None) or _NOWHERE)
+            if mirror is not None:
+                break
+            await asyncio.sleep(0.01)
+        await _until_gone(redis)
+        before = asyncio.all_tasks()
+        await mirror.aclose()  # the owner cannot be told: logged, not raised
+        told = asyncio.all_tasks() - before
+        if told:
+            await asyncio.wait(told)
+        del told
+        gc.collect()
+        await other.aclose()
+        await owner.aclose()
+    await registry.close(drain_timeout=0)
+    assert unhandled == []
