@@ -22,6 +22,9 @@ __all__ = ["Host", "Mirror", "end_error"]
 
 logger = logging.getLogger("tether.redis")
 
+_NO_CAP = 1 << 62
+"""The cap of a stream whose owner did not publish one."""
+
 
 class Host(Protocol):
     """What a mirror needs of its store (a ``RedisStore``)."""
@@ -65,6 +68,8 @@ class Mirror:
         if not meta:
             return None
         rid = meta[b"rid"].decode()
+        # The owner's cap: the most events this client may lag by, and keep.
+        max_events = int(meta.get(b"m") or _NO_CAP)
         entries: Any = await client.xrange(self._key("log"))
         events: list[Any] = []
         first = count = 0
@@ -80,7 +85,7 @@ class Mirror:
         if (end is not None and end[b"end"] == b"aborted") or not first - 1 <= after <= count:
             return None
         channel = Channel(
-            self, rid, self._token, grace=3600.0, max_events=1 << 62, abort=self._abort
+            self, rid, self._token, grace=3600.0, max_events=max_events, abort=self._abort
         )
         channel.events = events
         channel.first = first
@@ -144,10 +149,17 @@ class Mirror:
             channel.end(tether.ConsumerTooSlow(channel.rid, channel.max_events))
             return False
         channel.append([json.loads(fields[b"d"])])
-        return True
+        return not channel.ended  # (the append may have ended a client that lags)
 
     def _abort(self, reason: tether.AbortReason) -> bool:
-        """Only the owner aborts: ask it to (this worker could not encode an output)."""
+        """Only the owner aborts: ask it to (this worker could not encode an output).
+        A client here that lags by more than the cap only ends, with an error: the
+        request goes on for a reconnect (the owner's own cap guards it)."""
+        channel = self._channel
+        if reason is tether.AbortReason.CONSUMER_TOO_SLOW and channel is not None:
+            if not channel.ended:
+                channel.end(tether.ConsumerTooSlow(channel.rid, channel.max_events))
+            return False
         self._store.spawn(self._send({"op": "cancel", "w": self._store.worker}))
         return True
 

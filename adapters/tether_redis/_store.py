@@ -102,7 +102,9 @@ class RedisStore(tether.MemoryStore):
         ctl = self.key(channel.token, "ctl")
         try:
             async with self.client.pipeline(transaction=False) as pipe:
-                pipe.hset(meta, mapping={"rid": channel.rid, "w": self.worker})
+                pipe.hset(
+                    meta, mapping={"rid": channel.rid, "w": self.worker, "m": channel.max_events}
+                )
                 # The control stream exists from now on (others post to it only if it does).
                 pipe.xadd(ctl, {"op": "open", "w": self.worker})
                 for key in (meta, ctl):

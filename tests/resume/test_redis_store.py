@@ -256,3 +256,60 @@ async def test_a_client_elsewhere_that_leaves_while_redis_is_down_raises_into_no
         await owner.aclose()
     await registry.close(drain_timeout=0)
     assert unhandled == []
+
+
+async def test_a_client_elsewhere_that_lags_by_more_than_the_cap_ends_and_the_request_goes_on(
+    redis: Redis,
+) -> None:
+    # Like the owner's log, a mirror holds at most the cap of events its client lags by
+    # (even when its worker reads Redis in time, so that MAXLEN trims nothing unread):
+    # past it, that client ends with an error, and the owner does not abort.
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    owner = tether.Resume(max_events=10, store=RedisStore(redis, block=0.1))
+    other = tether.Resume(max_events=10, store=RedisStore(redis, block=0.1))
+    async with asyncio.timeout(30):
+        slow, probe = registry.open(), registry.open()
+        mirrors = []
+        for stream in (slow, probe):
+            first = await owner.open(stream)
+            registry.deliver(stream.rid, 0)
+            assert [output for _, output in await first.next_ready() or ()] == [0]
+            while True:  # (the owner's writer copies in its own time)
+                point = resume_point(f"{first.token}.1", None) or _NOWHERE
+                mirror = await other.follow(point)
+                if mirror is not None:
+                    break
+                await asyncio.sleep(0.01)
+            with pytest.raises(tether.Aborted):  # the owner heard of the client elsewhere
+                await first.next_ready()
+            mirrors.append(mirror)
+        lagging, reading = mirrors
+        log = f"tether:resume:{lagging.token}:log"
+        for n in range(1, 16):
+            registry.deliver(slow.rid, n)
+            while True:  # the slow stream's event is in Redis...
+                last = await redis.xrevrange(log, count=1)
+                if last and last[0][1].get(b"n") == str(n).encode():
+                    break
+                await asyncio.sleep(0.005)
+            # ... so the other worker's one reader has read it once it reads this one
+            registry.deliver(probe.rid, n)
+            assert [output for _, output in await reading.next_ready() or ()] == [n]
+        registry.deliver(slow.rid, 16, finished=True)
+        registry.deliver(probe.rid, 16, finished=True)
+        got: list[Any] = []
+
+        async def read() -> None:
+            while (items := await lagging.next_ready()) is not None:
+                got.extend(output for _, output in items)
+
+        with pytest.raises(tether.ConsumerTooSlow):
+            await read()
+        assert got == list(range(1, 12))  # held up to the cap, and one past it
+        for mirror in mirrors:
+            await mirror.aclose()
+        await other.aclose()
+        await owner.aclose()
+    assert not aborted
+    assert registry.in_flight == 0
