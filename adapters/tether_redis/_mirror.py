@@ -49,7 +49,7 @@ class Mirror:
     Redis, and the control messages that keep the owner informed. It is the keeper
     of that channel (no store holds it)."""
 
-    __slots__ = ("_after", "_channel", "_fid", "_store", "_token")
+    __slots__ = ("__weakref__", "_after", "_channel", "_closing", "_fid", "_store", "_token")
 
     def __init__(self, store: Host, token: str, after: int) -> None:
         self._store = store
@@ -57,6 +57,7 @@ class Mirror:
         self._after = after
         self._fid = new_token()
         self._channel: Channel | None = None
+        self._closing = False
 
     def _key(self, kind: str) -> str:
         return self._store.key(self._token, kind)
@@ -140,6 +141,26 @@ class Mirror:
             return False
         return True
 
+    def close(self) -> Coroutine[Any, Any, None] | None:
+        """This worker is shutting down: its client is told (a 503 error event, after
+        the events it holds) and it stops following.
+
+        :returns: the message that tells the owner the client left (for the store to
+            send, bounded), so that it parks at once rather than when the lease lapses;
+            ``None`` when this client is no longer attached.
+        """
+        self._store.ear.drop(self)
+        channel = self._channel
+        follower = None if channel is None else channel.follower
+        if channel is None or follower is None or self._closing:
+            return None
+        self._closing = True  # (its client leaving now tells the owner nothing more)
+        if not channel.ended:
+            down = "the server is shutting down"
+            channel.end(tether.Aborted(channel.rid, tether.AbortReason.SERVER, down))
+        fields = {"op": "detach", "w": self._store.worker, "f": self._fid, "pos": str(follower.pos)}
+        return self._send(fields)
+
     def _record(self, channel: Channel, fields: Fields) -> bool:
         """One entry of the log; whether the stream goes on."""
         if b"end" in fields:
@@ -190,6 +211,8 @@ class Mirror:
 
     def detached(self, channel: Channel, follower: Follower) -> None:
         self._store.ear.drop(self)
+        if self._closing:  # (close() told the owner)
+            return
         fields = {"op": "detach", "w": self._store.worker, "f": self._fid, "pos": str(follower.pos)}
         self._store.spawn(self._send(fields))
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from typing import Any, Final
 
 from redis.asyncio import Redis
@@ -67,7 +68,7 @@ class RedisStore(tether.MemoryStore):
     :raises ValueError: a non-positive ``block``.
     """
 
-    __slots__ = ("_writers", "block_ms", "client", "ear", "prefix", "worker", "writes")
+    __slots__ = ("_mirrors", "_writers", "block_ms", "client", "ear", "prefix", "worker", "writes")
 
     def __init__(
         self, client: Redis, *, prefix: str = "tether:resume:", block: float = 1.0
@@ -81,6 +82,8 @@ class RedisStore(tether.MemoryStore):
         self.worker = new_token()
         """This store's id in control messages."""
         self._writers: dict[str, _Writer] = {}
+        self._mirrors: weakref.WeakSet[Mirror] = weakref.WeakSet()
+        """The clients here of streams owned elsewhere (ended when this store closes)."""
         self.writes = asyncio.Semaphore(_WRITES)
         """Bounds the writes in flight (each holds one of the client's connections)."""
         self.ear = Ear(client, f"{prefix}{self.worker}:wake", self.block_ms, self.spawn)
@@ -166,18 +169,26 @@ class RedisStore(tether.MemoryStore):
         """
         if self.channel(token) is not None or not _plain(token):
             return await super().follow(token, after)
+        mirror = Mirror(self, token, after)
         try:
-            return await Mirror(self, token, after).start()
+            follower = await mirror.start()
         except (RedisError, OSError) as exc:
             raise ConnectionError(f"Redis cannot be reached: {exc}") from exc
+        if follower is not None:
+            self._mirrors.add(mirror)
+        return follower
 
     async def aclose(self) -> None:
         """Abort every stream still running and let each writer put its end entry in
-        Redis (bounded), so that clients on other workers are told; then end every task."""
+        Redis (bounded), so that clients on other workers are told; end every client
+        here of a stream owned elsewhere (its owner parks it); then end every task."""
         self.abort_all()
-        writers = [writer.task for writer in self._writers.values() if writer.task is not None]
-        if writers:
-            await asyncio.wait(writers, timeout=_CLOSE_TIMEOUT)
+        tasks = [writer.task for writer in self._writers.values() if writer.task is not None]
+        # The clients here of streams owned elsewhere end too; each owner is told.
+        farewells = [mirror.close() for mirror in list(self._mirrors)]
+        tasks += [self.spawn(farewell) for farewell in farewells if farewell is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=_CLOSE_TIMEOUT)
         await super().aclose()
 
     async def cancel(self, token: str) -> bool:

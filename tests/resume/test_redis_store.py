@@ -313,3 +313,28 @@ async def test_a_client_elsewhere_that_lags_by_more_than_the_cap_ends_and_the_re
         await owner.aclose()
     assert not aborted
     assert registry.in_flight == 0
+
+
+async def test_a_client_elsewhere_is_told_when_its_own_worker_closes(redis: Redis) -> None:
+    registry = tether.Registry()
+    owner = tether.Resume(store=RedisStore(redis, block=0.1))
+    other = tether.Resume(store=RedisStore(redis, block=0.1))
+    async with asyncio.timeout(30):
+        stream = registry.open()
+        first = await owner.open(stream)
+        registry.deliver(stream.rid, 0)
+        assert [output for _, output in await first.next_ready() or ()] == [0]
+        while True:  # (the owner's writer copies in its own time)
+            mirror = await other.follow(resume_point(f"{first.token}.0", None) or _NOWHERE)
+            if mirror is not None:
+                break
+            await asyncio.sleep(0.01)
+        await other.aclose()  # the mirror's worker shuts down: its client is told
+        assert [output for _, output in await mirror.next_ready() or ()] == [0]
+        with pytest.raises(tether.Aborted) as ended:
+            await mirror.next_ready()
+        assert ended.value.reason is tether.AbortReason.SERVER
+        await mirror.aclose()
+        await first.aclose()
+        await owner.aclose()
+    await registry.close(drain_timeout=0)
