@@ -188,7 +188,8 @@ class Mirror:
         """Tell the owner (a task of its own: a Redis that fails is logged, not raised
         into nobody's hands); nothing once the owner's control stream is gone."""
         try:
-            await self._store.client.xadd(self._key("ctl"), fields, nomkstream=True)  # type: ignore[arg-type]
+            async with self._store.writes:  # (the store's bound on writes in flight)
+                await self._store.client.xadd(self._key("ctl"), fields, nomkstream=True)  # type: ignore[arg-type]
         except (RedisError, OSError) as exc:
             logger.warning("resumable request: the owner could not be told (%s)", exc)
 
