@@ -11,12 +11,14 @@ and hears what happens to them (:class:`Keeper`).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from ._errors import Aborted, AbortReason, TetherError
 from ._idle import IdleDeadline
+from ._limits import approximate_size
 from ._scope import current_scope
 
 __all__ = ["Channel", "Follower", "Keeper"]
@@ -65,11 +67,16 @@ class Channel:
     :param grace: seconds it lives on with no client.
     :param max_events: how many events may wait for a client before ``abort``.
     :param abort: aborts the request with a reason (``on_abort`` exactly once).
+    :param max_bytes: how many bytes of events (:func:`~tether.approximate_size`) may
+        wait for a client before ``abort``, and are kept for a reconnect; ``None``: no
+        byte budget (the events are not weighed).
     """
 
     __slots__ = (
         "abort",
+        "base",
         "count",
+        "cum",
         "ended",
         "error",
         "events",
@@ -77,6 +84,7 @@ class Channel:
         "follower",
         "grace",
         "keeper",
+        "max_bytes",
         "max_events",
         "remote",
         "rid",
@@ -95,6 +103,7 @@ class Channel:
         grace: float,
         max_events: int,
         abort: Callable[[AbortReason], bool],
+        max_bytes: int | None = None,
     ) -> None:
         self.keeper = keeper
         self.abort = abort
@@ -103,7 +112,12 @@ class Channel:
         self.remote = False  # a client attached in another process (see attach_remote)
         self.grace = grace
         self.max_events = max_events
+        self.max_bytes = max_bytes
         self.events: list[Any] = []
+        # With a byte budget: the bytes of events 1..n for each event held (cum), and of
+        # the events before the first held (base), so any span weighs in O(1).
+        self.cum: list[int] = []
+        self.base = 0
         self.first = 1  # the number of events[0]
         self.count = 0  # the number of the last event recorded
         self.sent = 0  # the last event handed to a client that since detached
@@ -121,6 +135,7 @@ class Channel:
         follower = self.follower
         # (a client in another process reads from there: the cap is its store's to keep)
         sent = follower.pos if follower is not None else self.count if self.remote else self.sent
+        heavy = self.max_bytes is not None and self._weigh(outputs, sent)
         if self.count - sent > self.max_events:
             logger.warning(
                 "resumable request %r: more than %d events wait for a client; aborted",
@@ -128,15 +143,46 @@ class Channel:
                 self.max_events,
             )
             self.abort(AbortReason.CONSUMER_TOO_SLOW)
+        elif heavy:
+            logger.warning(
+                "resumable request %r: more than %d bytes of events wait for a client; aborted",
+                self.rid,
+                self.max_bytes,
+            )
+            self.abort(AbortReason.CONSUMER_TOO_SLOW)
         # Forget what was sent beyond the cap, in steps so that it costs O(1) per event.
         extra = len(events) - self.max_events
         if extra > self.max_events // 2:
-            drop = min(extra, sent - self.first + 1)
-            if drop > 0:
-                del events[:drop]
-                self.first += drop
+            self._drop(min(extra, sent - self.first + 1))
+        elif self.max_bytes is not None and self.cum:
+            held = self.cum[-1] - self.base
+            if held > self.max_bytes + (self.max_bytes >> 1):  # (in steps too)
+                # the events whose dropping leaves at most max_bytes held, if sent
+                extra = bisect.bisect_right(self.cum, self.cum[-1] - self.max_bytes)
+                self._drop(min(extra, sent - self.first + 1))
         self.keeper.recorded(self, outputs)
         self.wake()
+
+    def _weigh(self, outputs: list[Any], sent: int) -> bool:
+        """Weigh new events; whether those not sent yet outweigh ``max_bytes``."""
+        cum = self.cum
+        total = cum[-1] if cum else self.base
+        for output in outputs:
+            total += approximate_size(output)
+            cum.append(total)
+        index = sent - self.first
+        through = self.base if index < 0 else cum[index]
+        return self.max_bytes is not None and total - through > self.max_bytes
+
+    def _drop(self, drop: int) -> None:
+        """Forget the oldest ``drop`` events (sent ones: a reconnect asks no earlier)."""
+        if drop <= 0:
+            return
+        del self.events[:drop]
+        self.first += drop
+        if self.cum:
+            self.base = self.cum[drop - 1]
+            del self.cum[:drop]
 
     def end(self, error: TetherError | None) -> None:
         """The stream ended: finished (``None``), failed, or aborted (then forgotten)."""

@@ -13,8 +13,8 @@ at a time is the newest (an older one ends quietly).
 
 The request is aborted (``on_abort``, exactly once, by the stream's own path) when
 the grace period passes with no client attached (reason ``client_disconnected``),
-when more than ``max_events`` outputs wait for a client (reason
-``consumer_too_slow``), on a Stop (:meth:`Resume.cancel`, at once: a closed
+when more than ``max_events`` outputs, or ``max_bytes`` of them, wait for a client
+(reason ``consumer_too_slow``), on a Stop (:meth:`Resume.cancel`, at once: a closed
 connection alone cannot tell Stop from a network drop), or when the registry
 closes. A stream that ended stays resumable for the grace period, so a late
 reconnect still gets its tail.
@@ -37,6 +37,7 @@ from typing import Final
 from ._batch import Batch
 from ._channel import Follower
 from ._errors import AbortReason
+from ._limits import DEFAULT_MAX_PENDING_BYTES
 from ._replay import MemoryStore
 from ._responses import ErrorResponse
 from ._scope import RequestScope, current_scope
@@ -134,20 +135,33 @@ class Resume:
         reads too slowly) before the request is aborted; also how many events are
         kept for a reconnect.
     :param store: where the logs live; an in-process :class:`MemoryStore` by default.
-    :raises ValueError: a non-positive ``grace`` or ``max_events``.
+    :param max_bytes: the same bound in bytes (outputs weighed by
+        :func:`~tether.approximate_size`), as the registry's ``max_pending_bytes`` bounds
+        a stream that is not resumable: past it the request is aborted (reason
+        ``consumer_too_slow``); also about how many bytes are kept for a reconnect.
+        ``None``: no byte budget (and no weighing).
+    :raises ValueError: a non-positive ``grace``, ``max_events`` or ``max_bytes``.
     """
 
-    __slots__ = ("grace", "max_events", "store")
+    __slots__ = ("grace", "max_bytes", "max_events", "store")
 
     def __init__(
-        self, *, grace: float = 30.0, max_events: int = 10_000, store: MemoryStore | None = None
+        self,
+        *,
+        grace: float = 30.0,
+        max_events: int = 10_000,
+        store: MemoryStore | None = None,
+        max_bytes: int | None = DEFAULT_MAX_PENDING_BYTES,
     ) -> None:
         if not grace > 0:
             raise ValueError(f"grace must be a positive number of seconds, got {grace}")
         if isinstance(max_events, bool) or max_events < 1:
             raise ValueError(f"max_events must be at least 1, got {max_events}")
+        if max_bytes is not None and (isinstance(max_bytes, bool) or max_bytes < 1):
+            raise ValueError(f"max_bytes must be at least 1 or None, got {max_bytes}")
         self.grace = grace
         self.max_events = max_events
+        self.max_bytes = max_bytes
         self.store = store if store is not None else MemoryStore()
 
     def __repr__(self) -> str:
@@ -167,7 +181,7 @@ class Resume:
         if not isinstance(stream, Stream):
             (stream.abort if isinstance(stream, Follower) else stream.cancel)()
             raise TypeError(f"only a tether Stream can be resumable, got {type(stream).__name__}")
-        follower = self.store.open(stream, self.grace, self.max_events)
+        follower = self.store.open(stream, self.grace, self.max_events, self.max_bytes)
         scope = current_scope()
         if scope is not None:
             scope.release(stream)
