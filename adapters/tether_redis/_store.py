@@ -366,7 +366,8 @@ class _Writer:
         return True
 
     async def tick(self) -> bool:
-        """A client elsewhere whose lease lapsed is gone; a running stream's keys live on."""
+        """A client elsewhere whose lease lapsed is gone; a stream's keys live on while
+        the owner holds it."""
         store, channel = self._store, self._channel
         lease = store.key(channel.token, "lease")
         if self._remote is not None and not await store.client.exists(lease):
@@ -374,6 +375,10 @@ class _Writer:
             channel.detach_remote(channel.sent)
         if not channel.ended:
             await self._expire(self._keys, _keep_ms(channel))
+        elif not self._forgotten:
+            # The owner holds an ended stream until a grace period after its last client
+            # left, however long that client stayed: so do the keys.
+            await self._expire(self._keys, int(channel.grace * 1000) + 2 * store.block_ms)
         return True
 
     def _stop(self) -> None:

@@ -338,3 +338,29 @@ async def test_a_client_elsewhere_is_told_when_its_own_worker_closes(redis: Redi
         await first.aclose()
         await owner.aclose()
     await registry.close(drain_timeout=0)
+
+
+async def test_a_finished_stream_read_longer_than_its_grace_stays_resumable_elsewhere(
+    redis: Redis,
+) -> None:
+    # The grace period starts when the last client leaves, not when the stream ended:
+    # the keys in Redis must live as long as the owner holds the stream.
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    owner = tether.Resume(grace=0.5, store=RedisStore(redis, block=0.1))
+    other = tether.Resume(grace=0.5, store=RedisStore(redis, block=0.1))
+    async with asyncio.timeout(30):
+        stream = registry.open()
+        first = await owner.open(stream)
+        registry.deliver(stream.rid, 0, finished=True)
+        await asyncio.sleep(1.5)  # the client stays three grace periods (time is the point)
+        assert [output for _, output in await first.next_ready() or ()] == [0]
+        await first.aclose()  # now it leaves: resumable for another grace period
+        mirror = await other.follow(resume_point(f"{first.token}.0", None) or _NOWHERE)
+        assert mirror is not None
+        assert [output for _, output in await mirror.next_ready() or ()] == [0]
+        assert await mirror.next_ready() is None
+        await mirror.aclose()
+        await other.aclose()
+        await owner.aclose()
+    assert not aborted
