@@ -71,6 +71,7 @@ class Mirror:
         rid = meta[b"rid"].decode()
         # The owner's cap: the most events this client may lag by, and keep.
         max_events = int(meta.get(b"m") or _NO_CAP)
+        max_bytes = int(meta.get(b"b") or 0) or None
         entries: Any = await client.xrange(self._key("log"))
         events: list[Any] = []
         first = count = 0
@@ -86,11 +87,15 @@ class Mirror:
         if (end is not None and end[b"end"] == b"aborted") or not first - 1 <= after <= count:
             return None
         channel = Channel(
-            self, rid, self._token, grace=3600.0, max_events=max_events, abort=self._abort
+            self,
+            rid,
+            self._token,
+            grace=3600.0,
+            max_events=max_events,
+            abort=self._abort,
+            max_bytes=max_bytes,
         )
-        channel.events = events
-        channel.first = first
-        channel.count = count
+        channel.preload(events, first)
         self._channel = channel
         follower = Follower(channel, after)
         # (NOMKSTREAM: a control stream that is gone is an owner that is gone; one

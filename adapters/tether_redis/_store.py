@@ -106,7 +106,13 @@ class RedisStore(tether.MemoryStore):
         try:
             async with self.client.pipeline(transaction=False) as pipe:
                 pipe.hset(
-                    meta, mapping={"rid": channel.rid, "w": self.worker, "m": channel.max_events}
+                    meta,
+                    mapping={
+                        "rid": channel.rid,
+                        "w": self.worker,
+                        "m": channel.max_events,
+                        "b": channel.max_bytes or 0,
+                    },
                 )
                 # The control stream exists from now on (others post to it only if it does).
                 pipe.xadd(ctl, {"op": "open", "w": self.worker})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import logging
 from collections.abc import Callable
 from typing import Any, Final, Protocol
@@ -162,6 +163,15 @@ class Channel:
                 self._drop(min(extra, sent - self.first + 1))
         self.keeper.recorded(self, outputs)
         self.wake()
+
+    def preload(self, events: list[Any], first: int) -> None:
+        """Start from a backlog read elsewhere (a mirror of another process's log):
+        ``events`` numbered from ``first``, weighed if there is a byte budget."""
+        self.events = events
+        self.first = first
+        self.count = first + len(events) - 1
+        if self.max_bytes is not None:
+            self.cum = list(itertools.accumulate(map(approximate_size, events)))
 
     def _weigh(self, outputs: list[Any], sent: int) -> bool:
         """Weigh new events; whether those not sent yet outweigh ``max_bytes``."""

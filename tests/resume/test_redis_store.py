@@ -258,16 +258,20 @@ async def test_a_client_elsewhere_that_leaves_while_redis_is_down_raises_into_no
     assert unhandled == []
 
 
+@pytest.mark.parametrize("cap", ["events", "bytes"])
 async def test_a_client_elsewhere_that_lags_by_more_than_the_cap_ends_and_the_request_goes_on(
-    redis: Redis,
+    redis: Redis, cap: str
 ) -> None:
-    # Like the owner's log, a mirror holds at most the cap of events its client lags by
-    # (even when its worker reads Redis in time, so that MAXLEN trims nothing unread):
-    # past it, that client ends with an error, and the owner does not abort.
+    # Like the owner's log, a mirror holds at most the cap (of events, of bytes) its
+    # client lags by (even when its worker reads Redis in time, so that MAXLEN trims
+    # nothing unread): past it, that client ends with an error; the owner goes on.
     aborted: list[str] = []
     registry = tether.Registry(aborted.append)
-    owner = tether.Resume(max_events=10, store=RedisStore(redis, block=0.1))
-    other = tether.Resume(max_events=10, store=RedisStore(redis, block=0.1))
+    # bytes: the 11th output of about 1 kB each is past the budget, and MAXLEN is far
+    bound = {"max_events": 10} if cap == "events" else {"max_events": 1000, "max_bytes": 10_500}
+    owner = tether.Resume(store=RedisStore(redis, block=0.1), **bound)  # type: ignore[arg-type]
+    other = tether.Resume(store=RedisStore(redis, block=0.1), **bound)  # type: ignore[arg-type]
+    pad = "x" * 1000 if cap == "bytes" else ""
     async with asyncio.timeout(30):
         slow, probe = registry.open(), registry.open()
         mirrors = []
@@ -287,16 +291,16 @@ async def test_a_client_elsewhere_that_lags_by_more_than_the_cap_ends_and_the_re
         lagging, reading = mirrors
         log = f"tether:resume:{lagging.token}:log"
         for n in range(1, 16):
-            registry.deliver(slow.rid, n)
-            while True:  # the slow stream's event is in Redis...
+            registry.deliver(slow.rid, f"{n}{pad}")
+            while True:  # the slow stream's event (number n + 1: 0 was the first) is in Redis...
                 last = await redis.xrevrange(log, count=1)
-                if last and last[0][1].get(b"n") == str(n).encode():
+                if last and last[0][1].get(b"n") == str(n + 1).encode():
                     break
                 await asyncio.sleep(0.005)
             # ... so the other worker's one reader has read it once it reads this one
             registry.deliver(probe.rid, n)
             assert [output for _, output in await reading.next_ready() or ()] == [n]
-        registry.deliver(slow.rid, 16, finished=True)
+        registry.deliver(slow.rid, f"16{pad}", finished=True)
         registry.deliver(probe.rid, 16, finished=True)
         got: list[Any] = []
 
@@ -306,7 +310,7 @@ async def test_a_client_elsewhere_that_lags_by_more_than_the_cap_ends_and_the_re
 
         with pytest.raises(tether.ConsumerTooSlow):
             await read()
-        assert got == list(range(1, 12))  # held up to the cap, and one past it
+        assert got == [f"{n}{pad}" for n in range(1, 12)]  # up to the cap, and one past it
         for mirror in mirrors:
             await mirror.aclose()
         await other.aclose()
