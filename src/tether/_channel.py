@@ -11,16 +11,14 @@ and hears what happens to them (:class:`Keeper`).
 from __future__ import annotations
 
 import asyncio
-import bisect
-import itertools
 import logging
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from ._errors import Aborted, AbortReason, TetherError
 from ._idle import IdleDeadline
-from ._limits import approximate_size
 from ._scope import current_scope
+from ._weights import Weights
 
 __all__ = ["Channel", "Follower", "Keeper"]
 
@@ -75,9 +73,7 @@ class Channel:
 
     __slots__ = (
         "abort",
-        "base",
         "count",
-        "cum",
         "ended",
         "error",
         "events",
@@ -93,6 +89,7 @@ class Channel:
         "timer",
         "token",
         "waiter",
+        "weights",
     )
 
     def __init__(
@@ -114,11 +111,8 @@ class Channel:
         self.grace = grace
         self.max_events = max_events
         self.max_bytes = max_bytes
+        self.weights = None if max_bytes is None else Weights(max_bytes)
         self.events: list[Any] = []
-        # With a byte budget: the bytes of events 1..n for each event held (cum), and of
-        # the events before the first held (base), so any span weighs in O(1).
-        self.cum: list[int] = []
-        self.base = 0
         self.first = 1  # the number of events[0]
         self.count = 0  # the number of the last event recorded
         self.sent = 0  # the last event handed to a client that since detached
@@ -136,63 +130,38 @@ class Channel:
         follower = self.follower
         # (a client in another process reads from there: the cap is its store's to keep)
         sent = follower.pos if follower is not None else self.count if self.remote else self.sent
-        heavy = self.max_bytes is not None and self._weigh(outputs, sent)
-        if self.count - sent > self.max_events:
+        weights = self.weights
+        heavy = weights is not None and weights.add(outputs, self.count - sent)
+        if heavy or self.count - sent > self.max_events:
             logger.warning(
-                "resumable request %r: more than %d events wait for a client; aborted",
+                "resumable request %r: more than %s wait for a client; aborted",
                 self.rid,
-                self.max_events,
-            )
-            self.abort(AbortReason.CONSUMER_TOO_SLOW)
-        elif heavy:
-            logger.warning(
-                "resumable request %r: more than %d bytes of events wait for a client; aborted",
-                self.rid,
-                self.max_bytes,
+                f"{self.max_bytes} bytes of events" if heavy else f"{self.max_events} events",
             )
             self.abort(AbortReason.CONSUMER_TOO_SLOW)
         # Forget what was sent beyond the cap, in steps so that it costs O(1) per event.
         extra = len(events) - self.max_events
-        if extra > self.max_events // 2:
-            self._drop(min(extra, sent - self.first + 1))
-        elif self.max_bytes is not None and self.cum:
-            held = self.cum[-1] - self.base
-            if held > self.max_bytes + (self.max_bytes >> 1):  # (in steps too)
-                # the events whose dropping leaves at most max_bytes held, if sent
-                extra = bisect.bisect_right(self.cum, self.cum[-1] - self.max_bytes)
-                self._drop(min(extra, sent - self.first + 1))
+        if extra <= self.max_events // 2:
+            extra = 0 if weights is None else weights.excess()  # (bytes, in steps too)
+        self._drop(min(extra, sent - self.first + 1))
         self.keeper.recorded(self, outputs)
         self.wake()
 
     def preload(self, events: list[Any], first: int) -> None:
-        """Start from a backlog read elsewhere (a mirror of another process's log):
-        ``events`` numbered from ``first``, weighed if there is a byte budget."""
+        """Start from ``events`` numbered from ``first``, read elsewhere (a mirror)."""
         self.events = events
         self.first = first
         self.count = first + len(events) - 1
-        if self.max_bytes is not None:
-            self.cum = list(itertools.accumulate(map(approximate_size, events)))
-
-    def _weigh(self, outputs: list[Any], sent: int) -> bool:
-        """Weigh new events; whether those not sent yet outweigh ``max_bytes``."""
-        cum = self.cum
-        total = cum[-1] if cum else self.base
-        for output in outputs:
-            total += approximate_size(output)
-            cum.append(total)
-        index = sent - self.first
-        through = self.base if index < 0 else cum[index]
-        return self.max_bytes is not None and total - through > self.max_bytes
+        if self.weights is not None:
+            self.weights.preload(events)
 
     def _drop(self, drop: int) -> None:
         """Forget the oldest ``drop`` events (sent ones: a reconnect asks no earlier)."""
-        if drop <= 0:
-            return
-        del self.events[:drop]
-        self.first += drop
-        if self.cum:
-            self.base = self.cum[drop - 1]
-            del self.cum[:drop]
+        if drop > 0:
+            del self.events[:drop]
+            self.first += drop
+            if self.weights is not None:
+                self.weights.drop(drop)
 
     def end(self, error: TetherError | None) -> None:
         """The stream ended: finished (``None``), failed, or aborted (then forgotten)."""
