@@ -108,6 +108,8 @@ def resume_point(last_event_id: str | None, token: str | None) -> ResumePoint | 
     :returns: ``None`` when the request is no reconnect (neither was sent); a point
         that matches no stream when what was sent is malformed or contradicts itself.
     """
+    # (the whitespace around a header value is no part of it: some servers keep it)
+    last_event_id, token = (last_event_id or "").strip(), (token or "").strip()
     if not last_event_id:
         return None if not token else ResumePoint(token, 0)
     if len(last_event_id) > _MAX_ID_LENGTH:

@@ -27,6 +27,7 @@ from .conftest import eventually
         ("abc.-1", None, ("", -1)),
         ("abc.٣", None, ("", -1)),
         ("a" * 200 + ".1", None, ("", -1)),
+        (" abc.7 ", " abc ", ("abc", 7)),
     ],
     ids=[
         "nothing",
@@ -40,6 +41,7 @@ from .conftest import eventually
         "negative",
         "non-ascii-digit",
         "overlong",
+        "spaces-around",
     ],
 )
 def test_a_resume_point_is_read_from_the_id_or_the_token(
