@@ -148,7 +148,9 @@ async def resume(
     request_scope(request)  # (the follower joins the request's scope)
     found = await resume.reconnect(request.headers, request.query)
     if not isinstance(found, Follower):
-        return None if found is None else web.json_response(found.body, status=found.status)
+        if found is None:
+            return None
+        return web.json_response(found.body, status=found.status, headers=found.headers)
     return await respond(
         request,
         found,

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 import tether
 from tether.http import Channel, Follower, new_token
@@ -17,6 +19,11 @@ from tether.http import Channel, Follower, new_token
 from ._ear import Ear, Fields, text
 
 __all__ = ["Host", "Mirror", "end_error"]
+
+logger = logging.getLogger("tether.redis")
+
+_NO_CAP = 1 << 62
+"""The cap of a stream whose owner did not publish one."""
 
 
 class Host(Protocol):
@@ -42,7 +49,7 @@ class Mirror:
     Redis, and the control messages that keep the owner informed. It is the keeper
     of that channel (no store holds it)."""
 
-    __slots__ = ("_after", "_channel", "_fid", "_store", "_token")
+    __slots__ = ("__weakref__", "_after", "_channel", "_closing", "_fid", "_store", "_token")
 
     def __init__(self, store: Host, token: str, after: int) -> None:
         self._store = store
@@ -50,6 +57,7 @@ class Mirror:
         self._after = after
         self._fid = new_token()
         self._channel: Channel | None = None
+        self._closing = False
 
     def _key(self, kind: str) -> str:
         return self._store.key(self._token, kind)
@@ -61,6 +69,9 @@ class Mirror:
         if not meta:
             return None
         rid = meta[b"rid"].decode()
+        # The owner's cap: the most events this client may lag by, and keep.
+        max_events = int(meta.get(b"m") or _NO_CAP)
+        max_bytes = int(meta.get(b"b") or 0) or None
         entries: Any = await client.xrange(self._key("log"))
         events: list[Any] = []
         first = count = 0
@@ -76,16 +87,24 @@ class Mirror:
         if (end is not None and end[b"end"] == b"aborted") or not first - 1 <= after <= count:
             return None
         channel = Channel(
-            self, rid, self._token, grace=3600.0, max_events=1 << 62, abort=self._abort
+            self,
+            rid,
+            self._token,
+            grace=3600.0,
+            max_events=max_events,
+            abort=self._abort,
+            max_bytes=max_bytes,
         )
-        channel.events = events
-        channel.first = first
-        channel.count = count
+        channel.preload(events, first)
         self._channel = channel
         follower = Follower(channel, after)
-        ctl_id = await client.xadd(
-            self._key("ctl"), {"op": "attach", "w": store.worker, "f": self._fid}
+        # (NOMKSTREAM: a control stream that is gone is an owner that is gone; one
+        # made here would have no expiry)
+        ctl_id: Any = await client.xadd(
+            self._key("ctl"), {"op": "attach", "w": store.worker, "f": self._fid}, nomkstream=True
         )
+        if ctl_id is None:  # the owner forgot it since
+            return None
         await client.set(self._key("lease"), self._fid, px=3 * store.block_ms)
         channel.attach(follower)
         if end is not None:
@@ -127,6 +146,26 @@ class Mirror:
             return False
         return True
 
+    def close(self) -> Coroutine[Any, Any, None] | None:
+        """This worker is shutting down: its client is told (a 503 error event, after
+        the events it holds) and it stops following.
+
+        :returns: the message that tells the owner the client left (for the store to
+            send, bounded), so that it parks at once rather than when the lease lapses;
+            ``None`` when this client is no longer attached.
+        """
+        self._store.ear.drop(self)
+        channel = self._channel
+        follower = None if channel is None else channel.follower
+        if channel is None or follower is None or self._closing:
+            return None
+        self._closing = True  # (its client leaving now tells the owner nothing more)
+        if not channel.ended:
+            down = "the server is shutting down"
+            channel.end(tether.Aborted(channel.rid, tether.AbortReason.SERVER, down))
+        fields = {"op": "detach", "w": self._store.worker, "f": self._fid, "pos": str(follower.pos)}
+        return self._send(fields)
+
     def _record(self, channel: Channel, fields: Fields) -> bool:
         """One entry of the log; whether the stream goes on."""
         if b"end" in fields:
@@ -136,15 +175,28 @@ class Mirror:
             channel.end(tether.ConsumerTooSlow(channel.rid, channel.max_events))
             return False
         channel.append([json.loads(fields[b"d"])])
-        return True
+        return not channel.ended  # (the append may have ended a client that lags)
 
     def _abort(self, reason: tether.AbortReason) -> bool:
-        """Only the owner aborts: ask it to (this worker could not encode an output)."""
+        """Only the owner aborts: ask it to (this worker could not encode an output).
+        A client here that lags by more than the cap only ends, with an error: the
+        request goes on for a reconnect (the owner's own cap guards it)."""
+        channel = self._channel
+        if reason is tether.AbortReason.CONSUMER_TOO_SLOW and channel is not None:
+            if not channel.ended:
+                channel.end(tether.ConsumerTooSlow(channel.rid, channel.max_events))
+            return False
         self._store.spawn(self._send({"op": "cancel", "w": self._store.worker}))
         return True
 
     async def _send(self, fields: dict[str, str]) -> None:
-        await self._store.client.xadd(self._key("ctl"), fields)  # type: ignore[arg-type]
+        """Tell the owner (a task of its own: a Redis that fails is logged, not raised
+        into nobody's hands); nothing once the owner's control stream is gone."""
+        try:
+            async with self._store.writes:  # (the store's bound on writes in flight)
+                await self._store.client.xadd(self._key("ctl"), fields, nomkstream=True)  # type: ignore[arg-type]
+        except (RedisError, OSError) as exc:
+            logger.warning("resumable request: the owner could not be told (%s)", exc)
 
     # -- Keeper ------------------------------------------------------------------------
 
@@ -165,6 +217,8 @@ class Mirror:
 
     def detached(self, channel: Channel, follower: Follower) -> None:
         self._store.ear.drop(self)
+        if self._closing:  # (close() told the owner)
+            return
         fields = {"op": "detach", "w": self._store.worker, "f": self._fid, "pos": str(follower.pos)}
         self._store.spawn(self._send(fields))
 

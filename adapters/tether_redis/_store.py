@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from typing import Any, Final
 
 from redis.asyncio import Redis
@@ -67,7 +68,7 @@ class RedisStore(tether.MemoryStore):
     :raises ValueError: a non-positive ``block``.
     """
 
-    __slots__ = ("_writers", "block_ms", "client", "ear", "prefix", "worker", "writes")
+    __slots__ = ("_mirrors", "_writers", "block_ms", "client", "ear", "prefix", "worker", "writes")
 
     def __init__(
         self, client: Redis, *, prefix: str = "tether:resume:", block: float = 1.0
@@ -81,6 +82,8 @@ class RedisStore(tether.MemoryStore):
         self.worker = new_token()
         """This store's id in control messages."""
         self._writers: dict[str, _Writer] = {}
+        self._mirrors: weakref.WeakSet[Mirror] = weakref.WeakSet()
+        """The clients here of streams owned elsewhere (ended when this store closes)."""
         self.writes = asyncio.Semaphore(_WRITES)
         """Bounds the writes in flight (each holds one of the client's connections)."""
         self.ear = Ear(client, f"{prefix}{self.worker}:wake", self.block_ms, self.spawn)
@@ -99,10 +102,31 @@ class RedisStore(tether.MemoryStore):
         if channel is None:
             return
         meta = self.key(channel.token, "meta")
-        async with self.client.pipeline(transaction=False) as pipe:
-            pipe.hset(meta, mapping={"rid": channel.rid, "w": self.worker})
-            pipe.pexpire(meta, _keep_ms(channel))
-            await pipe.execute()
+        ctl = self.key(channel.token, "ctl")
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.hset(
+                    meta,
+                    mapping={
+                        "rid": channel.rid,
+                        "w": self.worker,
+                        "m": channel.max_events,
+                        "b": channel.max_bytes or 0,
+                    },
+                )
+                # The control stream exists from now on (others post to it only if it does).
+                pipe.xadd(ctl, {"op": "open", "w": self.worker})
+                for key in (meta, ctl):
+                    pipe.pexpire(key, _keep_ms(channel))
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            # Redis is an extra reach, not a dependency of the stream: it goes on,
+            # resumable on this worker only (its writer stops at its first write).
+            logger.warning(
+                "resumable request %r: Redis is unreachable (%s); it resumes on this worker only",
+                channel.rid,
+                exc,
+            )
 
     def _writer(self, channel: Channel) -> _Writer | None:
         """The writer of ``channel``, started at its first event (which may come while
@@ -135,31 +159,62 @@ class RedisStore(tether.MemoryStore):
             writer.forgotten()
 
     def done(self, writer: _Writer, token: str) -> None:
+        """``writer`` is over: a later event of its channel may start another (but a
+        writer that failed stays, inert, until its channel is forgotten)."""
         if self._writers.get(token) is writer:
             del self._writers[token]
 
     # -- any worker ----------------------------------------------------------------------
 
     async def follow(self, token: str, after: int) -> Follower | None:
+        """A new client of the stream of ``token``: from this process if it owns it,
+        else from Redis.
+
+        :raises ConnectionError: Redis cannot be reached (the stream may exist: the
+            answer is a 503, not a 404).
+        """
         if self.channel(token) is not None or not _plain(token):
             return await super().follow(token, after)
-        return await Mirror(self, token, after).start()
+        mirror = Mirror(self, token, after)
+        try:
+            follower = await mirror.start()
+        except (RedisError, OSError) as exc:
+            raise ConnectionError(f"Redis cannot be reached: {exc}") from exc
+        if follower is not None:
+            self._mirrors.add(mirror)
+        return follower
 
     async def aclose(self) -> None:
         """Abort every stream still running and let each writer put its end entry in
-        Redis (bounded), so that clients on other workers are told; then end every task."""
+        Redis (bounded), so that clients on other workers are told; end every client
+        here of a stream owned elsewhere (its owner parks it); then end every task."""
         self.abort_all()
-        writers = [writer.task for writer in self._writers.values() if writer.task is not None]
-        if writers:
-            await asyncio.wait(writers, timeout=_CLOSE_TIMEOUT)
+        tasks = [writer.task for writer in self._writers.values() if writer.task is not None]
+        # The clients here of streams owned elsewhere end too; each owner is told.
+        farewells = [mirror.close() for mirror in list(self._mirrors)]
+        tasks += [self.spawn(farewell) for farewell in farewells if farewell is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=_CLOSE_TIMEOUT)
         await super().aclose()
 
     async def cancel(self, token: str) -> bool:
+        """Stop the stream of ``token``, here or on the worker that owns it.
+
+        :raises ConnectionError: Redis cannot be reached.
+        """
         if self.channel(token) is not None or not _plain(token):
             return await super().cancel(token)
-        if not await self.client.exists(self.key(token, "meta")):
-            return False
-        await self.client.xadd(self.key(token, "ctl"), {"op": "cancel", "w": self.worker})
+        try:
+            if not await self.client.exists(self.key(token, "meta")):
+                return False
+            ctl = self.key(token, "ctl")  # (NOMKSTREAM: never one with no expiry)
+            posted: Any = await self.client.xadd(
+                ctl, {"op": "cancel", "w": self.worker}, nomkstream=True
+            )
+            if posted is None:  # the owner forgot it since
+                return False
+        except (RedisError, OSError) as exc:
+            raise ConnectionError(f"Redis cannot be reached: {exc}") from exc
         return True
 
 
@@ -186,6 +241,7 @@ class _Writer:
         "_remote",
         "_store",
         "_wake",
+        "failed",
         "task",
     )
 
@@ -198,9 +254,14 @@ class _Writer:
         self._ended = False
         self._forgotten = False
         self._remote: str | None = None  # the client attached on another worker, if any
+        self.failed = False
+        """Redis failed it: the channel stays resumable here only, and this writer
+        stays in its store's table (inert) so that no later event starts another."""
         self.task: asyncio.Task[None] | None = None
 
     def put(self, outputs: list[Any]) -> None:
+        if self.failed:
+            return
         first = self._channel.count - len(outputs) + 1
         self._outbox.extend(
             {"n": str(n), "d": _DUMPS(output).decode()} for n, output in enumerate(outputs, first)
@@ -208,6 +269,8 @@ class _Writer:
         self._wake.set()
 
     def end(self, error: tether.TetherError | None) -> None:
+        if self.failed:
+            return
         if error is None:
             entry = {"end": "ok"}
         elif isinstance(error, tether.Aborted):
@@ -220,12 +283,16 @@ class _Writer:
         self._wake.set()
 
     def attach_here(self) -> None:
+        if self.failed:
+            return
         self._outbox.append({"ctl": "attach"})
         self._wake.set()
 
     def forgotten(self) -> None:
         self._forgotten = True
         self._wake.set()
+        if self.failed:  # (its task is over: nothing else takes it out of the table)
+            self._store.done(self, self._channel.token)
 
     async def run(self) -> None:
         """Copy the events as they come, until the end entry is written; then keep the
@@ -250,6 +317,8 @@ class _Writer:
             await self._expire(keys, _GONE_MS)
             await store.client.delete(keys[2])  # resumable nowhere from now on
         except (RedisError, OSError) as exc:
+            self.failed = True
+            self._outbox = []
             logger.error(
                 "resumable request %r: writing to Redis failed (%s); it resumes on this "
                 "worker only from now on",
@@ -257,7 +326,8 @@ class _Writer:
                 exc,
             )
         finally:
-            store.done(self, channel.token)
+            if not self.failed or self._forgotten:
+                store.done(self, channel.token)
             store.ear.drop(self)
 
     async def _expire(self, keys: tuple[str, ...], ms: int) -> None:
@@ -278,6 +348,11 @@ class _Writer:
                     pipe.xadd(keys[1], {"op": "attach", "w": store.worker})
                 else:
                     pipe.xadd(keys[0], entry, maxlen=maxlen, approximate=False)  # type: ignore[arg-type]
+            # A key that XADD just made has no expiry: set it in the same round trip, so
+            # that an owner killed before its first upkeep leaves nothing for ever.
+            keep = _keep_ms(self._channel)
+            for key in keys[:2]:
+                pipe.pexpire(key, keep)
             await pipe.execute()
 
     def heard(self, key: str, entry_id: Any, fields: Fields) -> bool:
@@ -297,7 +372,8 @@ class _Writer:
         return True
 
     async def tick(self) -> bool:
-        """A client elsewhere whose lease lapsed is gone; a running stream's keys live on."""
+        """A client elsewhere whose lease lapsed is gone; a stream's keys live on while
+        the owner holds it."""
         store, channel = self._store, self._channel
         lease = store.key(channel.token, "lease")
         if self._remote is not None and not await store.client.exists(lease):
@@ -305,6 +381,10 @@ class _Writer:
             channel.detach_remote(channel.sent)
         if not channel.ended:
             await self._expire(self._keys, _keep_ms(channel))
+        elif not self._forgotten:
+            # The owner holds an ended stream until a grace period after its last client
+            # left, however long that client stayed: so do the keys.
+            await self._expire(self._keys, int(channel.grace * 1000) + 2 * store.block_ms)
         return True
 
     def _stop(self) -> None:

@@ -153,7 +153,9 @@ async def resume(
     request_scope(request)  # (the follower joins the request's scope)
     found = await resume.reconnect(request.headers, request.query_params)
     if not isinstance(found, Follower):
-        return None if found is None else JSONResponse(found.body, found.status)
+        if found is None:
+            return None
+        return JSONResponse(found.body, found.status, headers=found.headers)
     return await respond(
         request,
         found,

@@ -18,6 +18,7 @@ from typing import Any, Final, Protocol
 from ._errors import Aborted, AbortReason, TetherError
 from ._idle import IdleDeadline
 from ._scope import waiter_cancelled
+from ._weights import Weights
 
 __all__ = ["Channel", "Follower", "Keeper"]
 
@@ -65,6 +66,9 @@ class Channel:
     :param grace: seconds it lives on with no client.
     :param max_events: how many events may wait for a client before ``abort``.
     :param abort: aborts the request with a reason (``on_abort`` exactly once).
+    :param max_bytes: how many bytes of events (:func:`~tether.approximate_size`) may
+        wait for a client before ``abort``, and are kept for a reconnect; ``None``: no
+        byte budget (the events are not weighed).
     """
 
     __slots__ = (
@@ -77,6 +81,7 @@ class Channel:
         "follower",
         "grace",
         "keeper",
+        "max_bytes",
         "max_events",
         "remote",
         "rid",
@@ -84,6 +89,7 @@ class Channel:
         "timer",
         "token",
         "waiter",
+        "weights",
     )
 
     def __init__(
@@ -95,6 +101,7 @@ class Channel:
         grace: float,
         max_events: int,
         abort: Callable[[AbortReason], bool],
+        max_bytes: int | None = None,
     ) -> None:
         self.keeper = keeper
         self.abort = abort
@@ -103,6 +110,8 @@ class Channel:
         self.remote = False  # a client attached in another process (see attach_remote)
         self.grace = grace
         self.max_events = max_events
+        self.max_bytes = max_bytes
+        self.weights = None if max_bytes is None else Weights(max_bytes)
         self.events: list[Any] = []
         self.first = 1  # the number of events[0]
         self.count = 0  # the number of the last event recorded
@@ -121,22 +130,38 @@ class Channel:
         follower = self.follower
         # (a client in another process reads from there: the cap is its store's to keep)
         sent = follower.pos if follower is not None else self.count if self.remote else self.sent
-        if self.count - sent > self.max_events:
+        weights = self.weights
+        heavy = weights is not None and weights.add(outputs, self.count - sent)
+        if heavy or self.count - sent > self.max_events:
             logger.warning(
-                "resumable request %r: more than %d events wait for a client; aborted",
+                "resumable request %r: more than %s wait for a client; aborted",
                 self.rid,
-                self.max_events,
+                f"{self.max_bytes} bytes of events" if heavy else f"{self.max_events} events",
             )
             self.abort(AbortReason.CONSUMER_TOO_SLOW)
         # Forget what was sent beyond the cap, in steps so that it costs O(1) per event.
         extra = len(events) - self.max_events
-        if extra > self.max_events // 2:
-            drop = min(extra, sent - self.first + 1)
-            if drop > 0:
-                del events[:drop]
-                self.first += drop
+        if extra <= self.max_events // 2:
+            extra = 0 if weights is None else weights.excess()  # (bytes, in steps too)
+        self._drop(min(extra, sent - self.first + 1))
         self.keeper.recorded(self, outputs)
         self.wake()
+
+    def preload(self, events: list[Any], first: int) -> None:
+        """Start from ``events`` numbered from ``first``, read elsewhere (a mirror)."""
+        self.events = events
+        self.first = first
+        self.count = first + len(events) - 1
+        if self.weights is not None:
+            self.weights.preload(events)
+
+    def _drop(self, drop: int) -> None:
+        """Forget the oldest ``drop`` events (sent ones: a reconnect asks no earlier)."""
+        if drop > 0:
+            del self.events[:drop]
+            self.first += drop
+            if self.weights is not None:
+                self.weights.drop(drop)
 
     def end(self, error: TetherError | None) -> None:
         """The stream ended: finished (``None``), failed, or aborted (then forgotten)."""

@@ -45,11 +45,19 @@ class MemoryStore:
         """How many of them have no client now (each waits out its grace period)."""
         return sum(channel.follower is None for channel in self._channels.values())
 
-    def open(self, stream: Stream, grace: float, max_events: int) -> Follower:
+    def open(
+        self, stream: Stream, grace: float, max_events: int, max_bytes: int | None = None
+    ) -> Follower:
         """Start recording ``stream``; the follower of its first client."""
         token = new_token()
         channel = Channel(
-            self, stream.rid, token, grace=grace, max_events=max_events, abort=stream.cancel
+            self,
+            stream.rid,
+            token,
+            grace=grace,
+            max_events=max_events,
+            abort=stream.cancel,
+            max_bytes=max_bytes,
         )
         self._channels[token] = channel
         follower = Follower(channel, 0)

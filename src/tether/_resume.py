@@ -13,8 +13,8 @@ at a time is the newest (an older one ends quietly).
 
 The request is aborted (``on_abort``, exactly once, by the stream's own path) when
 the grace period passes with no client attached (reason ``client_disconnected``),
-when more than ``max_events`` outputs wait for a client (reason
-``consumer_too_slow``), on a Stop (:meth:`Resume.cancel`, at once: a closed
+when more than ``max_events`` outputs, or ``max_bytes`` of them, wait for a client
+(reason ``consumer_too_slow``), on a Stop (:meth:`Resume.cancel`, at once: a closed
 connection alone cannot tell Stop from a network drop), or when the registry
 closes. A stream that ended stays resumable for the grace period, so a late
 reconnect still gets its tail.
@@ -30,12 +30,14 @@ the first event.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Final
 
 from ._batch import Batch
 from ._channel import Follower
 from ._errors import AbortReason
+from ._limits import DEFAULT_MAX_PENDING_BYTES
 from ._replay import MemoryStore
 from ._responses import ErrorResponse
 from ._scope import RequestScope, current_scope
@@ -64,6 +66,22 @@ NOT_RESUMABLE: Final = ErrorResponse(
 """The answer to a reconnect whose token is wrong or expired, or whose event is no
 longer held: one body for every case, so that it reveals nothing."""
 
+_UNAVAILABLE: Final = ErrorResponse(
+    503,
+    {
+        "error": {
+            "message": "resumable streams cannot be reached now; retry",
+            "type": "Unavailable",
+            "code": 503,
+        }
+    },
+    {"retry-after": "1"},
+)
+"""The answer to a reconnect when the store cannot be reached (a shared store whose
+server is down): the stream may well exist, so no 404; the client may retry."""
+
+logger = logging.getLogger("tether")
+
 
 class ResumePoint:
     """Where a reconnect asks to resume: a token and the last event number it saw."""
@@ -90,6 +108,8 @@ def resume_point(last_event_id: str | None, token: str | None) -> ResumePoint | 
     :returns: ``None`` when the request is no reconnect (neither was sent); a point
         that matches no stream when what was sent is malformed or contradicts itself.
     """
+    # (the whitespace around a header value is no part of it: some servers keep it)
+    last_event_id, token = (last_event_id or "").strip(), (token or "").strip()
     if not last_event_id:
         return None if not token else ResumePoint(token, 0)
     if len(last_event_id) > _MAX_ID_LENGTH:
@@ -117,20 +137,33 @@ class Resume:
         reads too slowly) before the request is aborted; also how many events are
         kept for a reconnect.
     :param store: where the logs live; an in-process :class:`MemoryStore` by default.
-    :raises ValueError: a non-positive ``grace`` or ``max_events``.
+    :param max_bytes: the same bound in bytes (outputs weighed by
+        :func:`~tether.approximate_size`), as the registry's ``max_pending_bytes`` bounds
+        a stream that is not resumable: past it the request is aborted (reason
+        ``consumer_too_slow``); also about how many bytes are kept for a reconnect.
+        ``None``: no byte budget (and no weighing).
+    :raises ValueError: a non-positive ``grace``, ``max_events`` or ``max_bytes``.
     """
 
-    __slots__ = ("grace", "max_events", "store")
+    __slots__ = ("grace", "max_bytes", "max_events", "store")
 
     def __init__(
-        self, *, grace: float = 30.0, max_events: int = 10_000, store: MemoryStore | None = None
+        self,
+        *,
+        grace: float = 30.0,
+        max_events: int = 10_000,
+        store: MemoryStore | None = None,
+        max_bytes: int | None = DEFAULT_MAX_PENDING_BYTES,
     ) -> None:
         if not grace > 0:
             raise ValueError(f"grace must be a positive number of seconds, got {grace}")
         if isinstance(max_events, bool) or max_events < 1:
             raise ValueError(f"max_events must be at least 1, got {max_events}")
+        if max_bytes is not None and (isinstance(max_bytes, bool) or max_bytes < 1):
+            raise ValueError(f"max_bytes must be at least 1 or None, got {max_bytes}")
         self.grace = grace
         self.max_events = max_events
+        self.max_bytes = max_bytes
         self.store = store if store is not None else MemoryStore()
 
     def __repr__(self) -> str:
@@ -150,7 +183,7 @@ class Resume:
         if not isinstance(stream, Stream):
             (stream.abort if isinstance(stream, Follower) else stream.cancel)()
             raise TypeError(f"only a tether Stream can be resumable, got {type(stream).__name__}")
-        follower = self.store.open(stream, self.grace, self.max_events)
+        follower = self.store.open(stream, self.grace, self.max_events, self.max_bytes)
         scope = current_scope()
         if scope is not None:
             scope.release(stream)
@@ -191,7 +224,9 @@ class Resume:
         :param query: the request's query parameters.
         :returns: ``None`` when the request asks to resume nothing; :data:`NOT_RESUMABLE`
             (a 404 that says nothing more) when the token is wrong or expired, or the
-            event is no longer held; else the follower that answers it.
+            event is no longer held; a 503 (``Retry-After``) when the store cannot be
+            reached (its ``follow`` raised :class:`ConnectionError`); else the follower
+            that answers it.
         """
         point = resume_point(
             headers.get("last-event-id") or query.get("last_event_id"),
@@ -199,7 +234,11 @@ class Resume:
         )
         if point is None:
             return None
-        follower = await self.follow(point)
+        try:
+            follower = await self.follow(point)
+        except ConnectionError as exc:
+            logger.warning("a reconnect could not reach the resumable streams' store: %s", exc)
+            return _UNAVAILABLE
         return NOT_RESUMABLE if follower is None else follower
 
     async def cancel(self, token: str) -> bool:
@@ -207,6 +246,7 @@ class Resume:
 
         :returns: whether the token named a stream (a live one is aborted; one that
             ended is only forgotten).
+        :raises ConnectionError: a shared store could not be reached.
         """
         return await self.store.cancel(token)
 

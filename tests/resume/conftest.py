@@ -147,13 +147,17 @@ def _aiohttp_app(site_registry: tether.Registry, resume: tether.Resume, books: B
 
 @contextlib.asynccontextmanager
 async def serving(
-    adapter: str, *, grace: float = 30.0, max_events: int = 1000
+    adapter: str,
+    *,
+    grace: float = 30.0,
+    max_events: int = 1000,
+    store: tether.MemoryStore | None = None,
 ) -> AsyncIterator[Site]:
     """Serve the test app with ``adapter`` on 127.0.0.1; on exit, close the registry
     and the resumption store, and stop the server."""
     books = Books()
     registry = tether.Registry(books.on_abort)
-    resume = tether.Resume(grace=grace, max_events=max_events)
+    resume = tether.Resume(grace=grace, max_events=max_events, store=store)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"

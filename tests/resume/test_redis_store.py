@@ -5,16 +5,22 @@ resumable reach Redis too, and the other worker replays them all."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from tether_redis import RedisStore
 
 import tether
 from tether.http import resume_point
 
 pytestmark = pytest.mark.timeout(60)
+
+_NOWHERE = tether.http.ResumePoint("", -1)
 
 
 @pytest.fixture
@@ -100,3 +106,265 @@ async def test_more_streams_than_the_client_has_connections_each_reach_the_other
     assert not aborted
     assert registry.in_flight == 0
     assert [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "WARNING")] == []
+
+
+async def _until_gone(redis: Redis) -> None:
+    """Shut the Redis server down and wait until it answers no more (bounded)."""
+    with contextlib.suppress(RedisError):
+        await redis.shutdown(nosave=True)
+    async with asyncio.timeout(10):
+        while True:
+            try:
+                await redis.ping()
+            except RedisError:
+                return
+            await asyncio.sleep(0.01)
+
+
+async def test_a_stream_whose_redis_died_goes_on_here_with_one_error_logged(
+    redis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    owner = tether.Resume(store=RedisStore(redis, block=0.1))
+    async with asyncio.timeout(30):
+        stream = registry.open()
+        first = await owner.open(stream)
+        registry.deliver(stream.rid, 0)
+        assert [output for _, output in await first.next_ready() or ()] == [0]
+        await _until_gone(redis)
+        seen = []
+        for n in range(1, 21):  # one at a time: each is recorded (and copied) on its own
+            registry.deliver(stream.rid, n)
+            seen += [output for _, output in await first.next_ready() or ()]
+        assert seen == list(range(1, 21))
+        # A stream opened while Redis is down is served too, resumable here only.
+        later = registry.open()
+        second = await owner.open(later)
+        registry.deliver(later.rid, "x", finished=True)
+        assert [output for _, output in await second.next_ready() or ()] == ["x"]
+        await second.aclose()
+        registry.deliver(stream.rid, 21, finished=True)
+        assert [output for _, output in await first.next_ready() or ()] == [21]
+        await first.aclose()
+        await owner.aclose()
+    assert not aborted
+    assert registry.in_flight == 0
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len([message for message in errors if repr(stream.rid) in message]) == 1, errors
+
+
+async def test_a_reconnect_while_redis_is_down_is_a_503_to_retry_and_stop_says_why(
+    redis: Redis,
+) -> None:
+    other = tether.Resume(store=RedisStore(redis, block=0.1))
+    async with asyncio.timeout(30):
+        await _until_gone(redis)
+        # The stream may live on its owner: not a 404 (it would make the client give up).
+        answer = await other.reconnect({"last-event-id": "A" * 22 + ".1"}, {})
+        assert isinstance(answer, tether.http.ErrorResponse)
+        assert answer.status == 503
+        assert answer.headers == {"retry-after": "1"}
+        with pytest.raises(ConnectionError):
+            await other.cancel("A" * 22)
+        await other.aclose()
+
+
+async def test_every_key_of_a_stream_expires_from_its_first_write(redis: Redis) -> None:
+    # An owner killed before its first upkeep (one block period) must leave nothing
+    # behind for ever: the upkeep is made rare here, so only the writes can set expiries.
+    registry = tether.Registry()
+    owner = tether.Resume(store=RedisStore(redis, block=30.0))
+    async with asyncio.timeout(30):
+        stream = registry.open()
+        first = await owner.open(stream)
+        registry.deliver(stream.rid, 0)
+        log = f"tether:resume:{first.token}:log"
+        while True:  # (the owner's writer copies in its own time)
+            if await redis.exists(log):
+                break
+            await asyncio.sleep(0.01)
+        keys = await redis.keys(f"tether:resume:{first.token}:*")
+        assert len(keys) == 3
+        for key in keys:
+            assert await redis.pttl(key) > 0, key
+        await first.aclose()
+        await owner.aclose()
+
+
+async def test_a_client_elsewhere_that_leaves_after_the_stream_expired_leaves_no_key(
+    redis: Redis,
+) -> None:
+    registry = tether.Registry()
+    owner = tether.Resume(grace=0.3, store=RedisStore(redis, block=0.1))
+    other = tether.Resume(grace=0.3, store=RedisStore(redis, block=0.1))
+    async with asyncio.timeout(30):
+        stream = registry.open()
+        first = await owner.open(stream)
+        registry.deliver(stream.rid, 0, finished=True)
+        assert [output for _, output in await first.next_ready() or ()] == [0]
+        await first.aclose()  # the stream is over; it stays resumable for its grace period
+        while True:  # (the owner's writer copies the end in its own time)
+            mirror = await other.follow(resume_point(f"{first.token}.1", None) or _NOWHERE)
+            assert mirror is not None
+            if await mirror.next_ready() is None:
+                break
+            await mirror.aclose()
+        prefix = f"tether:resume:{first.token}:"
+        while True:  # the owner forgets it: its keys go
+            if not await redis.keys(prefix + "*"):
+                break
+            await asyncio.sleep(0.02)
+        before = asyncio.all_tasks()
+        await mirror.aclose()  # that client leaves only now: the owner is told
+        told = asyncio.all_tasks() - before
+        if told:
+            await asyncio.wait(told)
+        assert await redis.keys(prefix + "*") == []
+        await other.aclose()
+        await owner.aclose()
+
+
+async def test_a_client_elsewhere_that_leaves_while_redis_is_down_raises_into_no_task(
+    redis: Redis,
+) -> None:
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: unhandled.append(context))
+    registry = tether.Registry()
+    owner = tether.Resume(store=RedisStore(redis, block=0.1))
+    other = tether.Resume(store=RedisStore(redis, block=0.1))
+    async with asyncio.timeout(30):
+        stream = registry.open()
+        first = await owner.open(stream)
+        registry.deliver(stream.rid, 0)
+        assert [output for _, output in await first.next_ready() or ()] == [0]
+        while True:  # (the owner's writer copies in its own time)
+            mirror = await other.follow(resume_point(f"{first.token}.0", None) or _NOWHERE)
+            if mirror is not None:
+                break
+            await asyncio.sleep(0.01)
+        await _until_gone(redis)
+        before = asyncio.all_tasks()
+        await mirror.aclose()  # the owner cannot be told: logged, not raised
+        told = asyncio.all_tasks() - before
+        if told:
+            await asyncio.wait(told)
+        del told
+        gc.collect()
+        await other.aclose()
+        await owner.aclose()
+    await registry.close(drain_timeout=0)
+    assert unhandled == []
+
+
+@pytest.mark.parametrize("cap", ["events", "bytes"])
+async def test_a_client_elsewhere_that_lags_by_more_than_the_cap_ends_and_the_request_goes_on(
+    redis: Redis, cap: str
+) -> None:
+    # Like the owner's log, a mirror holds at most the cap (of events, of bytes) its
+    # client lags by (even when its worker reads Redis in time, so that MAXLEN trims
+    # nothing unread): past it, that client ends with an error; the owner goes on.
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    # bytes: the 11th output of about 1 kB each is past the budget, and MAXLEN is far
+    bound = {"max_events": 10} if cap == "events" else {"max_events": 1000, "max_bytes": 10_500}
+    owner = tether.Resume(store=RedisStore(redis, block=0.1), **bound)  # type: ignore[arg-type]
+    other = tether.Resume(store=RedisStore(redis, block=0.1), **bound)  # type: ignore[arg-type]
+    pad = "x" * 1000 if cap == "bytes" else ""
+    async with asyncio.timeout(30):
+        slow, probe = registry.open(), registry.open()
+        mirrors = []
+        for stream in (slow, probe):
+            first = await owner.open(stream)
+            registry.deliver(stream.rid, 0)
+            assert [output for _, output in await first.next_ready() or ()] == [0]
+            while True:  # (the owner's writer copies in its own time)
+                point = resume_point(f"{first.token}.1", None) or _NOWHERE
+                mirror = await other.follow(point)
+                if mirror is not None:
+                    break
+                await asyncio.sleep(0.01)
+            with pytest.raises(tether.Aborted):  # the owner heard of the client elsewhere
+                await first.next_ready()
+            mirrors.append(mirror)
+        lagging, reading = mirrors
+        log = f"tether:resume:{lagging.token}:log"
+        for n in range(1, 16):
+            registry.deliver(slow.rid, f"{n}{pad}")
+            while True:  # the slow stream's event (number n + 1: 0 was the first) is in Redis...
+                last = await redis.xrevrange(log, count=1)
+                if last and last[0][1].get(b"n") == str(n + 1).encode():
+                    break
+                await asyncio.sleep(0.005)
+            # ... so the other worker's one reader has read it once it reads this one
+            registry.deliver(probe.rid, n)
+            assert [output for _, output in await reading.next_ready() or ()] == [n]
+        registry.deliver(slow.rid, f"16{pad}", finished=True)
+        registry.deliver(probe.rid, 16, finished=True)
+        got: list[Any] = []
+
+        async def read() -> None:
+            while (items := await lagging.next_ready()) is not None:
+                got.extend(output for _, output in items)
+
+        with pytest.raises(tether.ConsumerTooSlow):
+            await read()
+        assert got == [f"{n}{pad}" for n in range(1, 12)]  # up to the cap, and one past it
+        for mirror in mirrors:
+            await mirror.aclose()
+        await other.aclose()
+        await owner.aclose()
+    assert not aborted
+    assert registry.in_flight == 0
+
+
+async def test_a_client_elsewhere_is_told_when_its_own_worker_closes(redis: Redis) -> None:
+    registry = tether.Registry()
+    owner = tether.Resume(store=RedisStore(redis, block=0.1))
+    other = tether.Resume(store=RedisStore(redis, block=0.1))
+    async with asyncio.timeout(30):
+        stream = registry.open()
+        first = await owner.open(stream)
+        registry.deliver(stream.rid, 0)
+        assert [output for _, output in await first.next_ready() or ()] == [0]
+        while True:  # (the owner's writer copies in its own time)
+            mirror = await other.follow(resume_point(f"{first.token}.0", None) or _NOWHERE)
+            if mirror is not None:
+                break
+            await asyncio.sleep(0.01)
+        await other.aclose()  # the mirror's worker shuts down: its client is told
+        assert [output for _, output in await mirror.next_ready() or ()] == [0]
+        with pytest.raises(tether.Aborted) as ended:
+            await mirror.next_ready()
+        assert ended.value.reason is tether.AbortReason.SERVER
+        await mirror.aclose()
+        await first.aclose()
+        await owner.aclose()
+    await registry.close(drain_timeout=0)
+
+
+async def test_a_finished_stream_read_longer_than_its_grace_stays_resumable_elsewhere(
+    redis: Redis,
+) -> None:
+    # The grace period starts when the last client leaves, not when the stream ended:
+    # the keys in Redis must live as long as the owner holds the stream.
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    owner = tether.Resume(grace=0.5, store=RedisStore(redis, block=0.1))
+    other = tether.Resume(grace=0.5, store=RedisStore(redis, block=0.1))
+    async with asyncio.timeout(30):
+        stream = registry.open()
+        first = await owner.open(stream)
+        registry.deliver(stream.rid, 0, finished=True)
+        await asyncio.sleep(1.5)  # the client stays three grace periods (time is the point)
+        assert [output for _, output in await first.next_ready() or ()] == [0]
+        await first.aclose()  # now it leaves: resumable for another grace period
+        mirror = await other.follow(resume_point(f"{first.token}.0", None) or _NOWHERE)
+        assert mirror is not None
+        assert [output for _, output in await mirror.next_ready() or ()] == [0]
+        assert await mirror.next_ready() is None
+        await mirror.aclose()
+        await other.aclose()
+        await owner.aclose()
+    assert not aborted

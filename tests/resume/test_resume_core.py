@@ -10,6 +10,8 @@ import pytest
 import tether
 from tether.http import Exchange, Follower, resume_point
 
+from .conftest import eventually
+
 
 @pytest.mark.parametrize(
     ("last_event_id", "token", "expected"),
@@ -25,6 +27,7 @@ from tether.http import Exchange, Follower, resume_point
         ("abc.-1", None, ("", -1)),
         ("abc.٣", None, ("", -1)),
         ("a" * 200 + ".1", None, ("", -1)),
+        (" abc.7 ", " abc ", ("abc", 7)),
     ],
     ids=[
         "nothing",
@@ -38,6 +41,7 @@ from tether.http import Exchange, Follower, resume_point
         "negative",
         "non-ascii-digit",
         "overlong",
+        "spaces-around",
     ],
 )
 def test_a_resume_point_is_read_from_the_id_or_the_token(
@@ -160,4 +164,50 @@ async def test_a_follower_waits_out_each_timeout_even_after_a_longer_one() -> No
         assert await follower.next_ready(timeout=3600) is None
     await follower.aclose()
     await resume.aclose()
+    assert registry.in_flight == 0
+
+
+async def test_a_parked_stream_whose_waiting_outputs_outweigh_the_byte_budget_is_aborted_once() -> (
+    None
+):
+    # Without resumption the registry's max_pending_bytes bounds a consumer that
+    # falls behind; a parked stream's log must be bounded in bytes as well, not only
+    # in events.
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    resume = tether.Resume(grace=30, max_bytes=1_000_000)
+    with tether.RequestScope() as scope:
+        stream = registry.open()
+        follower = await resume.open(stream)
+        scope.disconnect()
+    assert follower.finished
+    big = "x" * 100_000
+    for _ in range(20):  # 2 MB, far fewer outputs than max_events
+        registry.deliver(stream.rid, big)
+    await eventually(lambda: registry.in_flight == 0)  # (the pump records them)
+    assert aborted == [stream.rid]
+    assert len(resume.store) == 0
+    await resume.aclose()
+
+
+async def test_a_stream_keeps_about_its_byte_budget_of_sent_events_for_a_reconnect() -> None:
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    resume = tether.Resume(grace=30, max_bytes=1_000_000)
+    stream = registry.open()
+    follower = await resume.open(stream)
+    big = "x" * 100_000
+    async with asyncio.timeout(10):
+        for n in range(40):  # 4 MB, each read as it comes
+            registry.deliver(stream.rid, big, finished=n == 39)
+            assert len(await follower.next_ready() or ()) == 1
+        await follower.aclose()
+        token = follower.token
+        assert await resume.follow(resume_point(f"{token}.0", None)) is None  # type: ignore[arg-type]
+        again = await resume.follow(resume_point(f"{token}.30", None))  # type: ignore[arg-type]
+        assert again is not None
+        assert len(await again.next_ready() or ()) == 10
+        await again.aclose()
+        await resume.aclose()
+    assert not aborted
     assert registry.in_flight == 0

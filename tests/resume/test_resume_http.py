@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 import random
+import socket
 
 import aiohttp
 import pytest
+from redis.asyncio import Redis
+from tether_redis import RedisStore
 
 from tether.http import NOT_RESUMABLE, TOKEN_HEADER
 
@@ -253,3 +256,20 @@ async def test_drops_at_random_points_lose_and_repeat_no_event(adapter: str, see
         assert seen == [*range(total), "[DONE]"]
         assert not site.books.aborts
         assert site.registry.in_flight == 0
+
+
+async def test_a_reconnect_while_the_shared_store_is_down_is_a_503_to_retry(adapter: str) -> None:
+    with socket.socket() as probe:  # a loopback port nothing listens on: Redis is down
+        probe.bind(("127.0.0.1", 0))
+        down = f"redis://127.0.0.1:{probe.getsockname()[1]}"
+    redis = Redis.from_url(down)
+    try:
+        async with serving(adapter, store=RedisStore(redis)) as site, client() as session:
+            answer = await session.get(
+                f"{site.url}/gen", headers={"Last-Event-ID": "A" * 22 + ".1"}
+            )
+            assert answer.status == 503
+            assert answer.headers["Retry-After"] == "1"
+            assert (await answer.json())["error"]["code"] == 503
+    finally:
+        await redis.aclose()
