@@ -118,8 +118,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def stop(request: web.Request) -> web.Response:
-    stopped = await request.app[SERVICE].stop(request.headers.get(tether.http.TOKEN_HEADER, ""))
-    return web.Response(status=204) if stopped else refuse_with(tether.http.NOT_RESUMABLE)
+    refusal = await request.app[SERVICE].stop(request.headers.get(tether.http.TOKEN_HEADER, ""))
+    return web.Response(status=204) if refusal is None else refuse_with(refusal)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -451,9 +451,15 @@ class Service:
             if self._redis is not None:
                 await self._redis.aclose()
 
-    async def stop(self, token: str) -> bool:
-        """``POST /generate/stop``: abort the resumable stream of ``token`` at once."""
-        return await self.resume.cancel(token)
+    async def stop(self, token: str) -> tether.http.ErrorResponse | None:
+        """``POST /generate/stop``: abort the resumable stream of ``token`` at once;
+        ``None`` when it was, else the refusal to answer with (404: no such stream; 503
+        to retry: the shared store cannot be reached, the stream may live elsewhere)."""
+        try:
+            stopped = await self.resume.cancel(token)
+        except ConnectionError:
+            return tether.http.RESUME_UNAVAILABLE
+        return None if stopped else tether.http.NOT_RESUMABLE
 
     def metrics(self) -> tuple[bytes, str]:
         """``GET /metrics``: the Prometheus exposition (body, content type), scraped

@@ -136,10 +136,10 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> FastAPI:
 
     @app.post("/generate/stop")
     async def stop(request: Request) -> Response:
-        if await service.stop(request.headers.get(tether.http.TOKEN_HEADER, "")):
+        refusal = await service.stop(request.headers.get(tether.http.TOKEN_HEADER, ""))
+        if refusal is None:
             return Response(status_code=204)
-        refusal = tether.http.NOT_RESUMABLE
-        return JSONResponse(refusal.body, refusal.status)
+        return JSONResponse(refusal.body, refusal.status, headers=refusal.headers)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody, request: Request) -> Response:

@@ -117,8 +117,8 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
         return JSONResponse(api.completion(generation, json.loads(bytes(response.body)), cid))
 
     async def stop(request: Request) -> Response:
-        stopped = await service.stop(request.headers.get(tether.http.TOKEN_HEADER, ""))
-        return Response(status_code=204) if stopped else refuse_with(tether.http.NOT_RESUMABLE)
+        refusal = await service.stop(request.headers.get(tether.http.TOKEN_HEADER, ""))
+        return Response(status_code=204) if refusal is None else refuse_with(refusal)
 
     async def metrics(request: Request) -> Response:
         body, content_type = service.metrics()

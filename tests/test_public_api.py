@@ -110,6 +110,7 @@ ADAPTER_AUTHORS = {
     "Head",
     "Keeper",
     "NOT_RESUMABLE",
+    "RESUME_UNAVAILABLE",
     "ResumePoint",
     "TOKEN_HEADER",
     "accept_request_id",

@@ -45,6 +45,7 @@ from ._stream import Stream
 
 __all__ = [
     "NOT_RESUMABLE",
+    "RESUME_UNAVAILABLE",
     "TOKEN_HEADER",
     "Resume",
     "ResumePoint",
@@ -66,7 +67,7 @@ NOT_RESUMABLE: Final = ErrorResponse(
 """The answer to a reconnect whose token is wrong or expired, or whose event is no
 longer held: one body for every case, so that it reveals nothing."""
 
-_UNAVAILABLE: Final = ErrorResponse(
+RESUME_UNAVAILABLE: Final = ErrorResponse(
     503,
     {
         "error": {
@@ -238,7 +239,7 @@ class Resume:
             follower = await self.follow(point)
         except ConnectionError as exc:
             logger.warning("a reconnect could not reach the resumable streams' store: %s", exc)
-            return _UNAVAILABLE
+            return RESUME_UNAVAILABLE
         return NOT_RESUMABLE if follower is None else follower
 
     async def cancel(self, token: str) -> bool:

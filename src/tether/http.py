@@ -44,7 +44,13 @@ from ._responses import (
     error_body,
     error_response,
 )
-from ._resume import NOT_RESUMABLE, TOKEN_HEADER, ResumePoint, resume_point
+from ._resume import (
+    NOT_RESUMABLE,
+    RESUME_UNAVAILABLE,
+    TOKEN_HEADER,
+    ResumePoint,
+    resume_point,
+)
 from ._scope import MAX_REQUEST_ID_LENGTH, REQUEST_ID_HEADER, accept_request_id, current_scope
 
 __all__ = [
@@ -54,6 +60,7 @@ __all__ = [
     "MAX_REQUEST_ID_LENGTH",
     "NOT_RESUMABLE",
     "REQUEST_ID_HEADER",
+    "RESUME_UNAVAILABLE",
     "TOKEN_HEADER",
     "Channel",
     "ErrorResponse",

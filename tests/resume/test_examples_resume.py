@@ -8,6 +8,7 @@ the other. ``POST /generate/stop`` stops a resumable stream at once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import pathlib
 import sys
@@ -179,3 +180,31 @@ async def test_the_fastapi_example_resumes_a_dropped_stream_too(route: str) -> N
         assert text_of(seen) == expected_text(prompt, tokens)
         books = await _settled(session, url)
         assert (books["opened"], books["finished"], books["aborted"]) == (1, 1, {})
+
+
+@pytest.mark.parametrize("name", ["starlette", "aiohttp", "fastapi"])
+async def test_stop_while_the_shared_store_is_down_is_a_503_to_retry(
+    redis_url: str, name: str
+) -> None:
+    from redis.asyncio import Redis
+    from redis.exceptions import RedisError
+
+    async with launched(name, ["--redis", redis_url]) as url, client() as session:
+        redis = Redis.from_url(redis_url)
+        try:
+            with contextlib.suppress(RedisError):
+                await redis.shutdown(nosave=True)
+            async with asyncio.timeout(BOUND):  # until it answers no more
+                while True:
+                    try:
+                        await redis.ping()
+                    except RedisError:
+                        break
+                    await asyncio.sleep(0.01)
+        finally:
+            await redis.aclose()
+        stop = {TOKEN_HEADER: "a" * 32}
+        async with session.post(f"{url}/generate/stop", headers=stop) as refused:
+            assert refused.status == 503
+            assert refused.headers["Retry-After"] == "1"
+            assert (await refused.json())["error"]["code"] == 503
