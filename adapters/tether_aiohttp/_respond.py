@@ -221,12 +221,25 @@ async def _write_stream(
                     # step writes what it delivers (_Direct.sink); this task wakes for
                     # the end, an error, a ping, or once the transport holds bytes back.
                     try:
-                        await wait(timeout=ping_interval)
+                        timeout = ping_interval
+                        while True:
+                            direct.sunk_at = None
+                            await wait(timeout=timeout)
+                            ready = ready_chunk()
+                            sunk_at = direct.wrote_at()
+                            if ready is not None or sunk_at is None:
+                                break
+                            # The sink wrote meanwhile: a keep-alive is due only after
+                            # ping_interval of silence since its last write.
+                            timeout = sunk_at + ping_interval - direct.now()
+                            if timeout <= 0:
+                                break
                     finally:
                         stream.set_sink(None)
                 else:
                     await wait(timeout=ping_interval)
-                ready = exchange.waited_chunk()
+                if ready is None:
+                    ready = exchange.waited_chunk()
             chunk = ready
     except asyncio.CancelledError:
         if exchange.stalled():
@@ -250,11 +263,14 @@ class _Direct:
     response (``body_length``, the access log's ``%b``) misses these bytes.
     """
 
-    __slots__ = ("_exchange", "_transport")
+    __slots__ = ("_exchange", "_transport", "now", "sunk_at")
 
     def __init__(self, transport: asyncio.Transport, exchange: Exchange) -> None:
         self._transport = transport
         self._exchange = exchange
+        self.now = asyncio.get_running_loop().time
+        # When the sink last wrote (the loop's time), since the handler cleared it.
+        self.sunk_at: float | None = None
 
     @classmethod
     def of(
@@ -271,6 +287,10 @@ class _Direct:
         ):
             return None
         return cls(transport, exchange)
+
+    def wrote_at(self) -> float | None:
+        """When the sink last wrote (the loop's time), since ``sunk_at`` was cleared."""
+        return self.sunk_at
 
     def writable(self) -> bool:
         """Whether a write now goes out without waiting (nothing queued, still open)."""
@@ -299,6 +319,7 @@ class _Direct:
         if chunk is None:
             return False
         transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        self.sunk_at = self.now()
         return True
 
 

@@ -19,7 +19,10 @@ BOUND: Final = 10.0
 
 
 def one_stream_app(
-    registry: tether.Registry, opened: asyncio.Queue[str], writes: list[bytes] | None = None
+    registry: tether.Registry,
+    opened: asyncio.Queue[str],
+    writes: list[bytes] | None = None,
+    ping_interval: float = 15.0,
 ) -> web.Application:
     async def handle(request: web.Request) -> web.StreamResponse:
         transport = request.transport
@@ -33,7 +36,9 @@ def one_stream_app(
             transport.write = noted  # type: ignore[method-assign]
         stream = registry.open()
         opened.put_nowait(stream.rid)
-        return await tether_aiohttp.respond(request, stream, streaming=True)
+        return await tether_aiohttp.respond(
+            request, stream, streaming=True, ping_interval=ping_interval
+        )
 
     app = web.Application()
     tether_aiohttp.setup(app, registry)
@@ -72,6 +77,37 @@ async def test_outputs_go_out_inside_deliver_and_an_unencodable_one_ends_with_an
     assert events[2]["error"]["code"] == 500
     assert events[3:] == ["[DONE]"]
     assert aborted == [rid]
+    assert registry.in_flight == 0
+
+
+async def test_a_stream_the_producer_keeps_writing_gets_a_keep_alive_only_once_silent(
+    start_server: StartServer,
+) -> None:
+    # The outputs go out from the producer's step while the handler sleeps; its idle
+    # deadline must count from the last of them, not from when it went to sleep.
+    registry = tether.Registry()
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    port = await start_server(one_stream_app(registry, opened, ping_interval=0.1))
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        async with asyncio.timeout(BOUND):
+            writer.write(http_get("/one"))
+            rid = await opened.get()
+            registry.deliver(rid, {"n": 0})
+            seen = await read_until(reader, b'{"n":0}')
+            for n in range(1, 31):  # the workload: an output every 10 ms, for 3 intervals
+                await asyncio.sleep(0.01)
+                registry.deliver(rid, {"n": n})
+            seen += await read_until(reader, b'{"n":30}')
+            assert b": ping" not in seen
+            seen += await read_until(reader, b": ping")  # silent now: the keep-alive comes
+            registry.deliver(rid, {"n": 31}, finished=True)
+            seen += await read_until(reader, b"\r\n0\r\n\r\n")
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    events = sse_events(chunked_body(seen))
+    assert events == [{"n": n} for n in range(32)] + ["[DONE]"]
     assert registry.in_flight == 0
 
 
