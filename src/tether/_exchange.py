@@ -329,7 +329,7 @@ class Exchange:
 
     def _client_stalled(self) -> None:
         logger.warning(
-            "%r: the client read nothing for %gs; the request is aborted",
+            "%r: the client read nothing for %gs; it counts as gone (as a disconnect)",
             self.source,
             self.send_timeout,
         )
