@@ -296,6 +296,7 @@ class Follower:
         """A newer reconnect took this stream over: this client ends quietly."""
         if self._gone is None:
             self._gone = Aborted(self.rid, AbortReason.CLIENT_DISCONNECTED, "resumed elsewhere")
+            self._idle.clear()  # (its timer would keep it until the next ping time)
 
     def cancel(self, reason: AbortReason = AbortReason.CANCELLED) -> bool:
         """Detach this client (``client_disconnected``, ``cancelled``: the stream is

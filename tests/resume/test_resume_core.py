@@ -167,6 +167,28 @@ async def test_a_follower_waits_out_each_timeout_even_after_a_longer_one() -> No
     assert registry.in_flight == 0
 
 
+async def test_a_client_replaced_by_a_newer_one_ends_and_keeps_no_timer() -> None:
+    registry = tether.Registry()
+    resume = tether.Resume()
+    stream = registry.open()
+    older = await resume.open(stream)
+    async with asyncio.timeout(10):
+        waiting = asyncio.create_task(older.next_ready(timeout=3600))  # a ping an hour away
+        await asyncio.sleep(0)  # one loop turn: the older client starts its timed wait
+        assert older._idle.armed  # noqa: SLF001 (its timer is what is checked)
+        newer = await resume.follow(resume_point(None, older.token))  # type: ignore[arg-type]
+        assert newer is not None
+        with pytest.raises(tether.Aborted, match="resumed elsewhere"):
+            await waiting
+        assert not older._idle.armed  # noqa: SLF001
+        registry.deliver(stream.rid, "x", finished=True)
+        assert [output for _, output in await newer.next_ready() or ()] == ["x"]
+    await older.aclose()
+    await newer.aclose()
+    await resume.aclose()
+    assert registry.in_flight == 0
+
+
 async def test_a_parked_stream_whose_waiting_outputs_outweigh_the_byte_budget_is_aborted_once() -> (
     None
 ):
