@@ -25,6 +25,10 @@ logger = logging.getLogger("tether.redis")
 _NO_CAP = 1 << 62
 """The cap of a stream whose owner did not publish one."""
 
+_CATCH_UP = 2.0
+"""Seconds a reconnect whose Last-Event-ID is ahead of the log in Redis waits for the
+owner's writes to land before the id counts as unknown (a 404)."""
+
 
 class Host(Protocol):
     """What a mirror needs of its store (a ``RedisStore``)."""
@@ -72,17 +76,31 @@ class Mirror:
         # The owner's cap: the most events this client may lag by, and keep.
         max_events = int(meta.get(b"m") or _NO_CAP)
         max_bytes = int(meta.get(b"b") or 0) or None
-        entries: Any = await client.xrange(self._key("log"))
+        log = self._key("log")
+        entries: Any = await client.xrange(log)
         events: list[Any] = []
         first = count = 0
         end: Fields | None = None
-        for _entry_id, fields in entries:
-            if b"end" in fields:
-                end = fields
-                continue
-            count = int(fields[b"n"])
-            first = first or count
-            events.append(json.loads(fields[b"d"]))
+        last_id: Any = "0-0"
+        deadline = asyncio.get_running_loop().time() + _CATCH_UP
+        while True:
+            for entry_id, fields in entries:
+                last_id = entry_id
+                if b"end" in fields:
+                    end = fields
+                    continue
+                count = int(fields[b"n"])
+                first = first or count
+                events.append(json.loads(fields[b"d"]))
+            # The client saw events the owner sent before its writes reached Redis:
+            # wait (bounded) for the log to catch up rather than call the id unknown.
+            left = deadline - asyncio.get_running_loop().time()
+            if end is not None or after <= count or left <= 0:
+                break
+            more: Any = await client.xread({log: last_id}, block=max(1, int(left * 1000)))
+            if not more:
+                break
+            entries = more[0][1]
         first = first or count + 1
         if (end is not None and end[b"end"] == b"aborted") or not first - 1 <= after <= count:
             return None
@@ -110,8 +128,7 @@ class Mirror:
         if end is not None:
             channel.end(end_error(rid, end))
         else:
-            last_id = entries[-1][0] if entries else "0-0"
-            await store.ear.listen(self, {self._key("log"): last_id, self._key("ctl"): ctl_id})
+            await store.ear.listen(self, {log: last_id, self._key("ctl"): ctl_id})
         return follower
 
     def heard(self, key: str, entry_id: Any, fields: Fields) -> bool:

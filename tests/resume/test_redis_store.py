@@ -368,3 +368,50 @@ async def test_a_finished_stream_read_longer_than_its_grace_stays_resumable_else
         await other.aclose()
         await owner.aclose()
     assert not aborted
+
+
+class _LogRead:
+    """A Redis client that says when a reader has read a stream's log once (XRANGE)."""
+
+    def __init__(self, client: Redis) -> None:
+        self._client = client
+        self.read = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def xrange(self, *args: Any, **kwargs: Any) -> Any:
+        entries = await self._client.xrange(*args, **kwargs)
+        self.read.set()
+        return entries
+
+
+async def test_a_reconnect_ahead_of_the_log_in_redis_waits_for_the_owners_writes(
+    redis: Redis,
+) -> None:
+    # The owner sends each event to its own client before its writer has put it in
+    # Redis: a client that drops right then reconnects on another worker with an id
+    # the log does not hold yet. That id is not unknown: the reconnect waits for the
+    # log to catch up and continues after it, once.
+    spy = _LogRead(redis)
+    other = tether.Resume(store=RedisStore(spy, block=0.1))  # type: ignore[arg-type]
+    key = RedisStore(redis).key
+    token = tether.http.new_token()
+    await redis.hset(key(token, "meta"), mapping={"rid": "owned-elsewhere", "m": 100})
+    await redis.xadd(key(token, "ctl"), {"op": "open"})
+    for n in (1, 2, 3):
+        await redis.xadd(key(token, "log"), {"n": n, "d": str(n * 10)})
+    async with asyncio.timeout(10):
+        following = asyncio.create_task(other.follow(resume_point(f"{token}.5", None)))  # type: ignore[arg-type]
+        await spy.read.wait()  # it read the log as it stands: events 1-3 of the 5 seen
+        for n in (4, 5, 6):
+            await redis.xadd(key(token, "log"), {"n": n, "d": str(n * 10)})
+        follower = await following
+        assert follower is not None
+        assert [output for _, output in await follower.next_ready()] == [60]
+        await redis.xadd(key(token, "log"), {"end": "ok"})
+        assert await follower.next_ready() is None
+        await follower.aclose()
+        # An id past every event of an ended stream is still unknown.
+        assert await other.follow(resume_point(f"{token}.9", None)) is None  # type: ignore[arg-type]
+    await other.aclose()
