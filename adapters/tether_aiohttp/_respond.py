@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import hdrs, web
@@ -220,22 +220,7 @@ async def _write_stream(
                     # Parked with nothing in flight on an idle transport: the producer's
                     # step writes what it delivers (_Direct.sink); this task wakes for
                     # the end, an error, a ping, or once the transport holds bytes back.
-                    try:
-                        timeout = ping_interval
-                        while True:
-                            direct.sunk_at = None
-                            await wait(timeout=timeout)
-                            ready = ready_chunk()
-                            sunk_at = direct.wrote_at()
-                            if ready is not None or sunk_at is None:
-                                break
-                            # The sink wrote meanwhile: a keep-alive is due only after
-                            # ping_interval of silence since its last write.
-                            timeout = sunk_at + ping_interval - direct.now()
-                            if timeout <= 0:
-                                break
-                    finally:
-                        stream.set_sink(None)
+                    ready = await direct.parked(stream, ready_chunk, ping_interval)
                 else:
                     await wait(timeout=ping_interval)
                 if ready is None:
@@ -263,14 +248,13 @@ class _Direct:
     response (``body_length``, the access log's ``%b``) misses these bytes.
     """
 
-    __slots__ = ("_exchange", "_transport", "now", "sunk_at")
+    __slots__ = ("_exchange", "_now", "_sunk_at", "_transport")
 
     def __init__(self, transport: asyncio.Transport, exchange: Exchange) -> None:
         self._transport = transport
         self._exchange = exchange
-        self.now = asyncio.get_running_loop().time
-        # When the sink last wrote (the loop's time), since the handler cleared it.
-        self.sunk_at: float | None = None
+        self._now = asyncio.get_running_loop().time
+        self._sunk_at: float | None = None  # when the sink last wrote (the loop's time)
 
     @classmethod
     def of(
@@ -288,9 +272,31 @@ class _Direct:
             return None
         return cls(transport, exchange)
 
-    def wrote_at(self) -> float | None:
-        """When the sink last wrote (the loop's time), since ``sunk_at`` was cleared."""
-        return self.sunk_at
+    def _last_write(self) -> float | None:
+        """When the sink last wrote (the loop's time) since this was last asked, if it did."""
+        sunk_at, self._sunk_at = self._sunk_at, None
+        return sunk_at
+
+    async def parked(
+        self, stream: tether.Stream, ready_chunk: Callable[[], bytes | None], interval: float
+    ) -> bytes | None:
+        """Wait while :meth:`sink` (set on ``stream`` by the caller, removed here) writes:
+        what is ready once the task is woken, or ``None`` when a keep-alive is due,
+        after ``interval`` of silence since the sink's last write (not since parking)."""
+        self._last_write()  # (earlier writes do not count)
+        timeout = interval
+        try:
+            while True:
+                await stream.wait_ready(timeout=timeout)
+                ready = ready_chunk()
+                sunk_at = self._last_write()
+                if ready is not None or sunk_at is None:
+                    return ready
+                timeout = sunk_at + interval - self._now()
+                if timeout <= 0:
+                    return None
+        finally:
+            stream.set_sink(None)
 
     def writable(self) -> bool:
         """Whether a write now goes out without waiting (nothing queued, still open)."""
@@ -319,7 +325,7 @@ class _Direct:
         if chunk is None:
             return False
         transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-        self.sunk_at = self.now()
+        self._sunk_at = self._now()
         return True
 
 

@@ -38,6 +38,7 @@ __all__ = ["Consumer", "fold"]
 
 EMPTY: Final[list[Any]] = []
 _Future = asyncio.Future
+"""Waiters are made directly (``loop.create_future()`` adds a Python call per wait)."""
 
 
 def _idle(consumer: weakref.ref[Consumer]) -> None:
@@ -329,7 +330,7 @@ class Consumer:
                 "batch from one task at a time"
             )
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
+        waiter: asyncio.Future[None] = _Future(loop=loop)
         box.waiter = waiter
         idle = self._idle
         if idle is None and timeout is not None:

@@ -261,7 +261,8 @@ class RequestState:
                 return False
         else:
             return False
-        if self.sink is not None and self.sink_took():
+        sink = self.sink
+        if sink is not None and self.sink_took(sink):
             return True
         # self.wake(), inlined: this is the producer's per-output path.
         waiter = self.waiter
@@ -273,13 +274,13 @@ class RequestState:
             group.wake()
         return True
 
-    def sink_took(self) -> bool:
-        """Hand what waits to the sink; whether it took it. A sink that declines or
+    def sink_took(self, sink: Callable[[list[Any]], bool]) -> bool:
+        """Hand what waits to ``sink``; whether it took it. A sink that declines or
         raises gets nothing (the outputs wait again, in order) and is removed: the
         waiting consumer is woken and reads the usual way."""
-        sink, items = self.sink, self.take()
+        items = self.take()
         try:
-            if sink is not None and sink(items):
+            if sink(items):
                 return True
         except Exception:
             logger.debug(
