@@ -42,6 +42,8 @@ import scaleout
 from launch import SERVERS, launched
 from load import KINDS, Client, Tally
 
+from tether.http import stop_tasks
+
 LABELS = {
     "starlette": "Starlette on uvicorn",
     "aiohttp": "aiohttp",
@@ -108,14 +110,7 @@ async def drive(name: str, *, seconds: float, clients: int) -> bool:
                         load = Client(client, tally, f"{name}-c{i}", seed=i)
                         group.create_task(load.run(started + seconds))
             finally:
-                shower.cancel()
-                try:
-                    await shower
-                except asyncio.CancelledError:
-                    # The progress task's own cancellation ends here; ours goes on.
-                    current = asyncio.current_task()
-                    if current is not None and current.cancelling():
-                        raise
+                await stop_tasks((shower,))
             elapsed = time.monotonic() - started
             if sys.stdout.isatty():
                 print("\r" + " " * 100 + "\r", end="")

@@ -39,6 +39,7 @@ from typing import Any
 
 import tether
 import tether.http
+from tether.http import stop_tasks
 
 __all__ = [
     "Engine",
@@ -194,14 +195,7 @@ class Engine:
         try:
             yield self
         finally:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                # The loop's own cancellation ends here; ours (if any) goes on.
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise
+            await stop_tasks((task,))
 
     def _require_registry(self) -> tether.Registry:
         if self._registry is None:

@@ -119,6 +119,7 @@ ADAPTER_AUTHORS = {
     "error_response",
     "new_token",
     "resume_point",
+    "stop_tasks",
 }
 
 

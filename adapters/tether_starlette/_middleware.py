@@ -55,7 +55,13 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tether
-from tether.http import FAREWELL_TIMEOUT, REQUEST_ID_HEADER, accept_request_id, error_response
+from tether.http import (
+    FAREWELL_TIMEOUT,
+    REQUEST_ID_HEADER,
+    accept_request_id,
+    error_response,
+    stop_tasks,
+)
 
 from ._shutdown import DrainOnSignal
 
@@ -344,14 +350,7 @@ class _Channel:
         reader = self._reader
         if reader is None:
             return
-        reader.cancel()
-        try:
-            await reader
-        except asyncio.CancelledError:
-            # The reader's own cancellation ends here; ours (if any) goes on.
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise
+        await stop_tasks((reader,))
 
     async def receive(self) -> Message:
         """The app's ``receive``: body messages in order, then the disconnect, forever."""

@@ -35,6 +35,8 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from tether.http import stop_tasks
+
 from ._events import Cancellation, EngineServerStats, Event, RequestKey, Submission
 from ._protocol import (
     PROTOCOL_VERSION,
@@ -182,16 +184,7 @@ class EngineServer:
     async def aclose(self) -> None:
         """Stop serving: cancel and await the loops, close the sockets. Idempotent."""
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            try:
-                await task
-            except asyncio.CancelledError:
-                # The loop's own cancellation ends here; our caller's (if any) goes on.
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise
+        await stop_tasks(tasks)
         if self._socket is not None:
             self._socket.disable_monitor()
             if self._monitor is not None:

@@ -39,6 +39,7 @@ import zmq
 import zmq.asyncio
 
 import tether
+from tether.http import stop_tasks
 
 from ._errors import EngineLost, EngineUnavailable, PayloadTooLarge, RemoteFailure
 from ._events import EngineClientStats
@@ -192,16 +193,7 @@ class EngineClient:
         """Fail what is in flight, stop the loops, close the socket. Idempotent."""
         self._go_down("the front is closing", hello=False)
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            try:
-                await task
-            except asyncio.CancelledError:
-                # The loop's own cancellation ends here; our caller's (if any) goes on.
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise
+        await stop_tasks(tasks)
         if self._socket is not None:
             self._socket.disable_monitor()
             if self._monitor is not None:

@@ -52,6 +52,7 @@ from ._resume import (
     resume_point,
 )
 from ._scope import MAX_REQUEST_ID_LENGTH, REQUEST_ID_HEADER, accept_request_id, current_scope
+from ._tasks import stop_tasks
 
 __all__ = [
     "CLIENT_CLOSED_REQUEST",
@@ -75,4 +76,5 @@ __all__ = [
     "error_response",
     "new_token",
     "resume_point",
+    "stop_tasks",
 ]
