@@ -33,7 +33,7 @@ from ._errors import (
 from ._limits import DEFAULT_MAX_PENDING_BYTES, Limits, approximate_size
 from ._observe import Observer, announce_first_output, opened
 from ._scope import current_scope
-from ._state import Group, RequestState
+from ._state import NOTHING, Group, RequestState
 from ._stats import RegistryStats
 from ._stream import Stream
 from ._table import Table, now
@@ -70,7 +70,7 @@ class Registry:
     :param abort_timeout: bound, in seconds, on an asynchronous ``on_abort``.
     """
 
-    __slots__ = ("_entries", "_limits", "_table")
+    __slots__ = ("_entries", "_limits", "_merge", "_table")
 
     def __init__(
         self,
@@ -97,6 +97,7 @@ class Registry:
             on_abort, max_in_flight=max_in_flight, limits=limits, abort_timeout=abort_timeout
         )
         self._entries = self._table.entries  # the same dict: one lookup on the hot path
+        self._merge = merge  # (limits.merge, one attribute load less per output)
 
     # -- introspection -------------------------------------------------------------
 
@@ -284,7 +285,13 @@ class Registry:
             if self._table.observers:
                 announce_first_output(self._table.observers, rid, at - state.opened_at)
         try:
-            fits = state.put(output, self._limits)
+            if state.collect:  # result() waits: fold into it, wake nobody
+                merge = self._merge
+                acc = state.acc
+                state.acc = output if merge is None or acc is NOTHING else merge(acc, output)
+                fits = True
+            else:
+                fits = state.put(output, self._limits)
         except Exception as exc:  # merge() raised: that request fails, the producer goes on
             self._table.merge_failed(state, exc, finished)
             return True

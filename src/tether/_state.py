@@ -234,14 +234,10 @@ class RequestState:
     def put(self, output: Any, limits: Limits) -> bool:
         """Add one output for the consumer; ``False`` if that puts it over a limit.
 
-        In collect mode the output is folded into the result and nobody is woken;
-        in a batch not split up, it goes to the group's shared list. ``merge`` may
-        raise: the caller fails the request.
+        In a batch not split up, it goes to the group's shared list. ``merge`` may
+        raise: the caller fails the request. (In collect mode the producer's
+        ``deliver`` folds into ``acc`` itself and does not call this.)
         """
-        if self.collect:
-            merge, acc = limits.merge, self.acc
-            self.acc = output if merge is None or acc is NOTHING else merge(acc, output)
-            return True
         group = self.group
         if group is not None and not group.split:
             return group.put(self, output, limits)
