@@ -120,10 +120,18 @@ class _Watcher:
             scope.disconnect()
 
 
-async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
-    """Echo the client's accepted ``X-Request-Id`` (the response is about to start)."""
+def echo_request_id(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    """Put the client's accepted ``X-Request-Id`` on ``response`` before it starts.
+
+    The middleware does it for what a handler returns or raises (an
+    ``HTTPException``), ``respond()`` for what it prepares itself. Not an
+    ``on_response_prepare`` receiver: with one, aiohttp awaits a signal (two
+    coroutines) for every response of the app, tether's or not. A response a
+    handler prepares by itself has sent its headers before the middleware sees it:
+    it carries the id only if the handler adds it.
+    """
     scope = request.get(SCOPE_KEY)
-    if scope is not None and scope.request_id is not None:
+    if scope is not None and scope.request_id is not None and not response.prepared:
         response.headers[REQUEST_ID_HEADER] = scope.request_id
 
 
@@ -183,12 +191,17 @@ def setup(
         request[SCOPE_KEY] = scope
         request[_SERVED_BY] = registry
         watcher.watch(scope, transport)
+        request_id = scope.request_id
         with scope:
             try:
-                return await handler(request)
+                response = await handler(request)
             except tether.TetherError as exc:
                 error = error_response(exc)
-                return web.json_response(error.body, status=error.status, headers=error.headers)
+                response = web.json_response(error.body, status=error.status, headers=error.headers)
+            except web.HTTPException as exc:  # (a response aiohttp sends as it is)
+                if request_id is not None:
+                    exc.headers[REQUEST_ID_HEADER] = request_id
+                raise
             except asyncio.CancelledError:
                 # handler_cancellation=True: aiohttp cancels the handler when the client leaves
                 if transport is None or transport.is_closing():
@@ -196,12 +209,14 @@ def setup(
                 raise
             finally:
                 watcher.forget(scope)
+        if request_id is not None and not response.prepared:
+            response.headers[REQUEST_ID_HEADER] = request_id
+        return response
 
     async def drain(app: web.Application) -> None:
         await registry.close(drain_timeout=drain_timeout)
 
     app[REGISTRY_KEY] = registry
-    app.on_response_prepare.append(_echo_request_id)
     app.middlewares.append(tether_middleware)
     app.cleanup_ctx.append(watcher.run)
     app.on_shutdown.append(drain)

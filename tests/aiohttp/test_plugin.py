@@ -182,3 +182,65 @@ async def test_shutdown_lets_requests_finish_within_the_grace_and_ends_the_rest_
     assert elapsed < 2.0
     assert env.registry.in_flight == 0
     assert tracker.aborted.keys() == {tracker.opened[1]}
+
+
+async def test_the_request_id_is_echoed_on_every_answer_the_middleware_sees(
+    aiohttp_client: AiohttpClient,
+) -> None:
+    """No ``on_response_prepare`` signal (it costs every response): the middleware
+    labels what a handler returns or raises, ``respond()`` what it prepares itself."""
+    registry = tether.Registry()
+
+    async def plain(request: web.Request) -> web.StreamResponse:
+        return web.Response(text="plain")
+
+    async def refused(request: web.Request) -> web.StreamResponse:
+        raise web.HTTPForbidden(text="no")
+
+    async def overloaded(request: web.Request) -> web.StreamResponse:
+        raise tether.Overloaded(1)
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        source = registry.open()
+        registry.deliver(source.rid, {"n": 1}, finished=True)
+        return await tether_aiohttp.respond(request, source, streaming=True)
+
+    async def prepared_early(request: web.Request) -> web.StreamResponse:
+        # the header already went out with the handler's own prepare(): left alone
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(b"early")
+        return response
+
+    app = web.Application()
+    tether_aiohttp.setup(app, registry)
+    for path, handler in [
+        ("/plain", plain),
+        ("/refused", refused),
+        ("/overloaded", overloaded),
+        ("/stream", stream),
+        ("/early", prepared_early),
+    ]:
+        app.router.add_get(path, handler)
+    client = await aiohttp_client(app)
+    header = tether.http.REQUEST_ID_HEADER
+    expected = {
+        "/plain": 200,
+        "/refused": 403,
+        "/overloaded": 503,
+        "/stream": 200,
+        "/missing": 404,
+        "/early": 200,
+    }
+    for path, status in expected.items():
+        async with asyncio.timeout(BOUND):
+            response = await client.get(path, headers={header: f"id{path}"})
+            await response.read()
+        assert response.status == status, path
+        echoed = None if path == "/early" else f"id{path}"
+        assert response.headers.get(header) == echoed, path
+        async with asyncio.timeout(BOUND):
+            response = await client.get(path)  # none given: none invented
+            await response.read()
+        assert header not in response.headers, path
+    assert registry.in_flight == 0
