@@ -1,9 +1,9 @@
 """Turns the HTTP benchmark results into the tables of ``bench/README.md``.
 
-Every figure is a median over the repetitions with its min-max; a ratio is
-tether's median over the baseline's, with the range of the per-repetition
-ratios (raw and tether ran back to back in each repetition, so those pairs saw
-the same neighbours). Targets are checked here, and the misses listed.
+Every figure is a median over the repetitions with its min-max; a ratio is the
+median of the per-repetition ratios, with their range (the servers of one
+repetition ran back to back with the same hash seed, so each pair saw the same
+neighbours and the same dict layouts). Targets are checked here, and the misses listed.
 """
 
 from __future__ import annotations
@@ -75,19 +75,20 @@ def _median(runs: Runs, field: str) -> float | None:
 
 
 def _ratio(ours: Runs, theirs: Runs, field: str) -> tuple[float | None, str]:
-    """tether's median over the baseline's, and the range of per-rep ratios."""
-    top, bottom = _median(ours, field), _median(theirs, field)
-    if top is None or not bottom:
-        return None, "-"
+    """The median of the per-repetition ratios (tether over the baseline of the same
+    repetition: same hash seed, same neighbours), and their range."""
     pairs = [
         a[field] / b[field]
         for a, b in zip(ours, theirs, strict=False)
         if a.get(field) and b.get(field)
     ]
-    text = f"**{top / bottom:.2f}**"
+    if not pairs:
+        return None, "-"
+    ratio = statistics.median(pairs)
+    text = f"**{ratio:.2f}**"
     if len(pairs) > 1:
         text += f" ({min(pairs):.2f}-{max(pairs):.2f})"
-    return top / bottom, text
+    return ratio, text
 
 
 def _verdict(ok: bool | None) -> str:

@@ -3,7 +3,9 @@
 ``python -m bench.run`` (what ``make bench`` calls) starts each server and each
 load client as its own subprocess on 127.0.0.1, stops servers by process id, and
 repeats every measurement (the hand-off, tether and limit servers interleaved,
-their order rotating between repetitions) so that a noisy neighbour hits both sides alike. The raw
+their order rotating between repetitions) so that a noisy neighbour hits both sides alike;
+the servers of one repetition share a hash seed (``PYTHONHASHSEED``), which alone moves a
+server's CPU per request by up to a quarter. The raw
 results go to ``bench/results/http.json``; the tables, medians with min-max and
 the tether/raw ratios, go between the ``http:begin``/``http:end`` markers of the
 README. ``--profile`` adds py-spy profiles of every server at 64 clients
@@ -72,7 +74,8 @@ def throughput(plan: Plan, out: dict[str, Any]) -> None:
     for rep in range(plan.reps):
         for framework in FRAMEWORKS:
             for variant in _order(rep, THROUGHPUT_VARIANTS):
-                with server(framework, variant) as (pid, base):
+                # one hash seed per repetition, the same for every variant: paired
+                with server(framework, variant, seed=rep + 1) as (pid, base):
                     for conc in plan.concurrency:
                         common = ("--concurrency", conc, "--server-pid", pid)
                         timing = ("--warmup", plan.warmup(conc), "--duration", plan.duration)
@@ -117,7 +120,7 @@ def memory(plan: Plan, out: dict[str, Any]) -> None:
     for rep in range(plan.reps):
         for framework in FRAMEWORKS:
             for variant in _order(rep, ("raw", "tether")):
-                with server(framework, variant) as (pid, base):
+                with server(framework, variant, seed=rep + 1) as (pid, base):
                     result = client(
                         "idle", f"{base}/idle", "--streams", plan.streams, "--server-pid", pid
                     )
