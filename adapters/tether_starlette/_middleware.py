@@ -60,6 +60,7 @@ from tether.http import (
     REQUEST_ID_HEADER,
     accept_request_id,
     error_response,
+    stop_tasks,
 )
 
 from ._shutdown import DrainOnSignal
@@ -212,7 +213,7 @@ class TetherMiddleware:
                     raise
                 # ASGI 2.4: the client left while the app was answering; nothing to add.
             finally:
-                channel.stop()
+                await channel.stop()
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The app's lifespan, with the server's shutdown signals chained to a drain
@@ -344,17 +345,12 @@ class _Channel:
         self._last = last
         arrived.set()
 
-    def stop(self) -> None:
-        """End the reader, if it started (the request is over).
-
-        Cancelled, not awaited: ``_read`` handles every exception but its own
-        cancellation, so nothing of it is left to retrieve, and awaiting it would cost
-        every request a suspension of its task and a ``CancelledError`` raised in it
-        (on uvicorn the reader usually ends by itself first: the end of the response
-        wakes its ``receive()`` with a disconnect)."""
+    async def stop(self) -> None:
+        """End the reader, if it started (the request is over)."""
         reader = self._reader
-        if reader is not None and not reader.done():
-            reader.cancel()
+        if reader is None:
+            return
+        await stop_tasks((reader,))
 
     async def receive(self) -> Message:
         """The app's ``receive``: body messages in order, then the disconnect, forever."""

@@ -1,6 +1,6 @@
 """Stopping the tasks one owns: cancel, then wait for them to end.
 
-Every background task (a socket reader, an engine loop) has an
+Every background task (a receive watcher, a socket reader, an engine loop) has an
 owner that cancels and awaits it. Awaiting a task cancelled just now raises its
 ``CancelledError`` in the owner; that one is consumed, while a cancellation of the
 owner itself (``current_task().cancelling()``) goes on.
