@@ -170,69 +170,67 @@ async def _stream(
     exchange: Exchange,
     first: bytes,
 ) -> web.StreamResponse:
+    """Write the whole stream, each write bounded by the send timeout. A client that
+    stalled has its connection dropped, so that aiohttp does not wait on it again
+    when it finishes the response. (One coroutine frame: an idle stream holds it
+    for as long as it lasts.)"""
     try:
-        if await _write_stream(request, response, exchange, first):
-            return response
+        whole = await exchange.bounded(response.prepare(request))
+        if whole:
+            # The first chunk goes through aiohttp's writer, which sends the head if it
+            # is still buffered; after it, a chunk may go straight to the transport.
+            direct = _Direct.of(request, response, exchange)
+            # The hot loop: per chunk, one write and (only when nothing is ready) one
+            # wait; the send timeout is bookkeeping around a write that may wait.
+            writing, written = exchange.writing, exchange.written
+            ready_chunk, source = exchange.ready_chunk, exchange.source
+            wait, ping_interval = source.wait_ready, exchange.ping_interval
+            # (a batch read whole, or a resumable stream's follower: the usual way)
+            stream = source if isinstance(source, tether.Stream) else None
+            write = response.write
+            chunk = first
+            first_write = True
+            try:
+                while not exchange.done:
+                    if first_write or direct is None or not direct.write(chunk):
+                        first_write = False
+                        writing()
+                        await write(chunk)
+                        written()
+                    ready = ready_chunk()
+                    if ready is None:
+                        if (
+                            stream is not None
+                            and direct is not None
+                            and direct.writable()
+                            and stream.set_sink(direct.sink)
+                        ):
+                            # Parked with nothing in flight on an idle transport: the
+                            # producer's step writes what it delivers (_Direct.sink); this
+                            # task wakes for the end, an error, a ping, or once the
+                            # transport holds bytes back.
+                            ready = await direct.parked(stream, ready_chunk, ping_interval)
+                        else:
+                            await wait(timeout=ping_interval)
+                        if ready is None:
+                            ready = exchange.waited_chunk()
+                    chunk = ready
+            except asyncio.CancelledError:
+                if not exchange.stalled():
+                    raise
+                whole = False  # the client read nothing for send_timeout: it counts as gone
+            else:
+                # The last chunk and the end of the body (the empty chunk) in one write.
+                whole = await exchange.bounded(response.write_eof(chunk))
     except ConnectionError:  # aiohttp's ClientConnectionResetError among them
         scope.disconnect()
         return response
-    # The client stopped reading (the exchange told the scope): drop the connection
-    # so that aiohttp does not wait on it again when it finishes the response.
-    transport = request.transport
-    if transport is not None:
-        transport.abort()
+    if not whole:
+        # The client stopped reading (the exchange told the scope): drop the connection.
+        transport = request.transport
+        if transport is not None:
+            transport.abort()
     return response
-
-
-async def _write_stream(
-    request: web.Request, response: web.StreamResponse, exchange: Exchange, first: bytes
-) -> bool:
-    """Write the whole stream, each write bounded; ``False`` if the client stalled."""
-    if not await exchange.bounded(response.prepare(request)):
-        return False
-    # The first chunk goes through aiohttp's writer, which sends the head if it is
-    # still buffered; after it, a chunk may go straight to the transport (_Direct).
-    direct = _Direct.of(request, response, exchange)
-    # The hot loop: per chunk, one write and (only when nothing is ready) one wait;
-    # the send timeout is bookkeeping around a write that may wait, not a coroutine.
-    writing, written, ready_chunk = exchange.writing, exchange.written, exchange.ready_chunk
-    source = exchange.source
-    wait, ping_interval = source.wait_ready, exchange.ping_interval
-    # (a batch read whole, or a resumable stream's follower, is written the usual way)
-    stream = source if isinstance(source, tether.Stream) else None
-    write = response.write
-    chunk = first
-    first_write = True
-    try:
-        while not exchange.done:
-            if first_write or direct is None or not direct.write(chunk):
-                first_write = False
-                writing()
-                await write(chunk)
-                written()
-            ready = ready_chunk()
-            if ready is None:
-                if (
-                    stream is not None
-                    and direct is not None
-                    and direct.writable()
-                    and stream.set_sink(direct.sink)
-                ):
-                    # Parked with nothing in flight on an idle transport: the producer's
-                    # step writes what it delivers (_Direct.sink); this task wakes for
-                    # the end, an error, a ping, or once the transport holds bytes back.
-                    ready = await direct.parked(stream, ready_chunk, ping_interval)
-                else:
-                    await wait(timeout=ping_interval)
-                if ready is None:
-                    ready = exchange.waited_chunk()
-            chunk = ready
-    except asyncio.CancelledError:
-        if exchange.stalled():
-            return False  # the client read nothing for send_timeout: it counts as gone
-        raise
-    # The last chunk and the end of the body (the empty chunk) in one write.
-    return await exchange.bounded(response.write_eof(chunk))
 
 
 class _Direct:
