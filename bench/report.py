@@ -330,7 +330,10 @@ def render(out: dict[str, Any]) -> str:
         f"Each figure is the median of {profile['reps']} repetitions (min-max in brackets); "
         f"throughput windows last {profile['duration']} s after a warm-up. **The ratios come "
         "from one run on a shared 2-core machine** (server and load client each take a core, "
-        "other jobs may run beside them): read them, not the absolute numbers."
+        "other jobs may run beside them): read them, not the absolute numbers. The servers of "
+        "a repetition share a hash seed, and every server runs with glibc's malloc thresholds "
+        "pinned (`bench/processes.py` says why); a ratio is the median of the per-repetition "
+        "ratios."
     )
     add("")
     if out["stream"]:

@@ -3,10 +3,10 @@
 ``python -m bench.run`` (what ``make bench`` calls) starts each server and each
 load client as its own subprocess on 127.0.0.1, stops servers by process id, and
 repeats every measurement (the hand-off, tether and limit servers interleaved,
-their order rotating between repetitions) so that a noisy neighbour hits both sides alike;
-the servers of one repetition share a hash seed (``PYTHONHASHSEED``), which alone moves a
-server's CPU per request by up to a quarter. The raw
-results go to ``bench/results/http.json``; the tables, medians with min-max and
+their order rotating between repetitions) so that a noisy neighbour hits both sides
+alike; the servers of one repetition share a hash seed (``PYTHONHASHSEED``), and every
+server runs with glibc's malloc thresholds pinned (``bench.processes.MALLOC_ENV`` says
+why). The raw results go to ``bench/results/http.json``; the tables, medians with min-max and
 the tether/raw ratios, go between the ``http:begin``/``http:end`` markers of the
 README. ``--profile`` adds py-spy profiles of every server at 64 clients
 (:mod:`bench.profiling`), which go between the ``profile:begin``/``profile:end``
