@@ -6,6 +6,8 @@ harness measures something sane."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -178,3 +180,39 @@ def test_readme_rewrite_appends_the_section_when_markers_are_missing(tmp_path: P
         readme.read_text()
         == f"# Benchmarks\n\ncore section\n\n{report.BEGIN}\ntables\n{report.END}\n"
     )
+
+
+@pytest.mark.parametrize("variant", ["raw", "manual", "tether"])
+async def test_the_in_process_json_path_answers_every_request_with_the_last_output(
+    variant: str,
+) -> None:
+    from bench import json_path
+
+    app, producer = json_path.build(variant)
+    sent: list[dict[str, Any]] = []
+    complete = asyncio.Event()
+    requested = False
+
+    async def receive() -> dict[str, Any]:  # as uvicorn's: the request, then the disconnect
+        nonlocal requested
+        if not requested:
+            requested = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await complete.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if not message.get("more_body", True):
+            complete.set()
+
+    task = asyncio.create_task(producer.run())
+    try:
+        async with asyncio.timeout(10):
+            await app(dict(json_path.SCOPE), receive, send)
+            assert await json_path.measure(variant, 50) > 0
+    finally:
+        task.cancel()
+        await asyncio.wait([task])
+    assert sent[0]["status"] == 200
+    assert json.loads(sent[1]["body"]) == {"n": json_path.OUTPUTS - 1, "delta": "lorem"}

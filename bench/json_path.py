@@ -1,0 +1,166 @@
+"""The CPU of one non-streaming (JSON) request on the Starlette path, in process.
+
+``python -m bench.json_path`` drives the ASGI app directly, with a ``receive`` and
+``send`` that behave as uvicorn's do for a GET (the request message at once, then
+a disconnect once the response is complete), no sockets: what is left is the
+Python work per request, steady enough to compare changes of a few microseconds,
+which the HTTP benchmark's noise hides. Each request waits for the same producer
+(`bench/servers/producer.py`, 64 outputs) and answers its last output as JSON;
+64 requests run at once. Variants:
+
+* ``raw``: a Starlette route over the hand-written table, as in the HTTP benchmark;
+* ``manual``: ``TetherMiddleware`` and ``registry.open()`` + ``await
+  stream.result()``, answered with Starlette's own ``Response`` (no ``respond()``);
+* ``tether``: ``TetherMiddleware`` and ``respond(..., streaming=False)``.
+
+Figures are microseconds of process CPU per request, the median of ``--reps``
+interleaved runs, each in a fresh event loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message
+
+import tether
+import tether_starlette
+
+from .servers.producer import Producer, RawTable
+
+__all__ = ["main"]
+
+OUTPUTS = 64
+CONCURRENCY = 64
+SCOPE: dict[str, Any] = {
+    "type": "http",
+    "asgi": {"version": "3.0", "spec_version": "2.3"},
+    "http_version": "1.1",
+    "method": "GET",
+    "scheme": "http",
+    "path": "/json",
+    "raw_path": b"/json",
+    "query_string": b"",
+    "root_path": "",
+    "headers": [(b"host", b"127.0.0.1")],
+    "client": ("127.0.0.1", 40000),
+    "server": ("127.0.0.1", 8000),
+}
+
+
+def build(variant: str) -> tuple[ASGIApp, Producer]:
+    """The app of ``variant`` and the producer it waits on (not started)."""
+    producer = Producer()
+    if variant == "raw":
+        raw = RawTable(lambda rid: None)
+        producer.sink = raw.deliver
+
+        async def raw_json(request: Request) -> Response:
+            box = raw.open()
+            producer.add(box.rid, OUTPUTS)
+            try:
+                result = await box.result()
+            finally:
+                raw.close(box)
+            return Response(orjson.dumps(result), media_type="application/json")
+
+        return Starlette(routes=[Route("/json", raw_json)]), producer
+    registry = tether.Registry(lambda rid: None)
+    producer.sink = registry.deliver
+
+    async def manual_json(request: Request) -> Response:
+        stream = registry.open()
+        producer.add(stream.rid, OUTPUTS)
+        async with stream:
+            result = await stream.result()
+        return Response(orjson.dumps(result), media_type="application/json")
+
+    async def tether_json(request: Request) -> Response:
+        stream = registry.open()
+        producer.add(stream.rid, OUTPUTS)
+        return await tether_starlette.respond(request, stream, streaming=False)
+
+    handler = {"manual": manual_json, "tether": tether_json}[variant]
+    app = Starlette(routes=[Route("/json", handler)])
+    return tether_starlette.TetherMiddleware(app, registry=registry), producer
+
+
+async def one_request(app: ASGIApp) -> None:
+    """One GET, with uvicorn's ``receive`` behaviour: the request at once, then
+    ``http.disconnect`` once the response is complete."""
+    complete = asyncio.Event()
+    sent_request = False
+
+    async def receive() -> Message:
+        nonlocal sent_request
+        if not sent_request:
+            sent_request = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await complete.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            complete.set()
+
+    await app(dict(SCOPE), receive, send)
+
+
+async def measure(variant: str, requests: int) -> float:
+    """Microseconds of process CPU per request over ``requests`` (after a warm-up)."""
+    app, producer = build(variant)
+    task = asyncio.create_task(producer.run())
+    left = 0
+
+    async def worker() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            await one_request(app)
+
+    async def run(count: int) -> float:
+        nonlocal left
+        left = count
+        start = time.process_time()
+        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+        return time.process_time() - start
+
+    try:
+        await run(requests // 10)  # code paths and free lists
+        return await run(requests) / requests * 1e6
+    finally:
+        task.cancel()
+        await asyncio.wait([task])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--variants", default="raw,manual,tether")
+    args = parser.parse_args(argv)
+    variants = args.variants.split(",")
+    runs: dict[str, list[float]] = {variant: [] for variant in variants}
+    for rep in range(args.reps):
+        shift = rep % len(variants)
+        for variant in variants[shift:] + variants[:shift]:
+            runs[variant].append(asyncio.run(measure(variant, args.requests)))
+    base = statistics.median(runs[variants[0]])
+    print(f"JSON path in process: {OUTPUTS} outputs per request, {CONCURRENCY} at once")
+    for variant in variants:
+        value = statistics.median(runs[variant])
+        spread = f"{min(runs[variant]):.1f}-{max(runs[variant]):.1f}"
+        print(f"  {variant:8s} {value:6.1f} us/request ({spread}), {value / base:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
