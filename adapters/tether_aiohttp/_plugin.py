@@ -191,7 +191,6 @@ def setup(
         request[SCOPE_KEY] = scope
         request[_SERVED_BY] = registry
         watcher.watch(scope, transport)
-        request_id = scope.request_id
         with scope:
             try:
                 response = await handler(request)
@@ -199,8 +198,7 @@ def setup(
                 error = error_response(exc)
                 response = web.json_response(error.body, status=error.status, headers=error.headers)
             except web.HTTPException as exc:  # (a response aiohttp sends as it is)
-                if request_id is not None:
-                    exc.headers[REQUEST_ID_HEADER] = request_id
+                echo_request_id(request, exc)
                 raise
             except asyncio.CancelledError:
                 # handler_cancellation=True: aiohttp cancels the handler when the client leaves
@@ -209,8 +207,7 @@ def setup(
                 raise
             finally:
                 watcher.forget(scope)
-        if request_id is not None and not response.prepared:
-            response.headers[REQUEST_ID_HEADER] = request_id
+        echo_request_id(request, response)
         return response
 
     async def drain(app: web.Application) -> None:
