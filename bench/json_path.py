@@ -94,9 +94,10 @@ def build(variant: str) -> tuple[ASGIApp, Producer]:
     return tether_starlette.TetherMiddleware(app, registry=registry), producer
 
 
-async def one_request(app: ASGIApp) -> None:
+async def one_request(app: ASGIApp, sent: list[Message] | None = None) -> None:
     """One GET, with uvicorn's ``receive`` behaviour: the request at once, then
-    ``http.disconnect`` once the response is complete."""
+    ``http.disconnect`` once the response is complete; ``sent`` collects what the
+    app sends (for tests)."""
     complete = asyncio.Event()
     sent_request = False
 
@@ -109,6 +110,8 @@ async def one_request(app: ASGIApp) -> None:
         return {"type": "http.disconnect"}
 
     async def send(message: Message) -> None:
+        if sent is not None:
+            sent.append(message)
         if message["type"] == "http.response.body" and not message.get("more_body", False):
             complete.set()
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench import processes, profiling, report
+from bench import json_path, processes, profiling, report
 
 
 @pytest.mark.parametrize("variant", ["raw", "limit"], ids=["hand-off", "no-hand-off-limit"])
@@ -186,30 +186,12 @@ def test_readme_rewrite_appends_the_section_when_markers_are_missing(tmp_path: P
 async def test_the_in_process_json_path_answers_every_request_with_the_last_output(
     variant: str,
 ) -> None:
-    from bench import json_path
-
     app, producer = json_path.build(variant)
     sent: list[dict[str, Any]] = []
-    complete = asyncio.Event()
-    requested = False
-
-    async def receive() -> dict[str, Any]:  # as uvicorn's: the request, then the disconnect
-        nonlocal requested
-        if not requested:
-            requested = True
-            return {"type": "http.request", "body": b"", "more_body": False}
-        await complete.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-        if not message.get("more_body", True):
-            complete.set()
-
     task = asyncio.create_task(producer.run())
     try:
         async with asyncio.timeout(10):
-            await app(dict(json_path.SCOPE), receive, send)
+            await json_path.one_request(app, sent)
             assert await json_path.measure(variant, 50) > 0
     finally:
         task.cancel()
