@@ -120,7 +120,7 @@ class _Watcher:
             scope.disconnect()
 
 
-def echo_request_id(request: web.BaseRequest, response: web.StreamResponse) -> None:
+def echo_request_id(request: web.BaseRequest, response: object) -> None:
     """Put the client's accepted ``X-Request-Id`` on ``response`` before it starts.
 
     The middleware does it for what a handler returns or raises (an
@@ -131,7 +131,12 @@ def echo_request_id(request: web.BaseRequest, response: web.StreamResponse) -> N
     it carries the id only if the handler adds it.
     """
     scope = request.get(SCOPE_KEY)
-    if scope is not None and scope.request_id is not None and not response.prepared:
+    if (
+        scope is not None
+        and scope.request_id is not None
+        and isinstance(response, web.StreamResponse)  # (else aiohttp's own error follows)
+        and not response.prepared
+    ):
         response.headers[REQUEST_ID_HEADER] = scope.request_id
 
 

@@ -244,3 +244,21 @@ async def test_the_request_id_is_echoed_on_every_answer_the_middleware_sees(
             await response.read()
         assert header not in response.headers, path
     assert registry.in_flight == 0
+
+
+async def test_a_handler_that_returns_no_response_gets_aiohttps_own_error_even_with_a_request_id(
+    aiohttp_client: AiohttpClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def broken(request: web.Request) -> web.StreamResponse:
+        return None  # type: ignore[return-value]
+
+    app = web.Application()
+    tether_aiohttp.setup(app, tether.Registry())
+    app.router.add_get("/", broken)
+    client = await aiohttp_client(app)
+    async with asyncio.timeout(BOUND):
+        response = await client.get("/", headers={tether.http.REQUEST_ID_HEADER: "x-1"})
+        await response.read()
+    assert response.status == 500
+    # aiohttp's own complaint about the missing response, not an error of tether's
+    assert any("Missing return statement" in r.getMessage() for r in caplog.records)
