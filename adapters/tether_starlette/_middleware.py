@@ -292,7 +292,7 @@ class _Channel:
         self._reader: asyncio.Task[None] | None = None
         self._body: collections.deque[Message] = collections.deque()  # read, not yet taken
         self._buffered = 0  # bytes in _body
-        # Made with the reader (a request that opens no stream needs neither):
+        # Made when first waited on (a GET whose app never waits for its body needs neither):
         self._arrived: asyncio.Event | None = None  # set by the reader: a message or the end
         self._room: asyncio.Event | None = None  # set by the app: it took a message
         self._last: Message | Exception | None = None
@@ -310,21 +310,28 @@ class _Channel:
 
     def _start(self) -> None:
         if self._reader is None and self._last is None:
-            arrived, room = asyncio.Event(), asyncio.Event()
-            self._arrived, self._room = arrived, room
             self._reader = asyncio.get_running_loop().create_task(
-                self._read(arrived, room), name="tether-receive"
+                self._read(), name="tether-receive"
             )
+
+    def _arrive(self) -> None:
+        """A message or the end is there: wake the app if it waits in ``receive()``."""
+        arrived = self._arrived
+        if arrived is not None:
+            arrived.set()
 
     def _gone(self) -> None:
         if not self.complete and self.scope is not None:
             self.scope.disconnect()
 
-    async def _read(self, arrived: asyncio.Event, room: asyncio.Event) -> None:
+    async def _read(self) -> None:
         """The reader task: read the body ahead of the app, then wait for the disconnect."""
         receive, body = self._receive, self._body
         while True:
             while self._buffered >= READ_AHEAD:  # the app is behind: let the server hold on
+                room = self._room
+                if room is None:
+                    room = self._room = asyncio.Event()
                 room.clear()
                 await room.wait()
             try:
@@ -338,12 +345,12 @@ class _Channel:
             if not self.started:
                 body.append(message)
                 self._buffered += len(message.get("body", b""))
-                arrived.set()
+                self._arrive()
             # else: the app answered without reading its whole body; drop the rest, as
             # Starlette's own responses do, so that the disconnect is still seen.
         self._gone()
         self._last = last
-        arrived.set()
+        self._arrive()
 
     async def stop(self) -> None:
         """End the reader, if it started (the request is over)."""
@@ -369,18 +376,21 @@ class _Channel:
             elif self._wanted:
                 self._start()
             return message
-        body, arrived, room = self._body, self._arrived, self._room
-        assert arrived is not None  # (both made with the reader)
-        assert room is not None
+        body = self._body
         while not body:
             last = self._last
             if last is not None:
                 return _repeat(last)
+            arrived = self._arrived
+            if arrived is None:
+                arrived = self._arrived = asyncio.Event()
             arrived.clear()
             await arrived.wait()
         message = body.popleft()
         self._buffered -= len(message.get("body", b""))
-        room.set()
+        room = self._room
+        if room is not None:
+            room.set()
         return message
 
     async def send(self, message: Message) -> None:
