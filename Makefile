@@ -39,7 +39,7 @@ serve: venv
 	$(PY) examples/$(SERVER)_app.py --port $(PORT)
 
 # Every benchmark, about ten minutes on 2 cores: the core microbenchmark, the JSON
-# path in process, then
+# and streaming paths in process, then
 # the HTTP ones (servers and load client as subprocesses on 127.0.0.1) and a
 # py-spy profile of each server, the ZeroMQ link and resumable streams (a redis-server
 # on PATH), which rewrite their sections of bench/README.md.
@@ -49,6 +49,7 @@ bench: venv
 	@if [ -f bench/core.py ]; then $(PY) bench/core.py; \
 	else echo "bench/core.py not found: core benchmark skipped"; fi
 	$(PY) -m bench.json_path
+	$(PY) -m bench.stream_path
 	$(PY) -m bench.run --profile
 	$(PY) bench/zmq_relay.py
 	$(PY) bench/zmq_liveness.py

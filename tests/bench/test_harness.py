@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench import json_path, processes, profiling, report
+from bench import json_path, processes, profiling, report, stream_path
 
 
 @pytest.mark.parametrize("variant", ["raw", "limit"], ids=["hand-off", "no-hand-off-limit"])
@@ -198,3 +198,21 @@ async def test_the_in_process_json_path_answers_every_request_with_the_last_outp
         await asyncio.wait([task])
     assert sent[0]["status"] == 200
     assert json.loads(sent[1]["body"]) == {"n": json_path.OUTPUTS - 1, "delta": "lorem"}
+
+
+@pytest.mark.parametrize("variant", ["raw", "tether"])
+async def test_the_in_process_streaming_path_sends_every_event_then_the_end(variant: str) -> None:
+    app, producer = stream_path.build(variant)
+    sent: list[dict[str, Any]] = []
+    task = asyncio.create_task(producer.run())
+    try:
+        async with asyncio.timeout(10):
+            await json_path.one_request(app, sent)
+            assert await stream_path.measure(variant, 20) > 0
+    finally:
+        task.cancel()
+        await asyncio.wait([task])
+    body = b"".join(message.get("body", b"") for message in sent[1:])
+    assert body.count(b"data: {") == json_path.OUTPUTS
+    assert body.endswith(b"data: [DONE]\n\n")
+    assert sent[-1].get("more_body", False) is False
