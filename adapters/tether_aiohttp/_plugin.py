@@ -120,23 +120,10 @@ class _Watcher:
             scope.disconnect()
 
 
-def echo_request_id(request: web.BaseRequest, response: object) -> None:
-    """Put the client's accepted ``X-Request-Id`` on ``response`` before it starts.
-
-    The middleware does it for what a handler returns or raises (an
-    ``HTTPException``), ``respond()`` for what it prepares itself. Not an
-    ``on_response_prepare`` receiver: with one, aiohttp awaits a signal (two
-    coroutines) for every response of the app, tether's or not. A response a
-    handler prepares by itself has sent its headers before the middleware sees it:
-    it carries the id only if the handler adds it.
-    """
+async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """Echo the client's accepted ``X-Request-Id`` (the response is about to start)."""
     scope = request.get(SCOPE_KEY)
-    if (
-        scope is not None
-        and scope.request_id is not None
-        and isinstance(response, web.StreamResponse)  # (else aiohttp's own error follows)
-        and not response.prepared
-    ):
+    if scope is not None and scope.request_id is not None:
         response.headers[REQUEST_ID_HEADER] = scope.request_id
 
 
@@ -198,13 +185,10 @@ def setup(
         watcher.watch(scope, transport)
         with scope:
             try:
-                response = await handler(request)
+                return await handler(request)
             except tether.TetherError as exc:
                 error = error_response(exc)
-                response = web.json_response(error.body, status=error.status, headers=error.headers)
-            except web.HTTPException as exc:  # (a response aiohttp sends as it is)
-                echo_request_id(request, exc)
-                raise
+                return web.json_response(error.body, status=error.status, headers=error.headers)
             except asyncio.CancelledError:
                 # handler_cancellation=True: aiohttp cancels the handler when the client leaves
                 if transport is None or transport.is_closing():
@@ -212,13 +196,12 @@ def setup(
                 raise
             finally:
                 watcher.forget(scope)
-        echo_request_id(request, response)
-        return response
 
     async def drain(app: web.Application) -> None:
         await registry.close(drain_timeout=drain_timeout)
 
     app[REGISTRY_KEY] = registry
+    app.on_response_prepare.append(_echo_request_id)
     app.middlewares.append(tether_middleware)
     app.cleanup_ctx.append(watcher.run)
     app.on_shutdown.append(drain)

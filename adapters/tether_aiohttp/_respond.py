@@ -50,7 +50,7 @@ from tether.http import (
     Follower,
 )
 
-from ._plugin import echo_request_id, request_scope
+from ._plugin import request_scope
 
 __all__ = ["respond", "resume"]
 
@@ -121,7 +121,6 @@ async def respond(
         if exchange.done:
             return web.Response(status=head.status, body=head.body, headers=merged)
         response = web.StreamResponse(status=head.status, headers=merged)
-        echo_request_id(request, response)  # (prepared here: the middleware is too late)
         return await _stream(request, scope, response, exchange, head.body)
     except asyncio.CancelledError:
         await _farewell(request, response, exchange)
@@ -344,7 +343,6 @@ async def _farewell(
             if response is None or not response.prepared:
                 head = exchange.farewell_head()
                 response = web.Response(status=head.status, body=head.body, headers=head.headers)
-                echo_request_id(request, response)
                 await response.prepare(request)
             elif not exchange.done:
                 await response.write(exchange.farewell())
