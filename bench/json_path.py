@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -37,7 +38,7 @@ import tether_starlette
 
 from .servers.producer import Producer, RawTable
 
-__all__ = ["main"]
+__all__ = ["build", "compare", "cpu_per_request", "main", "measure", "one_request"]
 
 OUTPUTS = 64
 CONCURRENCY = 64
@@ -118,8 +119,13 @@ async def one_request(app: ASGIApp, sent: list[Message] | None = None) -> None:
     await app(dict(SCOPE), receive, send)
 
 
-async def measure(variant: str, requests: int) -> float:
-    """Microseconds of process CPU per request over ``requests`` (after a warm-up)."""
+Build = Callable[[str], tuple[ASGIApp, Producer]]
+"""A variant's name to its app and the producer it waits on (not started)."""
+
+
+async def cpu_per_request(build: Build, variant: str, requests: int) -> float:
+    """Microseconds of process CPU per request of ``variant`` over ``requests``, after a
+    warm-up, with :data:`CONCURRENCY` requests at once."""
     app, producer = build(variant)
     task = asyncio.create_task(producer.run())
     left = 0
@@ -145,24 +151,47 @@ async def measure(variant: str, requests: int) -> float:
         await asyncio.wait([task])
 
 
+async def measure(variant: str, requests: int) -> float:
+    """Microseconds of process CPU per JSON request."""
+    return await cpu_per_request(build, variant, requests)
+
+
+def compare(
+    measure: Callable[[str, int], Awaitable[float]],
+    variants: list[str],
+    *,
+    reps: int,
+    requests: int,
+) -> dict[str, list[float]]:
+    """Every variant ``reps`` times, interleaved (the order rotating), each run in a
+    fresh event loop; the figures of each variant."""
+    runs: dict[str, list[float]] = {variant: [] for variant in variants}
+    for rep in range(reps):
+        shift = rep % len(variants)
+        for variant in variants[shift:] + variants[:shift]:
+            runs[variant].append(asyncio.run(measure(variant, requests)))
+    return runs
+
+
+def print_runs(title: str, runs: dict[str, list[float]], unit: str, digits: int) -> None:
+    """Each variant's median, range and ratio to the first variant's."""
+    print(title)
+    first = statistics.median(next(iter(runs.values())))
+    for variant, values in runs.items():
+        value = statistics.median(values)
+        spread = f"{min(values):.{digits}f}-{max(values):.{digits}f}"
+        print(f"  {variant:8s} {value:6.{digits}f} {unit} ({spread}), {value / first:.2f}x")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--variants", default="raw,manual,tether")
     args = parser.parse_args(argv)
-    variants = args.variants.split(",")
-    runs: dict[str, list[float]] = {variant: [] for variant in variants}
-    for rep in range(args.reps):
-        shift = rep % len(variants)
-        for variant in variants[shift:] + variants[:shift]:
-            runs[variant].append(asyncio.run(measure(variant, args.requests)))
-    base = statistics.median(runs[variants[0]])
-    print(f"JSON path in process: {OUTPUTS} outputs per request, {CONCURRENCY} at once")
-    for variant in variants:
-        value = statistics.median(runs[variant])
-        spread = f"{min(runs[variant]):.1f}-{max(runs[variant]):.1f}"
-        print(f"  {variant:8s} {value:6.1f} us/request ({spread}), {value / base:.2f}x")
+    runs = compare(measure, args.variants.split(","), reps=args.reps, requests=args.requests)
+    title = f"JSON path in process: {OUTPUTS} outputs per request, {CONCURRENCY} at once"
+    print_runs(title, runs, "us/request", 1)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,6 @@ and ``respond(..., streaming=True)``).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import statistics
-import time
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -24,7 +21,7 @@ from starlette.types import ASGIApp
 import tether
 import tether_starlette
 
-from .json_path import CONCURRENCY, OUTPUTS, one_request
+from .json_path import CONCURRENCY, OUTPUTS, compare, cpu_per_request, print_runs
 from .servers.common import raw_sse
 from .servers.producer import SSE_HEADERS, Producer, RawTable
 
@@ -59,30 +56,8 @@ def build(variant: str) -> tuple[ASGIApp, Producer]:
 
 
 async def measure(variant: str, requests: int) -> float:
-    """Microseconds of process CPU per event over ``requests`` (after a warm-up)."""
-    app, producer = build(variant)
-    task = asyncio.create_task(producer.run())
-    left = 0
-
-    async def worker() -> None:
-        nonlocal left
-        while left > 0:
-            left -= 1
-            await one_request(app)
-
-    async def run(count: int) -> float:
-        nonlocal left
-        left = count
-        start = time.process_time()
-        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-        return time.process_time() - start
-
-    try:
-        await run(requests // 10)
-        return await run(requests) / (requests * OUTPUTS) * 1e6
-    finally:
-        task.cancel()
-        await asyncio.wait([task])
+    """Microseconds of process CPU per event."""
+    return await cpu_per_request(build, variant, requests) / OUTPUTS
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -90,17 +65,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--requests", type=int, default=3_000)
     args = parser.parse_args(argv)
-    variants = ["raw", "tether"]
-    runs: dict[str, list[float]] = {variant: [] for variant in variants}
-    for rep in range(args.reps):
-        for variant in variants[rep % 2 :] + variants[: rep % 2]:
-            runs[variant].append(asyncio.run(measure(variant, args.requests)))
-    base = statistics.median(runs["raw"])
-    print(f"streaming path in process: {OUTPUTS} events per request, {CONCURRENCY} at once")
-    for variant in variants:
-        value = statistics.median(runs[variant])
-        spread = f"{min(runs[variant]):.2f}-{max(runs[variant]):.2f}"
-        print(f"  {variant:8s} {value:6.2f} us/event ({spread}), {value / base:.2f}x")
+    runs = compare(measure, ["raw", "tether"], reps=args.reps, requests=args.requests)
+    title = f"streaming path in process: {OUTPUTS} events per request, {CONCURRENCY} at once"
+    print_runs(title, runs, "us/event", 2)
 
 
 if __name__ == "__main__":

@@ -182,37 +182,33 @@ def test_readme_rewrite_appends_the_section_when_markers_are_missing(tmp_path: P
     )
 
 
-@pytest.mark.parametrize("variant", ["raw", "manual", "tether"])
-async def test_the_in_process_json_path_answers_every_request_with_the_last_output(
-    variant: str,
-) -> None:
-    app, producer = json_path.build(variant)
+@pytest.mark.parametrize(
+    ("path", "variant"),
+    [
+        (json_path, "raw"),
+        (json_path, "manual"),
+        (json_path, "tether"),
+        (stream_path, "raw"),
+        (stream_path, "tether"),
+    ],
+    ids=["json-raw", "json-manual", "json-tether", "stream-raw", "stream-tether"],
+)
+async def test_the_in_process_paths_answer_every_request_whole(path: Any, variant: str) -> None:
+    app, producer = path.build(variant)
     sent: list[dict[str, Any]] = []
     task = asyncio.create_task(producer.run())
     try:
         async with asyncio.timeout(10):
             await json_path.one_request(app, sent)
-            assert await json_path.measure(variant, 50) > 0
+            assert await path.measure(variant, 20) > 0
     finally:
         task.cancel()
         await asyncio.wait([task])
     assert sent[0]["status"] == 200
-    assert json.loads(sent[1]["body"]) == {"n": json_path.OUTPUTS - 1, "delta": "lorem"}
-
-
-@pytest.mark.parametrize("variant", ["raw", "tether"])
-async def test_the_in_process_streaming_path_sends_every_event_then_the_end(variant: str) -> None:
-    app, producer = stream_path.build(variant)
-    sent: list[dict[str, Any]] = []
-    task = asyncio.create_task(producer.run())
-    try:
-        async with asyncio.timeout(10):
-            await json_path.one_request(app, sent)
-            assert await stream_path.measure(variant, 20) > 0
-    finally:
-        task.cancel()
-        await asyncio.wait([task])
-    body = b"".join(message.get("body", b"") for message in sent[1:])
-    assert body.count(b"data: {") == json_path.OUTPUTS
-    assert body.endswith(b"data: [DONE]\n\n")
     assert sent[-1].get("more_body", False) is False
+    body = b"".join(message.get("body", b"") for message in sent[1:])
+    if path is json_path:  # the last output, as JSON
+        assert json.loads(body) == {"n": json_path.OUTPUTS - 1, "delta": "lorem"}
+    else:  # every output as an SSE event, then the terminal one
+        assert body.count(b"data: {") == json_path.OUTPUTS
+        assert body.endswith(b"data: [DONE]\n\n")
