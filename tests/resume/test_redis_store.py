@@ -23,6 +23,35 @@ pytestmark = pytest.mark.timeout(60)
 _NOWHERE = tether.http.ResumePoint("", -1)
 
 
+async def _first_event(
+    registry: tether.Registry, owner: tether.Resume, stream: tether.Stream
+) -> tether.http.Follower:
+    """Make ``stream`` resumable on ``owner``'s worker, deliver it 0 and read that."""
+    first = await owner.open(stream)
+    registry.deliver(stream.rid, 0)
+    assert [output for _, output in await first.next_ready() or ()] == [0]
+    return first
+
+
+async def _follow(other: tether.Resume, token: str, last: int) -> tether.http.Follower:
+    """A client on ``other``'s worker that read up to event ``last``, once the owner's
+    writer has copied that far into Redis (in its own time)."""
+    while True:
+        mirror = await other.follow(resume_point(f"{token}.{last}", None) or _NOWHERE)
+        if mirror is not None:
+            return mirror
+        await asyncio.sleep(0.01)
+
+
+async def _leave(mirror: tether.http.Follower) -> None:
+    """That client leaves; wait for the tasks that tell the owner."""
+    before = asyncio.all_tasks()
+    await mirror.aclose()
+    told = asyncio.all_tasks() - before
+    if told:
+        await asyncio.wait(told)
+
+
 @pytest.fixture
 async def redis(redis_url: str) -> AsyncIterator[Redis]:
     client = Redis.from_url(redis_url)
@@ -129,9 +158,7 @@ async def test_a_stream_whose_redis_died_goes_on_here_with_one_error_logged(
     owner = tether.Resume(store=RedisStore(redis, block=0.1))
     async with asyncio.timeout(30):
         stream = registry.open()
-        first = await owner.open(stream)
-        registry.deliver(stream.rid, 0)
-        assert [output for _, output in await first.next_ready() or ()] == [0]
+        first = await _first_event(registry, owner, stream)
         await _until_gone(redis)
         seen = []
         for n in range(1, 21):  # one at a time: each is recorded (and copied) on its own
@@ -215,11 +242,7 @@ async def test_a_client_elsewhere_that_leaves_after_the_stream_expired_leaves_no
             if not await redis.keys(prefix + "*"):
                 break
             await asyncio.sleep(0.02)
-        before = asyncio.all_tasks()
-        await mirror.aclose()  # that client leaves only now: the owner is told
-        told = asyncio.all_tasks() - before
-        if told:
-            await asyncio.wait(told)
+        await _leave(mirror)  # that client leaves only now: the owner is told
         assert await redis.keys(prefix + "*") == []
         await other.aclose()
         await owner.aclose()
@@ -236,21 +259,10 @@ async def test_a_client_elsewhere_that_leaves_while_redis_is_down_raises_into_no
     other = tether.Resume(store=RedisStore(redis, block=0.1))
     async with asyncio.timeout(30):
         stream = registry.open()
-        first = await owner.open(stream)
-        registry.deliver(stream.rid, 0)
-        assert [output for _, output in await first.next_ready() or ()] == [0]
-        while True:  # (the owner's writer copies in its own time)
-            mirror = await other.follow(resume_point(f"{first.token}.0", None) or _NOWHERE)
-            if mirror is not None:
-                break
-            await asyncio.sleep(0.01)
+        first = await _first_event(registry, owner, stream)
+        mirror = await _follow(other, first.token, 0)
         await _until_gone(redis)
-        before = asyncio.all_tasks()
-        await mirror.aclose()  # the owner cannot be told: logged, not raised
-        told = asyncio.all_tasks() - before
-        if told:
-            await asyncio.wait(told)
-        del told
+        await _leave(mirror)  # the owner cannot be told: logged, not raised
         gc.collect()
         await other.aclose()
         await owner.aclose()
@@ -276,15 +288,8 @@ async def test_a_client_elsewhere_that_lags_by_more_than_the_cap_ends_and_the_re
         slow, probe = registry.open(), registry.open()
         mirrors = []
         for stream in (slow, probe):
-            first = await owner.open(stream)
-            registry.deliver(stream.rid, 0)
-            assert [output for _, output in await first.next_ready() or ()] == [0]
-            while True:  # (the owner's writer copies in its own time)
-                point = resume_point(f"{first.token}.1", None) or _NOWHERE
-                mirror = await other.follow(point)
-                if mirror is not None:
-                    break
-                await asyncio.sleep(0.01)
+            first = await _first_event(registry, owner, stream)
+            mirror = await _follow(other, first.token, 1)
             with pytest.raises(tether.Aborted):  # the owner heard of the client elsewhere
                 await first.next_ready()
             mirrors.append(mirror)
@@ -325,14 +330,8 @@ async def test_a_client_elsewhere_is_told_when_its_own_worker_closes(redis: Redi
     other = tether.Resume(store=RedisStore(redis, block=0.1))
     async with asyncio.timeout(30):
         stream = registry.open()
-        first = await owner.open(stream)
-        registry.deliver(stream.rid, 0)
-        assert [output for _, output in await first.next_ready() or ()] == [0]
-        while True:  # (the owner's writer copies in its own time)
-            mirror = await other.follow(resume_point(f"{first.token}.0", None) or _NOWHERE)
-            if mirror is not None:
-                break
-            await asyncio.sleep(0.01)
+        first = await _first_event(registry, owner, stream)
+        mirror = await _follow(other, first.token, 0)
         await other.aclose()  # the mirror's worker shuts down: its client is told
         assert [output for _, output in await mirror.next_ready() or ()] == [0]
         with pytest.raises(tether.Aborted) as ended:
