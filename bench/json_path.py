@@ -29,14 +29,15 @@ from typing import Any
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message
 
 import tether
 import tether_starlette
 
-from .servers.producer import Producer, RawTable
+from .servers.common import raw_sse
+from .servers.producer import SSE_HEADERS, Producer, RawTable
 
 __all__ = ["build", "compare", "cpu_per_request", "main", "measure", "one_request"]
 
@@ -58,8 +59,10 @@ SCOPE: dict[str, Any] = {
 }
 
 
-def build(variant: str) -> tuple[ASGIApp, Producer]:
-    """The app of ``variant`` and the producer it waits on (not started)."""
+def build(variant: str, *, streaming: bool = False) -> tuple[ASGIApp, Producer]:
+    """The app of ``variant`` and the producer it waits on (not started): it answers
+    every request with the last output as JSON, or (``streaming``) with every output as
+    an SSE event (then no ``manual`` variant)."""
     producer = Producer()
     if variant == "raw":
         raw = RawTable(lambda rid: None)
@@ -68,6 +71,9 @@ def build(variant: str) -> tuple[ASGIApp, Producer]:
         async def raw_json(request: Request) -> Response:
             box = raw.open()
             producer.add(box.rid, OUTPUTS)
+            if streaming:
+                sse = raw_sse(raw, box)
+                return StreamingResponse(sse, media_type="text/event-stream", headers=SSE_HEADERS)
             try:
                 result = await box.result()
             finally:
@@ -88,7 +94,7 @@ def build(variant: str) -> tuple[ASGIApp, Producer]:
     async def tether_json(request: Request) -> Response:
         stream = registry.open()
         producer.add(stream.rid, OUTPUTS)
-        return await tether_starlette.respond(request, stream, streaming=False)
+        return await tether_starlette.respond(request, stream, streaming=streaming)
 
     handler = {"manual": manual_json, "tether": tether_json}[variant]
     app = Starlette(routes=[Route("/json", handler)])

@@ -11,48 +11,15 @@ and ``respond(..., streaming=True)``).
 from __future__ import annotations
 
 import argparse
-
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
-from starlette.types import ASGIApp
-
-import tether
-import tether_starlette
+import functools
 
 from .json_path import CONCURRENCY, OUTPUTS, compare, cpu_per_request, print_runs
-from .servers.common import raw_sse
-from .servers.producer import SSE_HEADERS, Producer, RawTable
+from .json_path import build as build_json
 
 __all__ = ["build", "main"]
 
-
-def build(variant: str) -> tuple[ASGIApp, Producer]:
-    """The app of ``variant`` and the producer it reads (not started)."""
-    producer = Producer()
-    if variant == "raw":
-        raw = RawTable(lambda rid: None)
-        producer.sink = raw.deliver
-
-        async def raw_stream(request: Request) -> Response:
-            box = raw.open()
-            producer.add(box.rid, OUTPUTS)
-            return StreamingResponse(
-                raw_sse(raw, box), media_type="text/event-stream", headers=SSE_HEADERS
-            )
-
-        return Starlette(routes=[Route("/json", raw_stream)]), producer
-    registry = tether.Registry(lambda rid: None)
-    producer.sink = registry.deliver
-
-    async def tether_stream(request: Request) -> Response:
-        stream = registry.open()
-        producer.add(stream.rid, OUTPUTS)
-        return await tether_starlette.respond(request, stream, streaming=True)
-
-    app = Starlette(routes=[Route("/json", tether_stream)])
-    return tether_starlette.TetherMiddleware(app, registry=registry), producer
+build = functools.partial(build_json, streaming=True)
+"""The app of a variant (``raw``, ``tether``) and the producer it reads (not started)."""
 
 
 async def measure(variant: str, requests: int) -> float:
