@@ -70,7 +70,7 @@ class Registry:
     :param abort_timeout: bound, in seconds, on an asynchronous ``on_abort``.
     """
 
-    __slots__ = ("_entries", "_limits", "_merge", "_table")
+    __slots__ = ("_entries", "_limits", "_table")
 
     def __init__(
         self,
@@ -97,7 +97,6 @@ class Registry:
             on_abort, max_in_flight=max_in_flight, limits=limits, abort_timeout=abort_timeout
         )
         self._entries = self._table.entries  # the same dict: one lookup on the hot path
-        self._merge = merge  # (limits.merge, one attribute load less per output)
 
     # -- introspection -------------------------------------------------------------
 
@@ -285,8 +284,8 @@ class Registry:
             if self._table.observers:
                 announce_first_output(self._table.observers, rid, at - state.opened_at)
         try:
-            if state.collect:  # result() waits: fold into it, wake nobody
-                merge = self._merge
+            if state.collect:  # result() waits: fold into it (fold(), inlined), wake nobody
+                merge = self._limits.merge
                 acc = state.acc
                 state.acc = output if merge is None or acc is NOTHING else merge(acc, output)
                 fits = True
