@@ -173,9 +173,9 @@ async def _stream(
     stalled has its connection dropped, so that aiohttp does not wait on it again
     when it finishes the response. (One coroutine frame: an idle stream holds it
     for as long as it lasts.)"""
+    whole = False
     try:
-        whole = await exchange.bounded(response.prepare(request))
-        if whole:
+        if await exchange.bounded(response.prepare(request)):
             # The first chunk goes through aiohttp's writer, which sends the head if it
             # is still buffered; after it, a chunk may go straight to the transport.
             direct = _Direct.of(request, response, exchange)
@@ -189,41 +189,39 @@ async def _stream(
             write = response.write
             chunk = first
             first_write = True
-            try:
-                while not exchange.done:
-                    if first_write or direct is None or not direct.write(chunk):
-                        first_write = False
-                        writing()
-                        await write(chunk)
-                        written()
-                    ready = ready_chunk()
+            while not exchange.done:
+                if first_write or direct is None or not direct.write(chunk):
+                    first_write = False
+                    writing()
+                    await write(chunk)
+                    written()
+                ready = ready_chunk()
+                if ready is None:
+                    if (
+                        stream is not None
+                        and direct is not None
+                        and direct.writable()
+                        and stream.set_sink(direct.sink)
+                    ):
+                        # Parked with nothing in flight on an idle transport: the
+                        # producer's step writes what it delivers (_Direct.sink); this
+                        # task wakes for the end, an error, a ping, or once the
+                        # transport holds bytes back.
+                        ready = await direct.parked(stream, ready_chunk, ping_interval)
+                    else:
+                        await wait(timeout=ping_interval)
                     if ready is None:
-                        if (
-                            stream is not None
-                            and direct is not None
-                            and direct.writable()
-                            and stream.set_sink(direct.sink)
-                        ):
-                            # Parked with nothing in flight on an idle transport: the
-                            # producer's step writes what it delivers (_Direct.sink); this
-                            # task wakes for the end, an error, a ping, or once the
-                            # transport holds bytes back.
-                            ready = await direct.parked(stream, ready_chunk, ping_interval)
-                        else:
-                            await wait(timeout=ping_interval)
-                        if ready is None:
-                            ready = exchange.waited_chunk()
-                    chunk = ready
-            except asyncio.CancelledError:
-                if not exchange.stalled():
-                    raise
-                whole = False  # the client read nothing for send_timeout: it counts as gone
-            else:
-                # The last chunk and the end of the body (the empty chunk) in one write.
-                whole = await exchange.bounded(response.write_eof(chunk))
+                        ready = exchange.waited_chunk()
+                chunk = ready
+            # The last chunk and the end of the body (the empty chunk) in one write.
+            whole = await exchange.bounded(response.write_eof(chunk))
     except ConnectionError:  # aiohttp's ClientConnectionResetError among them
         scope.disconnect()
         return response
+    except asyncio.CancelledError:
+        if not exchange.stalled():
+            raise  # someone else's: respond() says farewell
+        # (the send timeout cut a write: the client read nothing for it, it counts as gone)
     if not whole:
         # The client stopped reading (the exchange told the scope): drop the connection.
         transport = request.transport
