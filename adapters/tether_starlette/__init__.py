@@ -4,12 +4,22 @@ Install :class:`TetherMiddleware` (it gives each request a
 :class:`tether.RequestScope` and turns client disconnects into aborts), find the
 registry with :func:`get_registry`, answer with ``await respond(request,
 stream_or_batch, streaming=...)``, and close the registry at shutdown with
-:func:`lifespan`. asyncio only. See ``docs/starlette.md``.
+:func:`lifespan`; :func:`json_errors` answers Starlette's own errors (404, 405...)
+as JSON too. asyncio only. See ``docs/starlette.md``.
 """
 
 from __future__ import annotations
 
+from ._errors import json_errors
 from ._middleware import REGISTRY_KEY, TetherMiddleware, get_registry, lifespan
 from ._respond import respond, resume
 
-__all__ = ["REGISTRY_KEY", "TetherMiddleware", "get_registry", "lifespan", "respond", "resume"]
+__all__ = [
+    "REGISTRY_KEY",
+    "TetherMiddleware",
+    "get_registry",
+    "json_errors",
+    "lifespan",
+    "respond",
+    "resume",
+]
