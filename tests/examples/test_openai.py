@@ -323,3 +323,18 @@ async def test_an_engine_failure_reaches_the_sdk_in_openais_shape(
     assert all(chunk.choices for chunk in seen)
     assert assert_openai_error(failed.value.body)["type"] == "server_error"
     assert "simulated" not in json.dumps(failed.value.body)  # a producer's text is logged only
+
+
+async def test_the_fastapi_example_documents_its_bodies_and_event_streams() -> None:
+    async with (
+        served("fastapi") as running,
+        httpx.AsyncClient(base_url=running.url, timeout=BOUND) as http,
+    ):
+        paths = (await http.get("/openapi.json")).json()["paths"]
+    for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+        operation = paths[path]["post"]
+        assert "application/json" in operation["requestBody"]["content"], path
+        answers = operation["responses"]["200"]["content"]
+        assert "itemSchema" in answers["text/event-stream"], path
+    item = paths["/generate"]["post"]["responses"]["200"]["content"]["text/event-stream"]
+    assert "meta_info" in item["itemSchema"]["properties"]["data"]["contentSchema"]["properties"]
