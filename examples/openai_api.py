@@ -336,7 +336,9 @@ class Chunks(tether.SSE):
 
     def error(self, body: dict[str, Any], *, event: str | None = None) -> bytes:
         self._failed = True
-        status = body["error"]["code"]
+        error = body.get("error")
+        code = error.get("code") if isinstance(error, dict) else None
+        status = code if isinstance(code, int) else 500
         return super().error(reshaped(ErrorResponse(status, body, {})).body, event=event)
 
     def terminal(self) -> bytes:

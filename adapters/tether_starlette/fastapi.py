@@ -242,7 +242,8 @@ async def events(source: tether.Stream | tether.Batch, *, done: bool = True) -> 
                 yield output
 
     A batch's outputs come as they arrive, each as ``{"index": i, "output": value}``
-    (a field of the output can never stand for its index). A client that left ends
+    (a field of the output can never stand for its index); with ``keep_going``, a
+    failed sub-request as ``{"index": i, "error": {...}}``. A client that left ends
     the iteration quietly (its work is already aborted); any other tether error (a
     timeout, a producer error, the server's shutdown) becomes one error event in
     tether's shape; then, with ``done``, the terminal ``[DONE]`` event. The source is
@@ -255,7 +256,10 @@ async def events(source: tether.Stream | tether.Batch, *, done: bool = True) -> 
         try:
             if isinstance(source, tether.Batch):
                 async for index, output in source:
-                    yield {"index": index, "output": output}
+                    if isinstance(output, BaseException):  # (keep_going: it stands in place)
+                        yield {"index": index, **error_response(output).body}
+                    else:
+                        yield {"index": index, "output": output}
             else:
                 async for output in source:
                     yield output

@@ -92,7 +92,9 @@ async def test_a_client_that_leaves_ends_the_generator_quietly(
     assert len(producer.aborted) == 1
 
 
-def make_batch_app(producer: Producer, outputs: list[Any], *, fail: bool = False) -> FastAPI:
+def make_batch_app(
+    producer: Producer, outputs: list[Any], *, fail: bool = False, keep_going: bool = False
+) -> FastAPI:
     """``POST /batch`` delivers one output per sub-request (a dict with its own
     ``"index"``, as every OpenAI choice has), the last failed with ``fail``."""
     app = FastAPI()
@@ -100,7 +102,7 @@ def make_batch_app(producer: Producer, outputs: list[Any], *, fail: bool = False
 
     @app.post("/batch", response_class=EventSourceResponse)
     async def stream_batch(registry: RegistryDep) -> AsyncIterator[Any]:
-        batch = registry.open_batch(len(outputs))
+        batch = registry.open_batch(len(outputs), keep_going=keep_going)
         for number, (rid, output) in enumerate(zip(batch.rids, outputs, strict=True)):
             if fail and number == len(outputs) - 1:
                 registry.fail(rid, RuntimeError("out of memory"))
@@ -136,5 +138,19 @@ async def test_a_failed_sub_request_ends_a_batch_with_one_error_event() -> None:
     lines = data_lines(answer.text)
     assert lines[-1] == "[DONE]"
     assert lines[-2]["error"]["code"] == 500
+    assert "out of memory" not in answer.text
+    assert producer.registry.in_flight == 0
+
+
+async def test_a_keep_going_batch_reports_a_failed_sub_request_in_its_place() -> None:
+    producer = Producer()
+    app = make_batch_app(producer, [{"t": 1}, {"t": 2}], fail=True, keep_going=True)
+    async with serve(app) as (url, _), httpx.AsyncClient(timeout=BOUND) as client:
+        answer = await client.post(f"{url}/batch")
+    *items, done = data_lines(answer.text)
+    assert done == "[DONE]"
+    by_index = {item["index"]: item for item in items}
+    assert by_index[0] == {"index": 0, "output": {"t": 1}}
+    assert by_index[1]["error"]["code"] == 500
     assert "out of memory" not in answer.text
     assert producer.registry.in_flight == 0
