@@ -26,11 +26,13 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import signal
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
+import cli
 from engine import Engine
 
 import tether
@@ -170,7 +172,9 @@ class BadSubmission(ValueError):
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Serve until SIGINT or SIGTERM (exit code 0)."""
-    asyncio.run(serve(parse(argv)))
+    options = parse(argv)
+    cli.configure_logging(logging.WARNING)  # tether's records, with level and logger
+    asyncio.run(serve(options))
 
 
 if __name__ == "__main__":
