@@ -27,6 +27,7 @@ from typing import Any, Final
 import httpx
 import pytest
 
+from tests._support.tracebacks import tracebacks_through
 from tests.examples.conftest import eventually
 
 HERE: Final = pathlib.Path(__file__).resolve().parent
@@ -143,9 +144,7 @@ class Server:
     def tracebacks_through_the_app(self) -> list[str]:
         """The tracebacks that show a frame of tether or of the app (hypercorn logs
         one of its own for every connection it cancels at its graceful timeout)."""
-        text = "\n".join(self.output)
-        blocks = text.split("Traceback (most recent call last):")[1:]
-        return [block for block in blocks if "tether" in block or "draining_app" in block]
+        return tracebacks_through("\n".join(self.output), HERE / "draining_app.py")
 
 
 @contextlib.asynccontextmanager
