@@ -13,7 +13,7 @@ from aiohttp import web
 
 import tether
 import tether_aiohttp
-from tests.stalled import http_get, stalled_client
+from tests._support.stalled import http_get, stalled_client
 
 from .conftest import HOLD, Env, StartServer
 

@@ -15,18 +15,11 @@ output sent to another. So a rid freed but not yet reported is refused
 from __future__ import annotations
 
 import asyncio
-import pathlib
-import sys
 
 import pytest
 
 import tether
-
-EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
-if str(EXAMPLES) not in sys.path:
-    sys.path.insert(0, str(EXAMPLES))
-
-from engine import Engine, expected_text, merge_outputs  # noqa: E402
+from tests._support.engine import StepEngine, expected_text, merge_outputs
 
 
 async def test_on_abort_never_names_a_rid_that_is_live_again() -> None:
@@ -50,8 +43,8 @@ async def test_on_abort_never_names_a_rid_that_is_live_again() -> None:
     await batch.aclose()
 
 
-async def test_a_retry_under_a_freed_rid_gets_its_own_tokens_on_the_example_engine() -> None:
-    engine = Engine(max_batch=8)
+async def test_a_retry_under_a_freed_rid_gets_its_own_tokens_from_a_batching_engine() -> None:
+    engine = StepEngine()
     told = asyncio.Event()
 
     def on_abort(rid: str) -> None:

@@ -25,7 +25,7 @@ from starlette.responses import Response
 import tether
 import tether_aiohttp
 import tether_starlette
-from tests.ready_server import ReadyServer
+from tests._support.ready_server import ReadyServer
 
 MIB = 1024 * 1024
 BUDGET = 8 * MIB

@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from tests._support.tracebacks import tracebacks_through
-from tests.examples.conftest import eventually
+from tests._support.waiting import eventually
 
 HERE: Final = pathlib.Path(__file__).resolve().parent
 

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.sse import EventSourceResponse
 
 import tether
-from tests.examples.conftest import eventually
+from tests._support.waiting import eventually
 from tests.starlette.conftest import BOUND, serve
 from tether_starlette import TetherMiddleware
 from tether_starlette.fastapi import RegistryDep, events

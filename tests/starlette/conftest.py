@@ -21,7 +21,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Scope
 
 import tether
-from tests.ready_server import ReadyServer
+from tests._support.ready_server import ReadyServer
 from tether_starlette import TetherMiddleware, respond
 
 BOUND: Final = 10.0
