@@ -151,7 +151,8 @@ class Server:
 async def running(command: tuple[str, ...]) -> AsyncIterator[Server]:
     """Run ``command`` in the app's directory until the block ends (then killed if
     it still runs); the output is complete once the block has exited."""
-    env = {**os.environ, "PYTHONPATH": str(HERE), "TETHER_DRAIN_TIMEOUT": str(DRAIN)}
+    path = os.pathsep.join((str(HERE), str(HERE.parents[1])))  # the app, and tests._support
+    env = {**os.environ, "PYTHONPATH": path, "TETHER_DRAIN_TIMEOUT": str(DRAIN)}
     process = await asyncio.create_subprocess_exec(
         *command,
         cwd=HERE,
