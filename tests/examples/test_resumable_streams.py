@@ -17,7 +17,7 @@ import pytest
 from engine import expected_text  # (examples/ is on the path: tests/examples/conftest.py)
 from launch import launched
 
-from tests.e2e.harness import SERVERS, running, service
+from tests.examples.reliability.harness import SERVERS, running, service
 from tests.resume.conftest import BOUND, Reader, client
 from tether.http import TOKEN_HEADER
 

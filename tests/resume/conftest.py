@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import json
 import socket
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import aiohttp
@@ -31,10 +31,10 @@ from starlette.routing import Route
 import tether
 import tether_aiohttp
 import tether_starlette
+from tests._support.loops import LAZY_AND_EAGER, PLAIN, LoopFactories
 from tests._support.ready_server import ReadyServer
 from tests._support.redis_server import redis_url as redis_url
 from tests._support.waiting import eventually as eventually
-from tests.core._eager import new_eager_loop
 from tether.http import TOKEN_HEADER
 
 BOUND: Final = 10.0
@@ -178,14 +178,12 @@ async def serving(
                     await runner.cleanup()
 
 
-def pytest_asyncio_loop_factories(
-    config: pytest.Config, item: pytest.Item
-) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> LoopFactories:
     """The core tests run on a plain loop and an eager-task loop (a follower must not
     depend on when a task first runs); the tests with servers on the plain one."""
     if item.path.name in ("test_resume_core.py", "test_redis_store.py"):
-        return {"lazy": asyncio.new_event_loop, "eager": new_eager_loop}
-    return {"asyncio": asyncio.new_event_loop}
+        return LAZY_AND_EAGER
+    return PLAIN
 
 
 @pytest.fixture(params=ADAPTERS)

@@ -42,7 +42,7 @@ SERVERS: Final = ("starlette", "aiohttp", "aiohttp-cancel")
 """Starlette on uvicorn; aiohttp as ``web.run_app`` serves (no handler cancellation);
 aiohttp with ``handler_cancellation=True``."""
 
-logger = logging.getLogger("tests.e2e")
+logger = logging.getLogger("tests.examples.reliability")
 
 
 class Ledger(tether.Registry):
