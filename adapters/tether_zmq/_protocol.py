@@ -11,16 +11,23 @@ Every message carries ``seq``, counted per direction and per session from 0 (the
 ``Hello`` and the ``Welcome``). A gap means a message was lost or corrupted on the
 link: the receiver treats it as a link failure, never as something to paper over.
 
+Every submission carries its own *submission id*, drawn by the front from one counter
+that only grows for the life of the front: aborts and outputs name the submission,
+not the rid, so a rid reused after an abort (even in the same loop tick) is a new
+submission that no message about the old one can reach. Both ends announce the
+largest frame they accept (``max_message``): each side sends no more than the
+other accepts and checks it, in bytes, before sending.
+
 =========  =========  ===============================================================
 message    direction  meaning
 =========  =========  ===============================================================
-Hello      F → E      open a session: protocol version, front incarnation, attempt
-Welcome    E → F      session accepted: version, engine incarnation, echoed attempt
+Hello      F → E      open a session: version, front incarnation, attempt, frame cap
+Welcome    E → F      session accepted: version, engine incarnation, attempt, frame cap
 Refuse     E → F      hello refused (version mismatch) or session unknown: say hello
-Submit     F → E      ``(rid, payload)`` pairs: one request or a whole batch
-Abort      F → E      rids the front no longer wants (client gone, deadline, close)
-Step       E → F      one engine step's outputs ``(rid, payload, finished)`` and
-                      failures ``(rid, message, status)`` for this front
+Submit     F → E      ``(submission, rid, payload)``: one request or a whole batch
+Abort      F → E      submissions the front no longer wants (client gone, deadline)
+Step       E → F      one engine step's outputs ``(submission, payload, finished)``
+                      and failures ``(submission, message, status)`` for this front
 Ping       both       liveness probe, answered by ``Pong`` from the peer's event loop
 Pong       both       answer to ``Ping``, echoing its ``sent`` time
 =========  =========  ===============================================================
@@ -45,27 +52,30 @@ __all__ = [
     "Step",
     "Submit",
     "Welcome",
+    "clip",
     "decode",
     "encode",
 ]
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 """Bumped on any incompatible change; a mismatch is refused at the handshake."""
 
 
 class Hello(msgspec.Struct, tag=1, array_like=True, frozen=True):
     """A front opens a session. ``attempt`` lets it tell a stale ``Welcome`` from the
-    answer to its latest hello."""
+    answer to its latest hello; ``max_message`` is the largest frame it accepts."""
 
     seq: int
     version: int
     front: str
     attempt: int
+    max_message: int
 
 
 class Welcome(msgspec.Struct, tag=2, array_like=True, frozen=True):
     """The engine accepts a session; every request of a former session of this
-    front has been aborted before this is sent."""
+    front has been aborted before this is sent. ``max_message`` is the largest frame
+    the engine accepts: the front refuses a larger submission itself (413)."""
 
     seq: int
     version: int
@@ -84,25 +94,25 @@ class Refuse(msgspec.Struct, tag=3, array_like=True, frozen=True):
 
 
 class Submit(msgspec.Struct, tag=4, array_like=True, frozen=True):
-    """New requests: ``(rid, payload)`` pairs."""
+    """New requests: ``(submission, rid, payload)``; submission ids only grow."""
 
     seq: int
-    requests: list[tuple[str, bytes]]
+    requests: list[tuple[int, str, bytes]]
 
 
 class Abort(msgspec.Struct, tag=5, array_like=True, frozen=True):
-    """Requests the front closed before they finished."""
+    """Submissions the front closed before they finished."""
 
     seq: int
-    rids: list[str]
+    submissions: list[int]
 
 
 class Step(msgspec.Struct, tag=6, array_like=True, frozen=True):
-    """One engine step for one front: outputs in order, then failures."""
+    """One engine step for one front: outputs in order, then failures, by submission."""
 
     seq: int
-    outputs: list[tuple[str, bytes, bool]]
-    failures: list[tuple[str, str, int]]
+    outputs: list[tuple[int, bytes, bool]]
+    failures: list[tuple[int, str, int]]
 
 
 class Ping(msgspec.Struct, tag=7, array_like=True, frozen=True):
@@ -123,6 +133,14 @@ Message = Hello | Welcome | Refuse | Submit | Abort | Step | Ping | Pong
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` bytes of UTF-8, never inside a character."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    return data[:limit].decode("utf-8", "ignore")
 
 
 def encode(message: Message) -> bytes:

@@ -13,7 +13,7 @@ def test_tether_zmq_exports_a_pinned_list() -> None:
     assert set(tether_zmq.__all__) == {
         "PROTOCOL_VERSION", "Cancellation", "Codec", "CurveClient", "CurveServer",
         "EngineClient", "EngineClientStats", "EngineLost", "EngineServer",
-        "EngineServerStats", "EngineUnavailable", "InsecureAddress", "MsgpackCodec",
+        "EngineServerStats", "EngineUnavailable", "InsecureAddress", "LinkDown", "MsgpackCodec",
         "PayloadTooLarge", "RemoteFailure", "RequestKey", "Submission",
     }  # fmt: skip
     for name in tether_zmq.__all__:
