@@ -223,6 +223,9 @@ class EngineClient:
         self._tasks.clear()
         self._stopped.clear()
         await stop_tasks(tasks)
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
         if self._socket is not None:
             self._socket.disable_monitor()
             if self._monitor is not None:
@@ -232,7 +235,11 @@ class EngineClient:
             self._reader = None
 
     def _die(self, why: str) -> None:
-        """A task of the link ended by itself: the link is down for good, loudly."""
+        """A task of the link ended by itself: the link is down for good, loudly.
+
+        Its requests fail (503) and the socket closes, so the engine cancels them at
+        once; new requests are refused with the reason.
+        """
         logger.error("engine link broken: %s; failing its requests", why)
         self._broken = f"the front's link to the engine broke ({why})"
         self._stopped.extend(self._tasks)  # (awaited by aclose)
@@ -240,6 +247,7 @@ class EngineClient:
         for task in self._stopped:
             task.cancel()
         self._go_down(self._broken, hello=False)
+        self._close_sockets()
 
     # -- the handlers' API ----------------------------------------------------------------
 
