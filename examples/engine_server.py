@@ -46,6 +46,7 @@ from tether.http import stop_tasks
 from tether_zmq import Cancellation, EngineServer, RequestKey, Submission
 
 DEFAULT_ADDRESS = "ipc:///tmp/tether-engine.sock"
+DEFAULT_MAX_MESSAGE = 16 * 1024 * 1024
 
 logger = logging.getLogger("tether.examples.engine_server")
 
@@ -117,6 +118,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--peer-timeout", type=float, default=0.2, help="seconds of silence that lose a front"
     )
+    parser.add_argument(
+        "--max-message", type=int, default=DEFAULT_MAX_MESSAGE, help="bytes per frame, both ways"
+    )
     return parser.parse_args(argv)
 
 
@@ -130,7 +134,10 @@ async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with EngineServer(args.address, peer_timeout=args.peer_timeout) as server:
+    server = EngineServer(
+        args.address, peer_timeout=args.peer_timeout, max_message=args.max_message
+    )
+    async with server:
         relay = Relay(server)
 
         def report() -> None:
