@@ -47,6 +47,7 @@ from tether.http import stop_tasks
 from ._errors import LinkDown
 from ._events import Cancellation, EngineServerStats, Event, RequestKey, Submission
 from ._protocol import (
+    MAX_ENTRIES,
     PROTOCOL_VERSION,
     Abort,
     Codec,
@@ -62,12 +63,12 @@ from ._protocol import (
     clip,
     decode,
     encode,
+    entries_of,
 )
 from ._security import CurveServer, check_bind
 from ._socket import (
     DEFAULT_HWM,
     DEFAULT_MAX_MESSAGE,
-    DRAIN_BATCH,
     Reader,
     configure,
     send_nowait,
@@ -469,6 +470,9 @@ class EngineServer:
             self._counts["malformed"] += 1
             return
         identity, frame = frames
+        if entries_of(frame) > MAX_ENTRIES:
+            self._on_too_many(identity, entries_of(frame))
+            return
         try:
             message = decode(frame)
         except msgspec.DecodeError:
@@ -562,6 +566,16 @@ class EngineServer:
             self._counts["refused_submissions"] += len(refused)
             self._send_step(front, [], refused)
 
+    def _on_too_many(self, identity: bytes, count: int) -> None:
+        """A message of more entries than any honest front sends, refused unread (its
+        decoding alone would hold the loop): that front's session ends, and it is told."""
+        self._counts["too_large"] += 1
+        front = self._fronts.get(identity)
+        if front is not None:
+            self._lose(front, f"a message of {count} entries (at most {MAX_ENTRIES})")
+        reason = f"a message of {count} entries exceeds {MAX_ENTRIES}: say hello"
+        self._reply(identity, Refuse(0, PROTOCOL_VERSION, reason))
+
     def _on_abort(self, front: _Front, abort: Abort) -> None:
         live = front.live
         for sid in abort.submissions:
@@ -624,7 +638,7 @@ class EngineServer:
     def _judge(self) -> None:
         """Judge the fronts' silence and the engine loop's, after reading what waits."""
         assert self._reader is not None
-        if self._reader.drain() == DRAIN_BATCH:
+        if self._reader.drain():
             return  # more is waiting: nobody is silent, judge next time
         self._wake()
         now = time.monotonic()

@@ -47,10 +47,10 @@ class PayloadTooLarge(tether.BatchTooLarge):
 
     status_code = 413
 
-    def __init__(self, size: int, limit: int) -> None:
+    def __init__(self, size: int, limit: int, *, unit: str = "bytes") -> None:
         # BatchTooLarge's own message speaks of max_in_flight: say what happened instead.
         tether.TetherError.__init__(
-            self, f"a request of {size} bytes exceeds the link's max_message={limit} bytes"
+            self, f"a request of {size} {unit} exceeds the link's limit of {limit} {unit}"
         )
         self.size = size
         self.limit = limit

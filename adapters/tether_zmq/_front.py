@@ -52,6 +52,7 @@ from tether.http import stop_tasks
 from ._errors import EngineLost, EngineUnavailable, PayloadTooLarge, RemoteFailure
 from ._events import EngineClientStats
 from ._protocol import (
+    MAX_ENTRIES,
     PROTOCOL_VERSION,
     Abort,
     Codec,
@@ -72,7 +73,6 @@ from ._security import CurveClient
 from ._socket import (
     DEFAULT_HWM,
     DEFAULT_MAX_MESSAGE,
-    DRAIN_BATCH,
     Reader,
     configure,
     send_nowait,
@@ -321,6 +321,9 @@ class EngineClient:
         entries = [
             (next(self._submissions), rid, encode_payload(request)) for rid, request in requests
         ]
+        if len(entries) > MAX_ENTRIES:
+            self._counts["too_large"] += 1
+            raise PayloadTooLarge(len(entries), MAX_ENTRIES, unit="submissions")
         frame = encode(Submit(self._seq_out, entries))
         if len(frame) > self._limit:
             self._counts["too_large"] += 1
@@ -392,7 +395,7 @@ class EngineClient:
         sids, self._aborts = self._aborts, []
         if not sids or not self._up:
             return  # (with no session, the engine's next session start cancels them all)
-        per_message = max(1, (self._limit - 64) // 9)  # (a submission id: 9 bytes at most)
+        per_message = max(1, min(MAX_ENTRIES, (self._limit - 64) // 9))  # (an id: 9 bytes)
         for start in range(0, len(sids), per_message):
             if not self._send(Abort(self._seq_out, sids[start : start + per_message])):
                 self._go_down("the link to the engine is full")
@@ -449,7 +452,7 @@ class EngineClient:
         """Ping, or judge the engine silent: only after reading what is waiting, and
         only counting the time since a ping went out unanswered."""
         assert self._reader is not None
-        if self._reader.drain() == DRAIN_BATCH:
+        if self._reader.drain():
             return  # more is waiting: the engine is not silent
         now = time.monotonic()
         if self._up:

@@ -40,6 +40,7 @@ from typing import Any, Final, Protocol
 import msgspec
 
 __all__ = [
+    "MAX_ENTRIES",
     "PROTOCOL_VERSION",
     "Abort",
     "Codec",
@@ -55,10 +56,15 @@ __all__ = [
     "clip",
     "decode",
     "encode",
+    "entries_of",
 ]
 
 PROTOCOL_VERSION: Final = 2
 """Bumped on any incompatible change; a mismatch is refused at the handshake."""
+MAX_ENTRIES: Final = 4096
+"""Submissions per ``Submit`` and per ``Abort`` message, at most: what one message
+costs the engine's loop is bounded by this, not only by its bytes (a frame of
+millions of tiny entries would take seconds to decode and admit)."""
 
 
 class Hello(msgspec.Struct, tag=1, array_like=True, frozen=True):
@@ -141,6 +147,37 @@ def clip(text: str, limit: int) -> str:
     if len(data) <= limit:
         return text
     return data[:limit].decode("utf-8", "ignore")
+
+
+_SUBMIT_OR_ABORT: Final = (b"\x93\x04", b"\x93\x05")  # (a 3-array, tag 4 or 5)
+
+
+def entries_of(frame: bytes) -> int:
+    """How many entries the list of a ``Submit`` or ``Abort`` frame holds, read from
+    its MessagePack headers without decoding it; -1 for any other frame (or one too
+    broken to tell: the full decode then refuses it)."""
+    if frame[:2] not in _SUBMIT_OR_ABORT:
+        return -1
+    at = 2
+    head = frame[at : at + 1]
+    if not head:
+        return -1
+    # seq: a positive fixint, or uint 8/16/32/64
+    code = head[0]
+    at += 1 if code < 0x80 else {0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9}.get(code, 0)
+    if at == 2:
+        return -1
+    head = frame[at : at + 5]
+    if not head:
+        return -1
+    code = head[0]
+    if 0x90 <= code <= 0x9F:
+        return code - 0x90
+    if code == 0xDC and len(head) >= 3:
+        return int.from_bytes(head[1:3], "big")
+    if code == 0xDD and len(head) >= 5:
+        return int.from_bytes(head[1:5], "big")
+    return -1
 
 
 def encode(message: Message) -> bytes:

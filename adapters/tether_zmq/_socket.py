@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Final
 
@@ -25,7 +26,6 @@ from zmq.utils.monitor import parse_monitor_message
 __all__ = [
     "DEFAULT_HWM",
     "DEFAULT_MAX_MESSAGE",
-    "DRAIN_BATCH",
     "Reader",
     "configure",
     "send_nowait",
@@ -41,6 +41,9 @@ DEFAULT_HWM: Final = 100_000
 """Messages queued per peer before a send would block: the link's back-pressure point."""
 DRAIN_BATCH: Final = 512
 """Messages read per wake-up before the loop yields to the other tasks."""
+DRAIN_BUDGET: Final = 0.005
+"""Seconds of handling per wake-up before the loop yields, whatever the count: many
+costly messages in a row never hold the loop longer than this and one message."""
 
 
 HEARTBEAT_IVL_MS: Final = 500
@@ -105,31 +108,36 @@ class Reader:
         self._handle = handle
         self._on_fault = on_fault
 
-    def drain(self) -> int:
-        """Handle up to ``DRAIN_BATCH`` messages that are ready; returns how many."""
+    def drain(self) -> bool:
+        """Handle the messages that are ready, up to ``DRAIN_BATCH`` of them or
+        ``DRAIN_BUDGET`` seconds; returns whether more may be waiting."""
         recv = self._recv
         handle = self._handle
         noblock = zmq.NOBLOCK
-        count = 0
-        while count < DRAIN_BATCH:
+        deadline = time.monotonic() + DRAIN_BUDGET
+        clock = time.monotonic
+        for _ in range(DRAIN_BATCH):
             try:
                 frames = recv(noblock)
             except zmq.Again:
-                break
-            count += 1
+                return False
             try:
                 handle(frames)
             except Exception as exc:
                 self._on_fault(exc)
-        return count
+            if clock() > deadline:
+                break
+        return True
 
     async def run(self, after: Callable[[], None]) -> None:
         """Read for ever: wait for readiness, drain, then ``after()`` once per wake-up."""
         poll = self._socket.poll
         while True:
             await poll()  # (timeout None, POLLIN)
-            self.drain()
+            more = self.drain()
             after()
+            if more:
+                await asyncio.sleep(0)  # (let the other tasks run, then read on)
 
 
 def supervise(tasks: list[asyncio.Task[None]], on_death: Callable[[str], None]) -> None:

@@ -183,3 +183,36 @@ async def test_a_failure_of_non_ascii_text_is_cut_in_bytes_and_reaches_its_reque
                 assert len(str(cause).encode()) <= 1024
         assert client.stats().links_lost == 0
         assert engine.server.in_flight == 0
+
+
+async def test_a_message_of_more_entries_than_a_front_may_send_is_refused_unread(
+    address: str,
+) -> None:
+    async with (
+        echo_engine(address) as engine,
+        front(engine.server.address) as honest,
+        raw_peer(zmq.DEALER, engine.server.address) as peer,
+    ):
+        await say_hello(peer)
+        flood = [(sid, "r", b"\x80") for sid in range(1, wire.MAX_ENTRIES + 2)]
+        await peer.send(wire.encode(wire.Submit(1, flood)))
+        reply = await answer(peer)
+        assert isinstance(reply, wire.Refuse)
+        assert str(wire.MAX_ENTRIES) in reply.reason
+        assert engine.server.stats().submitted == 0
+        assert engine.server.stats().too_large == 1
+        async with asyncio.timeout(10):
+            assert [o["i"] async for o in honest.open({"n": 2})] == [1, 2]
+
+
+async def test_a_batch_of_more_submissions_than_one_message_may_hold_fails_alone_with_413(
+    address: str,
+) -> None:
+    async with echo_engine(address) as engine, front(engine.server.address) as client:
+        with pytest.raises(PayloadTooLarge, match="submissions") as caught:
+            client.open_batch([{"n": 1}] * (wire.MAX_ENTRIES + 1))
+        assert tether.http.error_response(caught.value).status == 413
+        assert client.registry.in_flight == 0
+        async with asyncio.timeout(10):
+            assert len(await client.open_batch([{"n": 1}] * wire.MAX_ENTRIES).result()) == 4096
+        assert engine.server.in_flight == 0
