@@ -149,6 +149,9 @@ class EngineServer:
         request alone. A front's frame past it (up to twice it) has its submissions
         refused alone (413); libzmq drops a peer that sends more than twice it.
     :param hwm: messages queued per front; a front that lets more pile up is lost.
+    :param max_events: submissions waiting for the engine loop, at most: one more is
+        refused at once (503 to its client) rather than queued without bound while the
+        loop is behind (a flood, or a loop about to be found stalled).
     :raises InsecureAddress: a non-local address without ``curve`` or ``insecure``.
     """
 
@@ -161,11 +164,13 @@ class EngineServer:
         consumer_timeout: float = 1.0,
         max_message: int = DEFAULT_MAX_MESSAGE,
         hwm: int = DEFAULT_HWM,
+        max_events: int = 65_536,
         curve: CurveServer | None = None,
         insecure: bool = False,
         context: zmq.asyncio.Context | None = None,
     ) -> None:
         check_bind(address, curve=curve, insecure=insecure)
+        self._max_events = max_events
         self._requested = address
         self._codec = codec or MsgpackCodec()
         self._peer_timeout = peer_timeout
@@ -540,6 +545,9 @@ class EngineServer:
                 refused.append((sid, "a submission id was reused", 400))
                 continue
             front.last_submission = sid
+            if len(self._events) >= self._max_events:
+                refused.append((sid, "the engine is not keeping up; retry later", 503))
+                continue
             try:
                 request = decode_payload(payload)
             except Exception:

@@ -13,7 +13,7 @@ import zmq
 import tether
 import tether.http
 import tether_zmq._protocol as wire  # the hostile peers below speak the wire format itself
-from tether_zmq import PayloadTooLarge, RemoteFailure
+from tether_zmq import EngineServer, PayloadTooLarge, RemoteFailure
 
 from .conftest import eventually
 from .linked import echo_engine, front
@@ -216,3 +216,21 @@ async def test_a_batch_of_more_submissions_than_one_message_may_hold_fails_alone
         async with asyncio.timeout(10):
             assert len(await client.open_batch([{"n": 1}] * wire.MAX_ENTRIES).result()) == 4096
         assert engine.server.in_flight == 0
+
+
+async def test_submissions_past_what_the_engine_loop_has_waiting_are_refused_with_503(
+    address: str,
+) -> None:
+    async with (
+        EngineServer(address, max_events=3, consumer_timeout=60.0) as server,
+        front(server.address) as client,
+    ):
+        streams = [client.open({"n": 0}) for _ in range(5)]  # (nobody takes them yet)
+        async with asyncio.timeout(10):
+            for stream in streams[3:]:
+                with pytest.raises(tether.ProducerError) as caught:
+                    await stream.result()
+                assert tether.http.error_response(caught.value).status == 503
+        assert len(server.receive_nowait()) == 3  # the first three, waiting in order
+        assert server.stats().refused_submissions == 2
+        assert server.in_flight == 3
