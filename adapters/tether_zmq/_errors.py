@@ -5,6 +5,9 @@
     tether.Overloaded
     └── EngineUnavailable      submit() while no session is up, or the link is
                                full: 503 + Retry-After at once, nothing registered
+    tether.InvalidRequest       (a ValueError)
+    └── UnencodableRequest     a request the codec cannot encode (a lone surrogate,
+                               an object it does not know): 422, nothing registered
     tether.BatchTooLarge        (a ValueError)
     └── PayloadTooLarge        a request that cannot fit one message: 413 through
                                both adapters' error_response, nothing registered
@@ -19,7 +22,14 @@ from __future__ import annotations
 
 import tether
 
-__all__ = ["EngineLost", "EngineUnavailable", "LinkDown", "PayloadTooLarge", "RemoteFailure"]
+__all__ = [
+    "EngineLost",
+    "EngineUnavailable",
+    "LinkDown",
+    "PayloadTooLarge",
+    "RemoteFailure",
+    "UnencodableRequest",
+]
 
 
 class EngineUnavailable(tether.Overloaded):
@@ -54,6 +64,16 @@ class PayloadTooLarge(tether.BatchTooLarge):
         )
         self.size = size
         self.limit = limit
+
+
+class UnencodableRequest(tether.InvalidRequest):
+    """Raised by ``submit()`` for a request the link's codec cannot encode: text with
+    a lone surrogate (not UTF-8), an object the codec does not know. ``error_response``
+    answers 422; the codec's own error is the ``__cause__``."""
+
+    def __init__(self, rid: str, error: Exception) -> None:
+        super().__init__(f"request {rid!r} cannot be sent to the engine: {error}")
+        self.rid = rid
 
 
 class EngineLost(RuntimeError):

@@ -49,7 +49,13 @@ import zmq.asyncio
 import tether
 from tether.http import stop_tasks
 
-from ._errors import EngineLost, EngineUnavailable, PayloadTooLarge, RemoteFailure
+from ._errors import (
+    EngineLost,
+    EngineUnavailable,
+    PayloadTooLarge,
+    RemoteFailure,
+    UnencodableRequest,
+)
 from ._events import EngineClientStats
 from ._protocol import (
     MAX_ENTRIES,
@@ -315,12 +321,17 @@ class EngineClient:
 
         :raises EngineUnavailable: no session is up, or the link's queue is full.
         :raises PayloadTooLarge: the message would exceed what the engine accepts.
+        :raises UnencodableRequest: the codec cannot encode a request (422).
         """
         self._check_up()
         encode_payload = self._codec.encode
-        entries = [
-            (next(self._submissions), rid, encode_payload(request)) for rid, request in requests
-        ]
+        entries = []
+        for rid, request in requests:
+            try:
+                payload = encode_payload(request)
+            except Exception as exc:  # (the codec's own error, whatever its type)
+                raise UnencodableRequest(rid, exc) from exc
+            entries.append((next(self._submissions), rid, payload))
         if len(entries) > MAX_ENTRIES:
             self._counts["too_large"] += 1
             raise PayloadTooLarge(len(entries), MAX_ENTRIES, unit="submissions")

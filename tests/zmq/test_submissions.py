@@ -13,7 +13,7 @@ import zmq
 import tether
 import tether.http
 import tether_zmq._protocol as wire  # the hostile peers below speak the wire format itself
-from tether_zmq import EngineServer, PayloadTooLarge, RemoteFailure
+from tether_zmq import EngineServer, PayloadTooLarge, RemoteFailure, UnencodableRequest
 
 from .conftest import eventually
 from .linked import echo_engine, front
@@ -234,3 +234,18 @@ async def test_submissions_past_what_the_engine_loop_has_waiting_are_refused_wit
         assert len(server.receive_nowait()) == 3  # the first three, waiting in order
         assert server.stats().refused_submissions == 2
         assert server.in_flight == 3
+
+
+@pytest.mark.parametrize(
+    "request_", [{"prompt": "\ud800"}, {"prompt": object()}], ids=["lone-surrogate", "object"]
+)
+async def test_a_request_the_codec_cannot_encode_fails_alone_with_422(
+    address: str, request_: object
+) -> None:
+    async with echo_engine(address) as engine, front(engine.server.address) as client:
+        with pytest.raises(UnencodableRequest) as caught:
+            client.open(request_)
+        assert tether.http.error_response(caught.value).status == 422
+        assert client.registry.in_flight == 0
+        async with asyncio.timeout(10):
+            assert [o["i"] async for o in client.open({"n": 1})] == [1]
