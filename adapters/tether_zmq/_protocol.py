@@ -142,11 +142,11 @@ _decoder: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
 
 
 def clip(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` bytes of UTF-8, never inside a character."""
-    data = text.encode("utf-8", "replace")
-    if len(data) <= limit:
-        return text
-    return data[:limit].decode("utf-8", "ignore")
+    """``text`` as UTF-8 that fits ``limit`` bytes, cut at a character boundary; a lone
+    surrogate (which no UTF-8 encoder takes) becomes ``?``."""
+    # (no character is less than a byte: the first ``limit`` characters are enough,
+    # so a huge text costs no more than a short one)
+    return text[:limit].encode("utf-8", "replace")[:limit].decode("utf-8", "ignore")
 
 
 _SUBMIT_OR_ABORT: Final = (b"\x93\x04", b"\x93\x05")  # (a 3-array, tag 4 or 5)

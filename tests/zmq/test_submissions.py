@@ -249,3 +249,17 @@ async def test_a_request_the_codec_cannot_encode_fails_alone_with_422(
         assert client.registry.in_flight == 0
         async with asyncio.timeout(10):
             assert [o["i"] async for o in client.open({"n": 1})] == [1]
+
+
+async def test_a_failure_whose_text_is_not_unicode_still_reaches_its_request(
+    address: str,
+) -> None:
+    async with echo_engine(address) as engine, front(engine.server.address) as client:
+        stream = client.open({"n": 0})
+        await eventually(lambda: len(engine.submitted) == 1)
+        engine.server.send(failures=[(engine.submitted[0], Refusal("bad \ud800 input"))])
+        async with asyncio.timeout(10):
+            with pytest.raises(tether.ProducerError) as caught:
+                await stream.result()
+        assert str(caught.value.__cause__) == "bad ? input"
+        assert client.stats().links_lost == 0
