@@ -377,8 +377,8 @@ class EngineServer:
                 continue
             self._end(request)
             status = getattr(error, "status_code", 500)
-            if not isinstance(status, int) or isinstance(status, bool):
-                status = 500
+            if not isinstance(status, int) or isinstance(status, bool) or not 100 <= status < 600:
+                status = 500  # (a huge int would not even encode: the step would raise)
             entry = per_front.setdefault(request.front, ([], []))
             entry[1].append((request.sid, clip(str(error), _MAX_FAILURE_TEXT), status))
         for front, (outs, fails) in per_front.items():

@@ -263,3 +263,20 @@ async def test_a_failure_whose_text_is_not_unicode_still_reaches_its_request(
                 await stream.result()
         assert str(caught.value.__cause__) == "bad ? input"
         assert client.stats().links_lost == 0
+
+
+class Weird(RuntimeError):
+    status_code = 2**70
+
+
+async def test_a_failure_with_a_status_no_wire_can_carry_reaches_its_request_as_500(
+    address: str,
+) -> None:
+    async with echo_engine(address) as engine, front(engine.server.address) as client:
+        stream = client.open({"n": 0})
+        await eventually(lambda: len(engine.submitted) == 1)
+        engine.server.send(failures=[(engine.submitted[0], Weird("odd"))])
+        async with asyncio.timeout(10):
+            with pytest.raises(tether.ProducerError) as caught:
+                await stream.result()
+        assert tether.http.error_response(caught.value).status == 500
