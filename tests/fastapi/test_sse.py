@@ -13,22 +13,14 @@ import pytest
 from fastapi import FastAPI
 from fastapi.sse import EventSourceResponse
 
-import tether
-from tests.examples.conftest import eventually
+from tests._support.engine import Engine
+from tests._support.waiting import eventually
 from tests.starlette.conftest import BOUND, serve
 from tether_starlette import TetherMiddleware
 from tether_starlette.fastapi import RegistryDep, events
 
 
-class Producer:
-    """Delivers what a test asks for, and records the aborts tether asks for."""
-
-    def __init__(self) -> None:
-        self.aborted: list[str] = []
-        self.registry = tether.Registry(on_abort=self.aborted.append)
-
-
-def make_app(producer: Producer, script: list[Any]) -> FastAPI:
+def make_app(producer: Engine, script: list[Any]) -> FastAPI:
     """``POST /events`` delivers ``script`` up front (``"fail"``: a producer error;
     ``"hang"``: nothing more, the request stays open) and streams it."""
     app = FastAPI()
@@ -54,7 +46,7 @@ def data_lines(text: str) -> list[Any]:
 
 
 async def test_outputs_then_done() -> None:
-    producer = Producer()
+    producer = Engine()
     app = make_app(producer, [{"t": 1}, {"t": 2}])
     async with serve(app) as (url, _), httpx.AsyncClient(timeout=BOUND) as client:
         answer = await client.post(f"{url}/events")
@@ -63,7 +55,7 @@ async def test_outputs_then_done() -> None:
 
 
 async def test_a_failure_after_the_first_output_is_one_error_event_then_done() -> None:
-    producer = Producer()
+    producer = Engine()
     app = make_app(producer, [{"t": 1}, "fail"])
     async with serve(app) as (url, _), httpx.AsyncClient(timeout=BOUND) as client:
         answer = await client.post(f"{url}/events")
@@ -77,7 +69,7 @@ async def test_a_failure_after_the_first_output_is_one_error_event_then_done() -
 async def test_a_client_that_leaves_ends_the_generator_quietly(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    producer = Producer()
+    producer = Engine()
     app = make_app(producer, [{"t": 1}, "hang"])
     caplog.set_level(logging.INFO)
     async with serve(app) as (url, _), httpx.AsyncClient(timeout=BOUND) as client:
@@ -93,7 +85,7 @@ async def test_a_client_that_leaves_ends_the_generator_quietly(
 
 
 def make_batch_app(
-    producer: Producer, outputs: list[Any], *, fail: bool = False, keep_going: bool = False
+    producer: Engine, outputs: list[Any], *, fail: bool = False, keep_going: bool = False
 ) -> FastAPI:
     """``POST /batch`` delivers one output per sub-request (a dict with its own
     ``"index"``, as every OpenAI choice has), the last failed with ``fail``."""
@@ -115,7 +107,7 @@ def make_batch_app(
 
 
 async def test_a_batch_streams_each_output_under_its_own_index() -> None:
-    producer = Producer()
+    producer = Engine()
     outputs = [{"index": 7, "text": "a"}, {"index": 7, "text": "b"}]
     app = make_batch_app(producer, outputs)
     async with serve(app) as (url, _), httpx.AsyncClient(timeout=BOUND) as client:
@@ -131,7 +123,7 @@ async def test_a_batch_streams_each_output_under_its_own_index() -> None:
 
 
 async def test_a_failed_sub_request_ends_a_batch_with_one_error_event() -> None:
-    producer = Producer()
+    producer = Engine()
     app = make_batch_app(producer, [{"t": 1}, {"t": 2}], fail=True)
     async with serve(app) as (url, _), httpx.AsyncClient(timeout=BOUND) as client:
         answer = await client.post(f"{url}/batch")
@@ -143,7 +135,7 @@ async def test_a_failed_sub_request_ends_a_batch_with_one_error_event() -> None:
 
 
 async def test_a_keep_going_batch_reports_a_failed_sub_request_in_its_place() -> None:
-    producer = Producer()
+    producer = Engine()
     app = make_batch_app(producer, [{"t": 1}, {"t": 2}], fail=True, keep_going=True)
     async with serve(app) as (url, _), httpx.AsyncClient(timeout=BOUND) as client:
         answer = await client.post(f"{url}/batch")
