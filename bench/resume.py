@@ -132,10 +132,7 @@ async def _read(exchange: Exchange) -> int:
     size = len((await exchange.start()).body)
     try:
         while not exchange.done:
-            chunk = exchange.ready_chunk()
-            if chunk is None:
-                chunk = await exchange.wait_chunk()
-            size += len(chunk)
+            size += len(await exchange.next_chunk())
     finally:
         await exchange.aclose()
     return size

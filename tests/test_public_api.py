@@ -3,6 +3,7 @@ authors, each adapter the same verbs; sorted ``__all__`` lists, pinned; no frame
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 import types
@@ -105,6 +106,14 @@ ADAPTER_AUTHORS = {
     "REQUEST_ID_HEADER",
     "ErrorResponse",
     "Exchange",
+    "Direct",
+    "DrainOnSignal",
+    "Framework",
+    "Responder",
+    "Writer",
+    "error_head",
+    "lifespan",
+    "server_ended",
     "Channel",
     "Follower",
     "Head",
@@ -145,3 +154,34 @@ def test_both_adapters_export_the_same_verbs_and_their_own_install_call() -> Non
         assert adapter.__all__ == sorted(adapter.__all__, key=_isort_key)
         for name in adapter.__all__:
             assert getattr(adapter, name).__doc__ or name.isupper(), name
+
+
+def test_both_adapters_verbs_take_the_same_arguments() -> None:
+    for verb in ("respond", "resume"):
+        signatures = [
+            inspect.signature(getattr(adapter, verb))
+            for adapter in (tether_starlette, tether_aiohttp)
+        ]
+        names = [
+            [(p.name, p.kind, p.default) for p in sig.parameters.values()] for sig in signatures
+        ]
+        assert names[0] == names[1], verb
+        assert [p.name for p in signatures[0].parameters.values()][:2] == (
+            ["request", "source"] if verb == "respond" else ["request", "resume"]
+        )
+    assert "transform" in inspect.signature(tether_aiohttp.respond).parameters
+
+
+EXCHANGE_METHODS = {"start", "next_chunk", "run", "aclose"}
+
+
+def test_an_exchange_offers_adapters_a_handful_of_methods() -> None:
+    """One verb per meaning: start it, write it (``run``, or ``next_chunk`` for a writer
+    that pulls), close it; everything else is the exchange's own business."""
+    methods = {
+        name
+        for name, value in vars(tether.http.Exchange).items()
+        if not name.startswith("_") and callable(value)
+    }
+    assert methods == EXCHANGE_METHODS
+    assert len(methods) <= 8

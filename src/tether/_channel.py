@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
-from ._errors import Aborted, AbortReason, TetherError
+from ._errors import NOBODY_READS, Aborted, AbortReason, TetherError
 from ._idle import IdleDeadline
 from ._scope import waiter_cancelled
 from ._weights import Weights
@@ -23,9 +23,6 @@ from ._weights import Weights
 __all__ = ["Channel", "Follower", "Keeper"]
 
 logger = logging.getLogger("tether")
-
-_PARKED: Final = (AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED)
-"""What a follower's cancel means when it only detaches its client."""
 
 
 class Keeper(Protocol):
@@ -305,7 +302,7 @@ class Follower:
         :returns: whether a request was aborted.
         """
         channel = self._channel
-        if reason not in _PARKED:
+        if reason not in NOBODY_READS:
             return channel.abort(reason)
         if self._gone is None:
             self._gone = Aborted(self.rid, reason)

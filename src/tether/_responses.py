@@ -17,8 +17,8 @@ import math
 from typing import Any, Final
 
 from ._errors import (
+    NOBODY_READS,
     Aborted,
-    AbortReason,
     BatchTooLarge,
     ConsumerTooSlow,
     DuplicateRequest,
@@ -77,7 +77,7 @@ def _status_of(exc: BaseException) -> tuple[int, dict[str, str]]:
     if isinstance(exc, ConsumerTooSlow):
         return 503, {}
     if isinstance(exc, Aborted):
-        if exc.reason in (AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED):
+        if exc.reason in NOBODY_READS:
             return CLIENT_CLOSED_REQUEST, {}
         return 503, {}
     if isinstance(exc, DuplicateRequest):
