@@ -11,7 +11,6 @@ from typing import Any, Final
 
 import httpx
 import pytest
-import uvicorn
 from aiohttp import web
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -21,7 +20,7 @@ from starlette.routing import Route
 import tether
 import tether_aiohttp
 import tether_starlette
-from tests.ready_server import ReadyServer
+from tests.starlette.conftest import serve
 from tether.http import REQUEST_ID_HEADER
 
 BOUND: Final = 10.0
@@ -98,17 +97,8 @@ async def served(adapter: str, app: App) -> AsyncIterator[str]:
             routes=[route(name) for name in NAMES],
             middleware=[Middleware(tether_starlette.TetherMiddleware, registry=app.registry)],
         )
-        config = uvicorn.Config(asgi, host="127.0.0.1", port=0, lifespan="off", log_config=None)
-        server = ReadyServer(config)
-        task = asyncio.create_task(server.serve())
-        try:
-            async with asyncio.timeout(BOUND):
-                await server.ready.wait()
-            yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-        finally:
-            server.should_exit = True
-            async with asyncio.timeout(BOUND):
-                await task
+        async with serve(asgi) as (url, _):
+            yield url
         return
     application = web.Application()
     tether_aiohttp.setup(application, app.registry)
