@@ -1,18 +1,12 @@
 """Installing tether in a Starlette (or FastAPI) app: :class:`TetherMiddleware`.
 
-Pure ASGI: around each HTTP request it opens a :class:`tether.RequestScope` and,
-once the request has work to abort, becomes the only reader of ``receive``
-(:class:`_ServerLink`), so that a disconnect is seen the moment the server reports
-it, whether or not the app read its body. Each request's scope is marked in its
-ASGI scope (:data:`SCOPE_KEY`), never judged by the context (uvicorn starts a
-pipelined request from inside the previous one's ``send()``).
-
-Departures from Starlette habits, on purpose: no ``BaseHTTPMiddleware`` (the app
-behind it never sees disconnects), no ``Request.is_disconnected()`` polling, and
-errors that escape the app before its response started are answered here, where
-the request id is echoed. During the lifespan the server's shutdown signals are
-chained to a drain (:class:`tether.http.DrainOnSignal`): uvicorn runs the lifespan
-shutdown only after every connection closed.
+Pure ASGI: per HTTP request a :class:`tether.RequestScope`, marked in the ASGI scope
+(:data:`SCOPE_KEY`; never judged by the context: uvicorn starts a pipelined request
+from inside the previous one's ``send()``), and, once the request has work to abort,
+the only reader of ``receive`` (:class:`_ServerLink`). Departures from Starlette
+habits, on purpose: no ``BaseHTTPMiddleware`` (the app behind it never sees
+disconnects), no ``Request.is_disconnected()`` polling, and errors that escape the
+app before its response started are answered here, where the request id is echoed.
 """
 
 from __future__ import annotations
@@ -27,37 +21,18 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tether
-from tether.http import (
-    FAREWELL_TIMEOUT,
-    REQUEST_ID_HEADER,
-    DrainOnSignal,
-    Head,
-    accept_request_id,
-    error_head,
-    server_ended,
-    stop_tasks,
-)
+from tether import http
 
-__all__ = [
-    "DRAIN_KEY",
-    "READ_AHEAD",
-    "REGISTRY_KEY",
-    "SCOPE_KEY",
-    "TetherMiddleware",
-    "get_registry",
-    "request_scope",
-]
+__all__ = ["DRAIN_KEY", "READ_AHEAD", "REGISTRY_KEY", "SCOPE_KEY", "TetherMiddleware"]
 
 REGISTRY_KEY: Final = "tether.registry"
 """The ASGI scope key of the middleware's registry, for handlers."""
 
 SCOPE_KEY: Final = "tether.scope"
-"""The ASGI scope key of the request's :class:`tether.RequestScope` (it marks a request
-that has one)."""
+"""The ASGI scope key of the request's :class:`tether.RequestScope`."""
 
 DRAIN_KEY: Final = "tether.drain"
-"""The lifespan scope key of the :class:`tether.http.DrainOnSignal` (it marks a
-lifespan whose signals are chained)."""
+"""The lifespan scope key of its :class:`tether.http.DrainOnSignal`, once chained."""
 
 READ_AHEAD: Final = 64 * 1024
 """Bytes of body the reader holds for an app that has not read them yet; past it the
@@ -74,18 +49,12 @@ _NOT_INSTALLED: Final = (
 
 
 def get_registry(request: HTTPConnection) -> tether.Registry:
-    """The registry given to :class:`TetherMiddleware`, for a handler.
-
-    :raises RuntimeError: the middleware is not installed.
-    """
+    """The registry given to :class:`TetherMiddleware` (``RuntimeError`` if none)."""
     return _installed(request, REGISTRY_KEY, tether.Registry)
 
 
 def request_scope(request: HTTPConnection) -> tether.RequestScope:
-    """The :class:`tether.RequestScope` the middleware opened for ``request``.
-
-    :raises RuntimeError: the middleware is not installed.
-    """
+    """The scope the middleware opened for ``request`` (``RuntimeError`` if none)."""
     return _installed(request, SCOPE_KEY, tether.RequestScope)
 
 
@@ -106,18 +75,18 @@ class TetherMiddleware:
     """Gives every HTTP request a :class:`tether.RequestScope` and client-disconnect
     detection: ``app.add_middleware(TetherMiddleware, registry=...)``.
 
-    Websockets pass straight through; the lifespan too, with the server's SIGINT and
-    SIGTERM handlers chained from its start-up to its shutdown, so that the server's
-    shutdown starts ``registry.close(drain_timeout=...)`` at once. Installed twice,
-    the inner one passes the request through: one scope, one reader.
+    Websockets pass through; the lifespan too, with the server's SIGINT and SIGTERM
+    handlers chained (:class:`tether.http.DrainOnSignal`: uvicorn runs the lifespan
+    shutdown only after every connection closed). Installed twice, the inner one
+    passes the request through: one scope, one reader.
 
     :param app: the ASGI app to wrap.
     :param registry: the app's registry; handlers find it with :func:`get_registry`.
     :param drain_timeout: seconds requests in flight get, once the server's shutdown
         signal arrived, before they are aborted; ``None`` leaves the server's signals
         alone (the registry is then closed by :func:`lifespan`, or by you).
-    :raises RuntimeError: (when called) the server does not run on asyncio, or the
-        middleware is installed twice with two registries.
+    :raises RuntimeError: (when called) not on asyncio, or installed twice with two
+        registries.
     """
 
     __slots__ = ("_on_asyncio", "app", "drain_timeout", "registry")
@@ -176,7 +145,9 @@ class TetherMiddleware:
         if self.drain_timeout is None or DRAIN_KEY in scope:
             await self.app(scope, receive, send)
             return
-        hook = scope[DRAIN_KEY] = DrainOnSignal(self.registry, drain_timeout=self.drain_timeout)
+        hook = scope[DRAIN_KEY] = http.DrainOnSignal(
+            self.registry, drain_timeout=self.drain_timeout
+        )
         try:
             await self.app(scope, hook.hooked(receive), send)
         finally:
@@ -188,21 +159,19 @@ class TetherMiddleware:
         except tether.TetherError as exc:
             if channel.started:
                 raise
-            await _whole(scope, channel, error_head(exc))
+            await _whole(channel, http.error_head(exc))
         except asyncio.CancelledError:
             # The server cancelled the handler (a shutdown whose grace period ran out)
             # while it waited for its answer: the client is still there and is told.
-            if not channel.started:
-                if channel.scope is not None:
-                    channel.scope.close()
-                await _whole(scope, channel, server_ended(), bounded=True)
+            if not channel.started and channel.scope is not None:
+                channel.scope.close()
+                await _whole(channel, http.server_ended())
             raise
         except Exception:
-            # Starlette's ServerErrorMiddleware answers outside this one, where the
-            # request id is not echoed: its plain 500 is sent from here instead (unless
-            # the app has a handler of its own for it), then the error goes on.
+            # Starlette's ServerErrorMiddleware answers outside this one, without the
+            # request id: its 500 goes from here (unless the app answers 500s itself).
             if not channel.started and not _handles_500(scope.get("app")):
-                await _whole(scope, channel, _INTERNAL_ERROR, bounded=True)
+                await _whole(channel, _INTERNAL_ERROR)
             raise
 
 
@@ -302,10 +271,8 @@ class _ServerLink:
 
     async def stop(self) -> None:
         """End the reader, if it started (the request is over)."""
-        reader = self._reader
-        if reader is None:
-            return
-        await stop_tasks((reader,))
+        if self._reader is not None:
+            await http.stop_tasks((self._reader,))
 
     async def receive(self) -> Message:
         """The app's ``receive``: body messages in order, then the disconnect, forever."""
@@ -367,14 +334,14 @@ class _ServerLink:
             raise
 
 
-_REQUEST_ID_NAME: Final = REQUEST_ID_HEADER.lower().encode("latin-1")
+_REQUEST_ID_NAME: Final = http.REQUEST_ID_HEADER.lower().encode("latin-1")
 
 
 def _request_id(scope: Scope) -> str | None:
     """The client's ``X-Request-Id`` (the first one), if it is an acceptable label."""
     for name, value in scope.get("headers", ()):
         if name == _REQUEST_ID_NAME:
-            return accept_request_id(value)
+            return http.accept_request_id(value)
     return None
 
 
@@ -385,7 +352,7 @@ def _with_request_id(message: Message, request_id: str) -> Message:
     return {**message, "headers": headers}
 
 
-_INTERNAL_ERROR: Final = Head(
+_INTERNAL_ERROR: Final = http.Head(
     500, {"content-type": "text/plain; charset=utf-8"}, b"Internal Server Error"
 )
 """Starlette's own answer to an error that escaped the app (ServerErrorMiddleware's)."""
@@ -397,14 +364,17 @@ def _handles_500(app: object) -> bool:
     return bool(getattr(app, "debug", False)) or 500 in handlers or Exception in handlers
 
 
-async def _whole(scope: Scope, channel: _ServerLink, head: Head, *, bounded: bool = False) -> None:
-    """Answer with ``head`` whole; ``bounded``: best effort, within ``FAREWELL_TIMEOUT``."""
-    answer = Response(head.body, head.status, headers=head.headers)
-    if not bounded:
-        await answer(scope, channel.receive, channel.send)
-        return
+async def _whole(channel: _ServerLink, head: http.Head) -> None:
+    """Answer with ``head``, best effort and within ``FAREWELL_TIMEOUT``."""
     try:
-        async with asyncio.timeout(FAREWELL_TIMEOUT):
-            await answer(scope, channel.receive, channel.send)
+        async with asyncio.timeout(http.FAREWELL_TIMEOUT):
+            await send_whole(channel.send, head)
     except Exception as exc:  # best effort: what goes on is the error or the cancellation
         logger.debug("the answer to a failed request was not sent: %r", exc)
+
+
+async def send_whole(send: Send, head: http.Head) -> None:
+    """Send ``head`` as a whole response."""
+    headers = Response(head.body, head.status, headers=head.headers).raw_headers
+    await send({"type": "http.response.start", "status": head.status, "headers": headers})
+    await send({"type": "http.response.body", "body": head.body})

@@ -1,12 +1,8 @@
-"""respond() and resume() for Starlette: tether's one write loop behind an ASGI response.
-
-Both verbs are :class:`tether.http.Responder`'s, every HTTP decision is
-:class:`tether.http.Exchange`'s; this module gives them Starlette's pieces: a whole
-answer is a plain ``Response``, a stream an :class:`ExchangeResponse` whose ``send``
-is the exchange's writer (a chunk, every output ready at once, per message). uvicorn
-cancels a write in its wait for flow control, before writing: a farewell sends the
-cut bytes again; a client that stopped reading is left to uvicorn, which closes the
-connection of a response that ends unfinished.
+"""respond() and resume() for Starlette: :class:`tether.http.Responder`'s, given
+Starlette's pieces: a whole answer is a ``Response``, a stream an
+:class:`ExchangeResponse` whose ``send`` is the exchange's writer. (uvicorn cancels a
+write in its wait for flow control, before writing: a farewell resends what was cut;
+it closes the connection of a response that ends unfinished, as a stall's does.)
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from tether.http import Exchange, Head, Responder
 
-from ._middleware import request_scope
+from ._middleware import request_scope, send_whole
 
 __all__ = ["ExchangeResponse", "respond", "resume"]
 
@@ -80,9 +76,7 @@ class ExchangeResponse(Response):
         return self._send({"type": "http.response.body", "body": chunk, "more_body": not last})
 
     async def answer(self, head: Head) -> None:
-        headers = Response(head.body, head.status, headers=head.headers).raw_headers
-        await self._send({"type": "http.response.start", "status": head.status, "headers": headers})
-        await self._send({"type": "http.response.body", "body": head.body})
+        await send_whole(self._send, head)
 
     def drop(self) -> None:
         """Nothing to do: uvicorn closes a connection whose response ends unfinished."""
