@@ -43,6 +43,7 @@ from redis.asyncio import Redis
 from tether_redis import RedisStore
 
 import tether
+import tether.resume
 from tether.http import Exchange
 
 from .report import rewrite_readme
@@ -138,7 +139,7 @@ async def _read(exchange: Exchange) -> int:
     return size
 
 
-async def _events(streams: int, outputs: int, resume: tether.Resume | None) -> float:
+async def _events(streams: int, outputs: int, resume: tether.resume.Resume | None) -> float:
     """Seconds to deliver and frame ``streams`` x ``outputs`` outputs (and, with
     ``resume``, to record them and close its store)."""
     registry = tether.Registry()
@@ -165,10 +166,10 @@ async def _events(streams: int, outputs: int, resume: tether.Resume | None) -> f
 async def event_cost(streams: int, outputs: int, rounds: int, redis: str) -> dict[str, list[float]]:
     """Microseconds per event: resumption off, on in process, on through Redis."""
     client = Redis.from_url(redis)
-    setups: dict[str, Callable[[], tether.Resume | None]] = {
+    setups: dict[str, Callable[[], tether.resume.Resume | None]] = {
         "off": lambda: None,
-        "memory": lambda: tether.Resume(max_events=outputs + 1),
-        "redis": lambda: tether.Resume(max_events=outputs + 1, store=RedisStore(client)),
+        "memory": lambda: tether.resume.Resume(max_events=outputs + 1),
+        "redis": lambda: tether.resume.Resume(max_events=outputs + 1, store=RedisStore(client)),
     }
     found: dict[str, list[float]] = {name: [] for name in setups}
     try:

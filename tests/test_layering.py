@@ -13,7 +13,7 @@ PACKAGE = pathlib.Path(tether.__file__).parent
 HTTP = {"http", "_exchange", "_framing", "_responses", "_guard", "_responder", "_drain"}
 """``tether.http``: one HTTP exchange and its one write loop, for adapter authors."""
 
-RESUME = {"_resume", "_channel", "_replay"}
+RESUME = {"resume", "_resume", "_channel", "_replay"}
 """Resumable streams, for store authors: above the core and the exchange."""
 
 
@@ -58,8 +58,32 @@ def test_no_module_of_the_core_imports_another_that_imports_it_back() -> None:
     assert not graph["_limits"] & {"_state", "_table", "_registry", "_consumer"}
 
 
-def test_the_core_imports_nothing_of_the_http_exchange() -> None:
+def _package(module: str) -> str:
+    return "http" if module in HTTP else "resume" if module in RESUME else "core"
+
+
+ALLOWED = {"core": {"core"}, "http": {"core", "http"}, "resume": {"core", "http", "resume"}}
+"""Three audiences, three namespaces, depending down: the core (``tether``), the HTTP
+exchange on it (``tether.http``), resumable streams on both (``tether.resume``)."""
+
+
+def test_each_namespace_imports_only_the_ones_below_it() -> None:
     graph = _graph()
-    core = set(graph) - HTTP - RESUME - {"__init__"}
-    assert {name: graph[name] & HTTP for name in core if graph[name] & HTTP} == {}
-    assert not graph["__init__"] & HTTP  # the top level imports no http module
+    wrong = {
+        f"{name} -> {imported}"
+        for name, imports in graph.items()
+        if name != "__init__"
+        for imported in imports
+        if _package(imported) not in ALLOWED[_package(name)]
+    }
+    assert wrong == set()
+    # the top level imports neither tether.http nor tether.resume
+    assert {_package(name) for name in graph["__init__"]} <= {"core"}
+    assert {"http", "resume"} & graph["__init__"] == set()
+
+
+def test_the_namespaces_hold_what_they_say() -> None:
+    modules = set(_graph())
+    assert modules >= HTTP | RESUME
+    assert _package("http") == "http"
+    assert _package("resume") == "resume"

@@ -1,5 +1,6 @@
 """The public namespaces: ``tether`` for application authors, ``tether.http`` for adapter
-authors, each adapter the same verbs; sorted ``__all__`` lists, pinned; no framework."""
+authors, ``tether.resume`` for store authors, each adapter the same verbs (and the same
+signatures); sorted ``__all__`` lists, pinned; no framework."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import types
 
 import tether
 import tether.http
+import tether.resume
 import tether_aiohttp
 import tether_starlette
 
@@ -70,7 +72,7 @@ def test_every_error_derives_from_tether_error() -> None:
 
 def test_importing_tether_loads_no_web_framework() -> None:
     probe = (
-        "import sys, tether, tether.http; "
+        "import sys, tether, tether.http, tether.resume; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('starlette', 'aiohttp')))"
     )
     out = subprocess.run(
@@ -88,8 +90,6 @@ APPLICATION = {
     "InvalidRequest",
     "InvalidRequestId",
     "MAX_RID_LENGTH",
-    "MemoryStore",
-    "Resume",
     "Observer",
     "Outcome",
     "RegistryStats",
@@ -109,26 +109,33 @@ ADAPTER_AUTHORS = {
     "Direct",
     "DrainOnSignal",
     "Framework",
+    "Numbered",
+    "Resumable",
     "Responder",
     "Writer",
     "error_head",
     "lifespan",
     "server_ended",
-    "Channel",
-    "Follower",
     "Head",
-    "Keeper",
-    "NOT_RESUMABLE",
-    "RESUME_UNAVAILABLE",
-    "ResumePoint",
-    "TOKEN_HEADER",
     "accept_request_id",
     "current_scope",
     "error_body",
     "error_response",
+    "stop_tasks",
+}
+
+STORE_AUTHORS = {
+    "Channel",
+    "Follower",
+    "Keeper",
+    "MemoryStore",
+    "NOT_RESUMABLE",
+    "RESUME_UNAVAILABLE",
+    "Resume",
+    "ResumePoint",
+    "TOKEN_HEADER",
     "new_token",
     "resume_point",
-    "stop_tasks",
 }
 
 
@@ -137,6 +144,7 @@ def test_star_import_gives_application_authors_names_only() -> None:
     exec("from tether import *", namespace)
     assert set(namespace) - {"__builtins__"} == APPLICATION
     assert not APPLICATION & ADAPTER_AUTHORS
+    assert not APPLICATION & STORE_AUTHORS
 
 
 def test_adapter_authors_find_their_names_in_tether_http() -> None:
@@ -144,6 +152,16 @@ def test_adapter_authors_find_their_names_in_tether_http() -> None:
     assert set(tether.http.__all__) == ADAPTER_AUTHORS
     for name in tether.http.__all__:
         assert getattr(tether.http, name) is not None
+
+
+def test_store_authors_find_their_names_in_tether_resume() -> None:
+    assert tether.resume.__all__ == sorted(tether.resume.__all__, key=_isort_key)
+    assert set(tether.resume.__all__) == STORE_AUTHORS
+    assert not STORE_AUTHORS & ADAPTER_AUTHORS
+    for name in tether.resume.__all__:
+        value = getattr(tether.resume, name)
+        if callable(value):
+            assert value.__doc__, f"tether.resume.{name} has no docstring"
 
 
 def test_both_adapters_export_the_same_verbs_and_their_own_install_call() -> None:

@@ -16,6 +16,7 @@ writes in; they keep no loop, no framing and no error mapping of their own.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import copy
 import logging
@@ -23,17 +24,23 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
 from ._batch import Batch
-from ._channel import Follower
 from ._encoders import SSE, Encoder, default_dumps
 from ._errors import NOBODY_READS, Aborted, AbortReason, TetherError
 from ._framing import Framer, jsonable
 from ._guard import SendGuard
-from ._responses import DEFAULT_SEND_TIMEOUT, JSON_HEADERS, Head, error_response
-from ._resume import TOKEN_HEADER
+from ._responses import DEFAULT_SEND_TIMEOUT, JSON_HEADERS, TOKEN_HEADER, Head, error_response
 from ._scope import RequestScope
 from ._stream import Stream
 
-__all__ = ["FAREWELL_TIMEOUT", "Direct", "Exchange", "Writer", "error_head", "server_ended"]
+__all__ = [
+    "FAREWELL_TIMEOUT",
+    "Direct",
+    "Exchange",
+    "Numbered",
+    "Writer",
+    "error_head",
+    "server_ended",
+]
 
 logger = logging.getLogger("tether")
 
@@ -60,6 +67,67 @@ def server_ended(rid: str = "-") -> Head:
     """The whole answer to a request whose handler the server cancelled before its
     status line went out (a shutdown whose grace period ran out): a JSON 503."""
     return error_head(_ended_by_server(rid))
+
+
+class Numbered(abc.ABC):
+    """A source whose outputs come as ``(event id, output)`` pairs: a resumable stream's
+    follower (:class:`tether.resume.Follower`). The exchange streams it with event ids,
+    names its error event ``error`` and sends its token (:data:`TOKEN_HEADER`).
+
+    Its ``cancel`` aborts the request, as a stream's does; :meth:`detach` is how its
+    client leaves without ending it (the stream is parked for a reconnect).
+    """
+
+    __slots__ = ()
+
+    @property
+    @abc.abstractmethod
+    def rid(self) -> str:
+        """The request id of the stream followed."""
+
+    @property
+    @abc.abstractmethod
+    def token(self) -> str:
+        """The stream's resume token."""
+
+    @property
+    @abc.abstractmethod
+    def finished(self) -> bool:
+        """Whether this client is done with the stream (nothing for a scope to end)."""
+
+    @property
+    @abc.abstractmethod
+    def exhausted(self) -> bool:
+        """Whether everything was handed out and the stream ended cleanly."""
+
+    @abc.abstractmethod
+    def ready(self) -> list[Any] | None:
+        """Every event ready now; ``[]`` if none yet; ``None`` at the end."""
+
+    @abc.abstractmethod
+    async def wait_ready(self, *, timeout: float | None = None) -> None:
+        """Wait until an event or the end is ready, or ``timeout`` passed."""
+
+    @abc.abstractmethod
+    async def next_ready(self, *, timeout: float | None = None) -> list[Any] | None:
+        """:meth:`ready`, waiting (up to ``timeout``: then ``[]``) for one if none is."""
+
+    @abc.abstractmethod
+    async def result(self) -> Any:
+        """A resumable stream is only streamed: :class:`TypeError`."""
+
+    @abc.abstractmethod
+    def cancel(self, reason: AbortReason = AbortReason.CANCELLED) -> bool:
+        """Abort the request followed; whether it was live."""
+
+    @abc.abstractmethod
+    def detach(self, reason: AbortReason = AbortReason.CLIENT_DISCONNECTED) -> bool:
+        """This client leaves (the stream is parked); a reason outside
+        :data:`~tether.NOBODY_READS` aborts instead. Whether a request was aborted."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Detach this client (idempotent)."""
 
 
 class Direct(Protocol):
@@ -136,7 +204,7 @@ class Exchange:
 
     def __init__(
         self,
-        source: Stream | Batch | Follower,
+        source: Stream | Batch | Numbered,
         *,
         streaming: bool,
         encoder: Encoder | type[Encoder] | None = None,
@@ -145,13 +213,13 @@ class Exchange:
         transform: Callable[[Any], Any] | None = None,
         scope: RequestScope | None = None,
     ) -> None:
-        if not isinstance(source, Stream | Batch | Follower):
+        if not isinstance(source, Stream | Batch | Numbered):
             raise TypeError(f"expected a tether Stream or Batch, got {type(source).__name__}")
         if encoder is None:
             encoder = _SSE
         elif isinstance(encoder, type):
             encoder = encoder()
-        numbered = isinstance(source, Follower)
+        numbered = isinstance(source, Numbered)
         bad = None
         if numbered and not (streaming and encoder.has_event_ids):
             bad = "a resumable stream is streamed with event ids: streaming=True and SSE"
@@ -161,7 +229,7 @@ class Exchange:
             bad = f"send_timeout must be positive or None, got {send_timeout}"
         if bad is not None:
             # the exchange owned the source all the same: nothing is left open
-            (source.abort if isinstance(source, Follower) else source.cancel)()
+            source.cancel()
             raise ValueError(bad)
         if transform is not None:
             encoder = _shaped(encoder, transform, streaming=streaming)
@@ -266,7 +334,7 @@ class Exchange:
             media_type += "; charset=utf-8"  # (tether's frames are UTF-8, always)
         headers = {"content-type": media_type, **{k.lower(): v for k, v in encoder.headers.items()}}
         source = self.source
-        if isinstance(source, Follower):
+        if isinstance(source, Numbered):
             headers[TOKEN_HEADER] = source.token
         return headers
 
@@ -412,7 +480,16 @@ class Exchange:
         if self.scope is not None:
             self.scope.disconnect()
         else:
-            self.source.cancel(AbortReason.CLIENT_DISCONNECTED)
+            self._leave(AbortReason.CLIENT_DISCONNECTED)
+
+    def _leave(self, reason: AbortReason) -> None:
+        """Nobody reads this response any more: its work is aborted (a resumable
+        stream's follower only detaches: the stream is parked for a reconnect)."""
+        source = self.source
+        if isinstance(source, Numbered):
+            source.detach(reason)
+        else:
+            source.cancel(reason)
 
     async def _parked(self, stream: Stream) -> bytes | None:
         """Wait while the producer's step writes what it delivers (:meth:`_sink`): what
@@ -468,7 +545,7 @@ class Exchange:
         answer if nothing was started, else one error event and the terminal frame."""
         self._done = True
         source = self.source
-        source.cancel(AbortReason.CANCELLED)
+        self._leave(AbortReason.CANCELLED)
         try:
             async with asyncio.timeout(FAREWELL_TIMEOUT):
                 if not started:

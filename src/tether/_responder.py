@@ -12,20 +12,31 @@ from collections.abc import Callable, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
 from ._batch import Batch
-from ._channel import Follower
 from ._encoders import Encoder, default_dumps
-from ._exchange import Exchange
-from ._responses import DEFAULT_SEND_TIMEOUT, JSON_HEADERS, Head
-from ._resume import Resume
+from ._exchange import Exchange, Numbered
+from ._responses import DEFAULT_SEND_TIMEOUT, JSON_HEADERS, ErrorResponse, Head
 from ._scope import RequestScope
 from ._stream import Stream
 
-__all__ = ["Framework", "Responder"]
+__all__ = ["Framework", "Responder", "Resumable"]
 
 RequestT = TypeVar("RequestT", contravariant=True)
 ResponseT = TypeVar("ResponseT", covariant=True)
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
+
+
+class Resumable(Protocol):
+    """What ``respond(..., resume=)`` and ``resume()`` need: a
+    :class:`tether.resume.Resume`."""
+
+    async def open(self, stream: Any) -> Numbered:  # (Any: a store decides what it takes)
+        """Make ``stream`` resumable: the follower that answers its first request."""
+
+    async def reconnect(
+        self, headers: Mapping[str, str], query: Mapping[str, str]
+    ) -> Numbered | ErrorResponse | None:
+        """The follower of a reconnect, the answer that refuses it, or ``None``."""
 
 
 class Framework(Protocol[RequestT, ResponseT]):
@@ -61,14 +72,14 @@ class Responder(Generic[Req, Resp]):
     async def respond(
         self,
         request: Req,
-        source: Stream | Batch | Follower,
+        source: Stream | Batch | Numbered,
         *,
         streaming: bool,
         encoder: Encoder | type[Encoder] | None = None,
         ping_interval: float = 15.0,
         headers: Mapping[str, str] | None = None,
         send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
-        resume: Resume | None = None,
+        resume: Resumable | None = None,
         transform: Callable[[Any], Any] | None = None,
     ) -> Resp:
         """Answer ``request`` from ``source`` and close ``source`` when the response ends.
@@ -141,7 +152,7 @@ class Responder(Generic[Req, Resp]):
     async def resume(
         self,
         request: Req,
-        resume: Resume,
+        resume: Resumable,
         *,
         encoder: Encoder | type[Encoder] | None = None,
         ping_interval: float = 15.0,
@@ -149,7 +160,7 @@ class Responder(Generic[Req, Resp]):
         send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
     ) -> Resp | None:
         """Answer a reconnect to a resumable stream (``Last-Event-ID`` or the resume
-        token, see :meth:`tether.Resume.reconnect`), or ``None`` if ``request`` is none.
+        token, see :meth:`tether.resume.Resume.reconnect`), or ``None`` if ``request`` is none.
         Call it first in a handler that answers with ``respond(..., resume=resume)``.
 
         :returns: the response (a 404 for a stream that is not resumable), or ``None``.
@@ -160,7 +171,7 @@ class Responder(Generic[Req, Resp]):
         found = await resume.reconnect(*framework.resume_point(request))
         if found is None:
             return None
-        if not isinstance(found, Follower):
+        if not isinstance(found, Numbered):
             body = default_dumps(found.body)
             return framework.whole(Head(found.status, {**JSON_HEADERS, **found.headers}, body))
         return await self.respond(

@@ -36,6 +36,7 @@ __all__ = [
     "CLIENT_CLOSED_REQUEST",
     "DEFAULT_SEND_TIMEOUT",
     "JSON_HEADERS",
+    "TOKEN_HEADER",
     "ErrorResponse",
     "Head",
     "error_body",
@@ -51,6 +52,10 @@ DEFAULT_SEND_TIMEOUT: Final = 30.0
 """Seconds one write may wait for a client that stopped reading (see :class:`Exchange`)."""
 
 JSON_HEADERS: Final = {"content-type": "application/json"}
+
+TOKEN_HEADER: Final = "tether-resume-token"
+"""The response header that carries a resumable stream's token (and the request
+header a reconnect may carry it in)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -25,11 +25,17 @@ and headers); a handler the server cancelled before it answered gets
 
 from __future__ import annotations
 
-from ._channel import Channel, Follower, Keeper
 from ._drain import DrainOnSignal, lifespan
-from ._exchange import FAREWELL_TIMEOUT, Direct, Exchange, Writer, error_head, server_ended
-from ._replay import new_token
-from ._responder import Framework, Responder
+from ._exchange import (
+    FAREWELL_TIMEOUT,
+    Direct,
+    Exchange,
+    Numbered,
+    Writer,
+    error_head,
+    server_ended,
+)
+from ._responder import Framework, Responder, Resumable
 from ._responses import (
     CLIENT_CLOSED_REQUEST,
     DEFAULT_SEND_TIMEOUT,
@@ -37,13 +43,6 @@ from ._responses import (
     Head,
     error_body,
     error_response,
-)
-from ._resume import (
-    NOT_RESUMABLE,
-    RESUME_UNAVAILABLE,
-    TOKEN_HEADER,
-    ResumePoint,
-    resume_point,
 )
 from ._scope import MAX_REQUEST_ID_LENGTH, REQUEST_ID_HEADER, accept_request_id, current_scope
 from ._tasks import stop_tasks
@@ -53,21 +52,16 @@ __all__ = [
     "DEFAULT_SEND_TIMEOUT",
     "FAREWELL_TIMEOUT",
     "MAX_REQUEST_ID_LENGTH",
-    "NOT_RESUMABLE",
     "REQUEST_ID_HEADER",
-    "RESUME_UNAVAILABLE",
-    "TOKEN_HEADER",
-    "Channel",
     "Direct",
     "DrainOnSignal",
     "ErrorResponse",
     "Exchange",
-    "Follower",
     "Framework",
     "Head",
-    "Keeper",
+    "Numbered",
     "Responder",
-    "ResumePoint",
+    "Resumable",
     "Writer",
     "accept_request_id",
     "current_scope",
@@ -75,8 +69,6 @@ __all__ = [
     "error_head",
     "error_response",
     "lifespan",
-    "new_token",
-    "resume_point",
     "server_ended",
     "stop_tasks",
 ]

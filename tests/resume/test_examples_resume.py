@@ -25,7 +25,7 @@ from engine import expected_text  # noqa: E402
 from launch import launched  # noqa: E402
 
 from tests.e2e.harness import SERVERS, running, service  # noqa: E402
-from tether.http import TOKEN_HEADER  # noqa: E402
+from tether.resume import TOKEN_HEADER  # noqa: E402
 
 from .conftest import BOUND, Reader, client  # noqa: E402
 

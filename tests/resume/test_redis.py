@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tether.http import TOKEN_HEADER
+from tether.resume import TOKEN_HEADER
 
 from .conftest import BOUND, Reader, client, connect
 
