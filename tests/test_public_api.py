@@ -103,6 +103,7 @@ ADAPTER_AUTHORS = {
     "DEFAULT_SEND_TIMEOUT",
     "FAREWELL_TIMEOUT",
     "MAX_REQUEST_ID_LENGTH",
+    "NOBODY_READS",
     "REQUEST_ID_HEADER",
     "ErrorResponse",
     "Exchange",

@@ -26,6 +26,7 @@ and headers); a handler the server cancelled before it answered gets
 from __future__ import annotations
 
 from ._drain import DrainOnSignal, lifespan
+from ._errors import NOBODY_READS
 from ._exchange import (
     FAREWELL_TIMEOUT,
     Direct,
@@ -52,6 +53,7 @@ __all__ = [
     "DEFAULT_SEND_TIMEOUT",
     "FAREWELL_TIMEOUT",
     "MAX_REQUEST_ID_LENGTH",
+    "NOBODY_READS",
     "REQUEST_ID_HEADER",
     "Direct",
     "DrainOnSignal",
