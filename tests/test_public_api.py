@@ -5,6 +5,8 @@ signatures); sorted ``__all__`` lists, pinned; no framework."""
 from __future__ import annotations
 
 import inspect
+import pathlib
+import re
 import subprocess
 import sys
 import types
@@ -204,3 +206,15 @@ def test_an_exchange_offers_adapters_a_handful_of_methods() -> None:
     }
     assert methods == EXCHANGE_METHODS
     assert len(methods) <= 8
+
+
+def test_both_adapters_drive_an_exchange_through_the_same_methods() -> None:
+    """Every adapter moves bytes the one way: the responder starts the exchange, the
+    adapter's response hands ``run`` its writer; nothing else of the exchange."""
+    used = {}
+    for adapter in (tether_starlette, tether_aiohttp):
+        folder = pathlib.Path(adapter.__file__).parent
+        text = "".join(path.read_text() for path in folder.glob("_*.py"))
+        used[adapter.__name__] = set(re.findall(r"\bexchange\.(\w+)", text))
+    methods = {name: found - {"done"} for name, found in used.items()}  # (done: a property)
+    assert methods["tether_starlette"] == methods["tether_aiohttp"] == {"run"}

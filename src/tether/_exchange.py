@@ -244,8 +244,8 @@ class Exchange:
         self._numbered = numbered
         # (a one-shot JSON answer writes once: no send timeout's guard unless asked for)
         self._guard: SendGuard | None = SendGuard(send_timeout) if streaming else None
-        inline = isinstance(source, Batch) and source.keep_going
         batch = isinstance(source, Batch)
+        inline = isinstance(source, Batch) and source.keep_going  # (errors stand inline)
         self._framer = Framer(encoder, indexed=batch, errors_inline=inline, numbered=numbered)
         self._done = False
         self._direct: Direct | None = None
