@@ -1,12 +1,12 @@
 """Installing tether in a Starlette (or FastAPI) app: :class:`TetherMiddleware`.
 
-Pure ASGI: per HTTP request a :class:`tether.RequestScope`, marked in the ASGI scope
-(:data:`SCOPE_KEY`; never judged by the context: uvicorn starts a pipelined request
-from inside the previous one's ``send()``), and, once the request has work to abort,
-the only reader of ``receive`` (:class:`_ServerLink`). Departures from Starlette
-habits, on purpose: no ``BaseHTTPMiddleware`` (the app behind it never sees
-disconnects), no ``Request.is_disconnected()`` polling, and errors that escape the
-app before its response started are answered here, where the request id is echoed.
+Pure ASGI, on purpose: no ``BaseHTTPMiddleware`` (the app behind it never sees
+disconnects) and no ``Request.is_disconnected()`` polling. Per HTTP request a
+:class:`tether.RequestScope`, marked in the ASGI scope (:data:`SCOPE_KEY`, never
+judged by the context: uvicorn starts a pipelined request from inside the previous
+one's ``send()``), the only reader of ``receive`` once the request has work to abort
+(:class:`_ServerLink`), and, for errors that escape the app before its response
+started, an answer sent here, where the request id is echoed.
 """
 
 from __future__ import annotations
@@ -35,8 +35,7 @@ DRAIN_KEY: Final = "tether.drain"
 """The lifespan scope key of its :class:`tether.http.DrainOnSignal`, once chained."""
 
 READ_AHEAD: Final = 64 * 1024
-"""Bytes of body the reader holds for an app that has not read them yet; past it the
-server's flow control holds the rest back (uvicorn buffers as much)."""
+"""Bytes of body read ahead for the app; past it the server's flow control holds on."""
 
 logger = logging.getLogger("tether.starlette")
 
@@ -76,17 +75,15 @@ class TetherMiddleware:
     detection: ``app.add_middleware(TetherMiddleware, registry=...)``.
 
     Websockets pass through; the lifespan too, with the server's SIGINT and SIGTERM
-    handlers chained (:class:`tether.http.DrainOnSignal`: uvicorn runs the lifespan
-    shutdown only after every connection closed). Installed twice, the inner one
-    passes the request through: one scope, one reader.
+    handlers chained to a drain (:class:`tether.http.DrainOnSignal`). Installed twice,
+    the inner one passes the request through: one scope, one reader.
 
     :param app: the ASGI app to wrap.
     :param registry: the app's registry; handlers find it with :func:`get_registry`.
     :param drain_timeout: seconds requests in flight get, once the server's shutdown
         signal arrived, before they are aborted; ``None`` leaves the server's signals
         alone (the registry is then closed by :func:`lifespan`, or by you).
-    :raises RuntimeError: (when called) not on asyncio, or installed twice with two
-        registries.
+    :raises RuntimeError: (when called) not on asyncio; installed twice, two registries.
     """
 
     __slots__ = ("_on_asyncio", "app", "drain_timeout", "registry")
@@ -111,10 +108,13 @@ class TetherMiddleware:
                 ) from None
             self._on_asyncio = True
         # Not the current scope: the task may have inherited a finished request's.
-        if scope["type"] == "lifespan":
-            await self._lifespan(scope, receive, send)
+        kind, drain = scope["type"], self.drain_timeout
+        if kind == "lifespan" and drain is not None and DRAIN_KEY not in scope:
+            # (once, if installed twice) the server's shutdown signal starts the drain
+            hook = scope[DRAIN_KEY] = http.DrainOnSignal(self.registry, drain_timeout=drain)
+            await hook.around(self.app, scope, receive, send)
             return
-        if scope["type"] != "http":
+        if kind != "http":
             await self.app(scope, receive, send)
             return
         if SCOPE_KEY in scope:  # installed twice: the outer copy serves this request
@@ -141,47 +141,32 @@ class TetherMiddleware:
             finally:
                 await channel.stop()
 
-    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.drain_timeout is None or DRAIN_KEY in scope:
-            await self.app(scope, receive, send)
-            return
-        hook = scope[DRAIN_KEY] = http.DrainOnSignal(
-            self.registry, drain_timeout=self.drain_timeout
-        )
-        try:
-            await self.app(scope, hook.hooked(receive), send)
-        finally:
-            await hook.aclose()
-
     async def _answer(self, scope: Scope, channel: _ServerLink) -> None:
         try:
             await self.app(scope, channel.receive, channel.send)
         except tether.TetherError as exc:
             if channel.started:
                 raise
-            await _whole(channel, http.error_head(exc))
+            await send_whole(channel.send, http.error_head(exc))
         except asyncio.CancelledError:
             # The server cancelled the handler (a shutdown whose grace period ran out)
             # while it waited for its answer: the client is still there and is told.
             if not channel.started and channel.scope is not None:
                 channel.scope.close()
-                await _whole(channel, http.server_ended())
+                await send_whole(channel.send, http.server_ended())
             raise
         except Exception:
             # Starlette's ServerErrorMiddleware answers outside this one, without the
             # request id: its 500 goes from here (unless the app answers 500s itself).
             if not channel.started and not _handles_500(scope.get("app")):
-                await _whole(channel, _INTERNAL_ERROR)
+                await send_whole(channel.send, _INTERNAL_ERROR)
             raise
 
 
 class _ServerLink:
-    """One request's link to the server: the watcher of ``send`` (did the response
-    start, complete?) and, once the scope adopts its first stream, the only reader of
-    ``receive``: an owned task keeps up to :data:`READ_AHEAD` bytes of body for the
-    app, in order, and sees the ``http.disconnect`` the moment the server reports it.
-    Before that the app's ``receive`` goes to the server: a health check costs no task.
-    """
+    """One request's link to the server: it watches ``send``, and once the scope adopts
+    a stream an owned task reads ``receive`` ahead (:data:`READ_AHEAD`), to see the
+    disconnect at once; a request with nothing to abort (a health check) costs none."""
 
     __slots__ = (
         "_arrived",
@@ -364,17 +349,12 @@ def _handles_500(app: object) -> bool:
     return bool(getattr(app, "debug", False)) or 500 in handlers or Exception in handlers
 
 
-async def _whole(channel: _ServerLink, head: http.Head) -> None:
-    """Answer with ``head``, best effort and within ``FAREWELL_TIMEOUT``."""
+async def send_whole(send: Send, head: http.Head) -> None:
+    """Send ``head`` as a whole response, best effort, within ``FAREWELL_TIMEOUT``."""
+    headers = Response(head.body, head.status, headers=head.headers).raw_headers
     try:
         async with asyncio.timeout(http.FAREWELL_TIMEOUT):
-            await send_whole(channel.send, head)
+            await send({"type": "http.response.start", "status": head.status, "headers": headers})
+            await send({"type": "http.response.body", "body": head.body})
     except Exception as exc:  # best effort: what goes on is the error or the cancellation
         logger.debug("the answer to a failed request was not sent: %r", exc)
-
-
-async def send_whole(send: Send, head: http.Head) -> None:
-    """Send ``head`` as a whole response."""
-    headers = Response(head.body, head.status, headers=head.headers).raw_headers
-    await send({"type": "http.response.start", "status": head.status, "headers": headers})
-    await send({"type": "http.response.body", "body": head.body})

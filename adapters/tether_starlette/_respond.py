@@ -1,8 +1,7 @@
-"""respond() and resume() for Starlette: :class:`tether.http.Responder`'s, given
-Starlette's pieces: a whole answer is a ``Response``, a stream an
-:class:`ExchangeResponse` whose ``send`` is the exchange's writer. (uvicorn cancels a
-write in its wait for flow control, before writing: a farewell resends what was cut;
-it closes the connection of a response that ends unfinished, as a stall's does.)
+"""respond() and resume() for Starlette: :class:`tether.http.Responder`'s, given a
+``Response`` for a whole answer and, for a stream, an :class:`ExchangeResponse`
+whose ``send`` is the exchange's writer (uvicorn writes nothing of a write cut by
+cancellation, and closes the connection of a response that ends unfinished).
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from collections.abc import Awaitable, Mapping
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from tether.http import Exchange, Head, Responder
 
@@ -47,9 +46,8 @@ resume = _RESPONDER.resume
 
 
 class ExchangeResponse(Response):
-    """A streaming response that sends what a started :class:`tether.http.Exchange`
-    gives (``head``: what its ``start()`` returned); the response owns the exchange,
-    and its ``send``, once called, is the exchange's writer."""
+    """A streaming response that owns a started :class:`tether.http.Exchange` (``head``:
+    what its ``start()`` returned) and writes it through the server's ``send``."""
 
     lost_when_cut = True
 
@@ -58,8 +56,10 @@ class ExchangeResponse(Response):
         self.status_code = head.status
         self.background = None
         self._first = head.body
-        self._send: Send = _not_called
+        self._send: Send  # (the server's, once it calls the response)
         self.init_headers(head.headers)
+        self._start = {"type": "http.response.start", "status": head.status}
+        self._start["headers"] = self.raw_headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._send = send
@@ -68,9 +68,7 @@ class ExchangeResponse(Response):
     # The writer of Exchange.run: an ASGI send.
 
     def start(self) -> Awaitable[None]:
-        return self._send(
-            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-        )
+        return self._send(self._start)
 
     def write(self, chunk: bytes, last: bool) -> Awaitable[None]:
         return self._send({"type": "http.response.body", "body": chunk, "more_body": not last})
@@ -83,7 +81,3 @@ class ExchangeResponse(Response):
 
     def direct(self) -> None:
         return None
-
-
-async def _not_called(message: Message) -> None:
-    raise RuntimeError("an ExchangeResponse writes once the server calls it")

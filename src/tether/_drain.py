@@ -152,6 +152,14 @@ class DrainOnSignal:
             if task is not None:
                 await task
 
+    async def around(self, app: Any, scope: Any, receive: Receive, send: Any) -> None:
+        """Run the ASGI ``app``'s lifespan with the chain in place from its start-up to
+        its shutdown (:meth:`hooked`), undone however it ends."""
+        try:
+            await app(scope, self.hooked(receive), send)
+        finally:
+            await self.aclose()
+
     def hooked(self, receive: Receive) -> Receive:
         """An ASGI lifespan's ``receive`` that installs the chain at start-up and undoes
         it (awaiting the drain) at shutdown, before the app's own shutdown runs: its
