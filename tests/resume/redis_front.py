@@ -33,7 +33,7 @@ import tether
 import tether.resume
 import tether_aiohttp
 import tether_starlette
-from tests.ready_server import ReadyServer
+from tests._support.ready_server import ReadyServer
 from tether.resume import TOKEN_HEADER
 
 PING = 0.05
