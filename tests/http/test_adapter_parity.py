@@ -7,20 +7,15 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from types import ModuleType
 from typing import Any, Final
 
 import httpx
 import pytest
-from aiohttp import web
-from starlette.applications import Starlette
-from starlette.middleware import Middleware
-from starlette.requests import Request
-from starlette.routing import Route
 
 import tether
-import tether_aiohttp
 import tether_starlette
-from tests.starlette.conftest import serve
+from tests._support.servers import serving
 from tether.http import REQUEST_ID_HEADER
 
 BOUND: Final = 10.0
@@ -85,37 +80,14 @@ NAMES: Final = (
 @contextlib.asynccontextmanager
 async def served(adapter: str, app: App) -> AsyncIterator[str]:
     """``app`` on a real server of ``adapter`` on 127.0.0.1; yields its base URL."""
-    if adapter == "starlette":
 
-        def route(name: str) -> Route:
-            async def endpoint(request: Request) -> Any:
-                return await app.handle(name, tether_starlette.respond, request)
+    async def endpoint(module: ModuleType, request: Any) -> Any:
+        starlette = module is tether_starlette
+        name = request.path_params["name"] if starlette else request.match_info["name"]
+        return await app.handle(name, module.respond, request)
 
-            return Route(f"/{name}", endpoint)
-
-        asgi = Starlette(
-            routes=[route(name) for name in NAMES],
-            middleware=[Middleware(tether_starlette.TetherMiddleware, registry=app.registry)],
-        )
-        async with serve(asgi) as (url, _):
-            yield url
-        return
-    application = web.Application()
-    tether_aiohttp.setup(application, app.registry)
-    for name in NAMES:
-
-        async def handler(request: web.Request, name: str = name) -> Any:
-            return await app.handle(name, tether_aiohttp.respond, request)
-
-        application.router.add_get(f"/{name}", handler)
-    runner = web.AppRunner(application)  # the default: no handler cancellation
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serving(adapter, app.registry, "GET", "/{name}", endpoint) as url:
+        yield url
 
 
 def _seen(response: httpx.Response) -> dict[str, Any]:
@@ -151,7 +123,7 @@ ERROR_500: Final = {
     "code": 500,
 }
 
-CASES: Final = {
+CASES: Final[dict[str, tuple[str, dict[str, str], dict[str, Any]]]] = {
     "raising-handler": ("/raises", {REQUEST_ID_HEADER: "job-7"}, {"status": 500}),
     "request-id-too-long": (
         "/json",

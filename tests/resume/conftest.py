@@ -85,7 +85,9 @@ class Site:
         await eventually(lambda: self.registry.in_flight == 0 and len(self.store) == 0)
 
 
-def _starlette_app(site_registry: tether.Registry, resume: tether.resume.Resume, books: Books) -> Any:
+def _starlette_app(
+    site_registry: tether.Registry, resume: tether.resume.Resume, books: Books
+) -> Any:
     async def gen(request: Request) -> Response:
         resumed = await tether_starlette.resume(request, resume, ping_interval=PING)
         if resumed is not None:
