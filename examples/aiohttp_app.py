@@ -35,6 +35,7 @@ from aiohttp import web
 
 import tether
 import tether.http
+import tether.resume
 import tether_aiohttp
 from tether_aiohttp import respond, resume
 
@@ -139,7 +140,7 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def stop(request: web.Request) -> web.Response:
-    refusal = await request.app[SERVICE].stop(request.headers.get(tether.http.TOKEN_HEADER, ""))
+    refusal = await request.app[SERVICE].stop(request.headers.get(tether.resume.TOKEN_HEADER, ""))
     return web.Response(status=204) if refusal is None else refuse_with(refusal)
 
 

@@ -47,6 +47,7 @@ from starlette.requests import ClientDisconnect
 
 import tether
 import tether.http
+import tether.resume
 from tether.http import ErrorResponse
 from tether_starlette import TetherMiddleware, lifespan, respond, resume
 from tether_starlette.fastapi import RegistryDep, add_exception_handlers, event_stream
@@ -183,7 +184,7 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> FastAPI:
 
     @app.post("/generate/stop", status_code=204)
     async def stop(request: Request) -> Response:
-        refusal = await service.stop(request.headers.get(tether.http.TOKEN_HEADER, ""))
+        refusal = await service.stop(request.headers.get(tether.resume.TOKEN_HEADER, ""))
         return Response(status_code=204) if refusal is None else refuse_with(refusal)
 
     async def openai(request: Request, parse: Callable[[bytes], openai_api.Call]) -> Response:

@@ -48,7 +48,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 import tether
-from tether.http import ErrorResponse, error_response
+from tether.http import NOBODY_READS, ErrorResponse, error_response
 
 from ._errors import http_exception_handler, json_errors
 from ._middleware import get_registry
@@ -264,8 +264,7 @@ async def events(source: tether.Stream | tether.Batch, *, done: bool = True) -> 
                 async for output in source:
                     yield output
         except tether.TetherError as exc:
-            gone = tether.AbortReason.CLIENT_DISCONNECTED
-            if isinstance(exc, tether.Aborted) and exc.reason is gone:
+            if isinstance(exc, tether.Aborted) and exc.reason in NOBODY_READS:
                 return  # nobody to tell
             yield ServerSentEvent(data=error_response(exc).body)
     if done:
