@@ -206,13 +206,19 @@ class RedisStore(tether.MemoryStore):
 
         async def mark(client: Redis) -> bool:
             async with client.pipeline(transaction=False) as pipe:
-                pipe.set(self.epoch, "1", nx=True, px=_EPOCH_MS)
                 pipe.pexpire(self.epoch, _EPOCH_MS)
                 pipe.pexpire(self.ear_wake, 60_000)
-                fresh, _, _ = await pipe.execute()
-            lost = bool(fresh) and self._known  # (no epoch at first is a new Redis)
-            if lost:
-                await client.set(self.settling, "1", px=self.settle_ms)
+                held, _ = await pipe.execute()
+            if held:
+                self._known = True
+                return False
+            lost = self._known  # (no epoch at first is a new Redis)
+            # Settling before the epoch: a reader sees one or the other, never neither.
+            async with client.pipeline(transaction=True) as pipe:
+                if lost:
+                    pipe.set(self.settling, "1", px=self.settle_ms)
+                pipe.set(self.epoch, "1", nx=True, px=_EPOCH_MS)
+                await pipe.execute()
             self._known = True
             return lost
 

@@ -45,6 +45,8 @@ if str(EXAMPLES) not in sys.path:  # the examples import their siblings as top-l
 
 from launch import redis_server  # noqa: E402
 
+from .redis_process import RedisProcess, redis_process  # noqa: E402
+
 BOUND: Final = 10.0
 ADAPTERS: Final = ("starlette", "aiohttp", "aiohttp-cancel")
 """Starlette on uvicorn; aiohttp as ``web.run_app`` serves; aiohttp cancelling handlers."""
@@ -300,3 +302,14 @@ async def redis_url() -> AsyncIterator[str]:
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
     async with redis_server() as url:
         yield url
+
+
+@pytest.fixture
+async def redis_proc() -> AsyncIterator[RedisProcess]:
+    """A ``redis-server`` of its own that the test may pause, restart empty or kill."""
+    if shutil.which("redis-server") is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is not installed (.ci/run installs it)")
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    async with redis_process() as server:
+        yield server
