@@ -43,8 +43,6 @@ EXAMPLES: Final = pathlib.Path(__file__).resolve().parents[2] / "examples"
 if str(EXAMPLES) not in sys.path:  # the examples import their siblings as top-level modules
     sys.path.insert(0, str(EXAMPLES))
 
-from launch import redis_server  # noqa: E402
-
 from .redis_process import RedisProcess, redis_process  # noqa: E402
 
 BOUND: Final = 10.0
@@ -294,17 +292,6 @@ async def connect(
 
 
 @pytest.fixture
-async def redis_url() -> AsyncIterator[str]:
-    """A ``redis-server`` of its own on 127.0.0.1 (no persistence), stopped after."""
-    if shutil.which("redis-server") is None:
-        if os.environ.get("CI"):
-            pytest.fail("redis-server is not installed (.ci/run installs it)")
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    async with redis_server() as url:
-        yield url
-
-
-@pytest.fixture
 async def redis_proc() -> AsyncIterator[RedisProcess]:
     """A ``redis-server`` of its own that the test may pause, restart empty or kill."""
     if shutil.which("redis-server") is None:
@@ -313,3 +300,9 @@ async def redis_proc() -> AsyncIterator[RedisProcess]:
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
     async with redis_process() as server:
         yield server
+
+
+@pytest.fixture
+def redis_url(redis_proc: RedisProcess) -> str:
+    """The URL of a ``redis-server`` of its own on 127.0.0.1 (no persistence)."""
+    return redis_proc.url

@@ -56,6 +56,20 @@ async def _reach(other: tether.Resume, token: str, last: int) -> Follower:
         await asyncio.sleep(0.02)
 
 
+async def _first_read(
+    registry: tether.Registry, owner: tether.Resume, *, leave: bool = False
+) -> tuple[tether.Stream, Follower]:
+    """A resumable stream on ``owner``'s worker whose client read its first output
+    (and left, with ``leave``)."""
+    stream = registry.open()
+    first = await owner.open(stream)
+    registry.deliver(stream.rid, 0)
+    assert [output for _, output in await first.next_ready() or ()] == [0]
+    if leave:
+        await first.aclose()
+    return stream, first
+
+
 @contextlib.asynccontextmanager
 async def _workers(
     url: str, *, grace: float = 30.0, **options: Any
@@ -112,10 +126,7 @@ async def test_reconnects_waiting_for_future_events_hold_no_connection_from_othe
     # to 2 s) on the worker that serves them; a stream that worker owns meanwhile must
     # still be copied, and resumable on the first worker.
     async with _workers(redis_proc.url) as (registry, aborts, owner, other), asyncio.timeout(30):
-        target = registry.open()
-        first = await owner.open(target)
-        registry.deliver(target.rid, 0)
-        await first.next_ready()
+        _, first = await _first_read(registry, owner)
         waits = [asyncio.create_task(other.follow(_point(first.token, 1000))) for _ in range(150)]
         victim = registry.open()
         own = await other.open(victim)
@@ -137,11 +148,7 @@ async def test_two_reconnects_racing_on_one_worker_leave_the_tail_to_the_newer(
     redis_proc: RedisProcess,
 ) -> None:
     async with _workers(redis_proc.url) as (registry, aborts, owner, other), asyncio.timeout(20):
-        stream = registry.open()
-        first = await owner.open(stream)
-        registry.deliver(stream.rid, 0)
-        await first.next_ready()
-        await first.aclose()
+        stream, first = await _first_read(registry, owner, leave=True)
         await _reach(other, first.token, 1)  # (the copy is there)
         for round_ in range(5):
             a, b = await asyncio.gather(
@@ -185,10 +192,7 @@ async def test_a_client_elsewhere_that_leaves_across_a_redis_restart_lets_the_ow
         _workers(redis_proc.url, grace=0.5) as (registry, aborts, owner, other),
         asyncio.timeout(30),
     ):
-        stream = registry.open()
-        first = await owner.open(stream)
-        registry.deliver(stream.rid, 0)
-        await first.next_ready()
+        stream, first = await _first_read(registry, owner)
         mirror = await _reach(other, first.token, 1)
         with pytest.raises(tether.Aborted):  # the owner heard of the client elsewhere
             await first.next_ready()
@@ -207,10 +211,7 @@ async def test_a_paused_redis_costs_a_request_its_timeout_and_a_503(
     redis_proc: RedisProcess,
 ) -> None:
     async with _workers(redis_proc.url) as (registry, aborts, owner, other), asyncio.timeout(30):
-        stream = registry.open()
-        first = await owner.open(stream)
-        registry.deliver(stream.rid, 0)
-        await first.next_ready()
+        _, first = await _first_read(registry, owner)
         await (await _reach(other, first.token, 1)).aclose()  # (it is in Redis)
         redis_proc.pause()
         try:
@@ -249,10 +250,7 @@ async def test_stop_and_reconnects_elsewhere_survive_a_redis_restarted_empty(
     redis_proc: RedisProcess,
 ) -> None:
     async with _workers(redis_proc.url) as (registry, aborts, owner, other), asyncio.timeout(30):
-        stream = registry.open()
-        first = await owner.open(stream)
-        registry.deliver(stream.rid, 0)
-        await first.next_ready()
+        stream, first = await _first_read(registry, owner)
         await (await _reach(other, first.token, 1)).aclose()
         await redis_proc.restart()
         # Until the owner has published it again, a reconnect elsewhere is a 503 to
