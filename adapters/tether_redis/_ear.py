@@ -65,11 +65,13 @@ class Ear:
         (a paused Redis answers nothing: the read must not wait for it for ever).
     :param spawn: runs a task the store owns (and cancels when it closes).
     :param upkeep: the store's own upkeep, run before the listeners' (bounded by it).
+    :param failed: tells the store that a read failed.
     """
 
     __slots__ = (
         "_block_ms",
         "_client",
+        "_failed",
         "_keys",
         "_spawn",
         "_task",
@@ -88,6 +90,7 @@ class Ear:
         timeout: float,
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
         upkeep: Callable[[], Awaitable[None]],
+        failed: Callable[[], None],
     ) -> None:
         self._client = client
         self._wake_key = wake_key
@@ -95,6 +98,7 @@ class Ear:
         self._timeout = timeout
         self._spawn = spawn
         self._upkeep_store = upkeep
+        self._failed = failed
         self._keys: dict[str, dict[Listener, Any]] = {}
         """Each key's listeners, each with the id of the last entry it had."""
         self._wake_id: Any = "0-0"
@@ -139,6 +143,7 @@ class Ear:
                     logger.warning("resumable streams: Redis answers again")
                 failing = False
             except (RedisError, OSError, TimeoutError) as exc:
+                self._failed()
                 if not failing:
                     logger.warning("resumable streams: Redis failed (%r); retrying", exc)
                 failing = True
@@ -162,7 +167,13 @@ class Ear:
                     if now is None or listener not in now or _order(last) >= order:
                         continue  # dropped meanwhile, or it had this one already
                     now[listener] = entry_id
-                    if not listener.heard(key, entry_id, fields):
+                    try:
+                        going = listener.heard(key, entry_id, fields)
+                    except Exception:
+                        # One stream's bug must not end the reading of every other one.
+                        logger.exception("resumable streams: a listener failed; dropped")
+                        going = False
+                    if not going:
                         self.drop(listener)
 
     async def _upkeep(self) -> None:
@@ -180,8 +191,11 @@ class Ear:
             if isinstance(result, asyncio.CancelledError):
                 raise result
             if isinstance(result, BaseException):
-                if not isinstance(result, RedisError | OSError | TimeoutError):
+                if not isinstance(result, Exception):
                     raise result
+                if not isinstance(result, RedisError | OSError | TimeoutError):
+                    # A listener's bug must not end the reading of every other one.
+                    logger.error("resumable streams: an upkeep failed", exc_info=result)
             elif not result:
                 self.drop(listener)
 

@@ -69,6 +69,7 @@ class Mirror:
     __slots__ = (
         "__weakref__",
         "_after",
+        "_announce",
         "_caught_up",
         "_channel",
         "_closing",
@@ -87,6 +88,7 @@ class Mirror:
         self._closing = False
         self._caught_up: asyncio.Future[None] | None = None
         self._seen = 0.0  # when Redis last answered this mirror's upkeep
+        self._announce = False  # this client must tell the owner again that it is here
 
     def _key(self, kind: str) -> str:
         return self._store.key(self._token, kind)
@@ -158,7 +160,8 @@ class Mirror:
             # The client saw events the owner sent before its writes reached Redis:
             # wait (bounded, holding no connection) for the log to catch up rather
             # than call the id unknown.
-            channel.sent = after  # (what it waits for must not count as unread)
+            # (what its client saw must not count as unread: it is where it reads from)
+            channel.sent = count
             self._caught_up = asyncio.get_running_loop().create_future()
             store.ear.listen(self, {log: last_id})
             try:
@@ -261,11 +264,12 @@ class Mirror:
             gone = "the worker that ran this request is gone"
             channel.end(tether.Aborted(channel.rid, tether.AbortReason.SERVER, gone))
             return False
-        if held is None and channel.follower is not None:
+        if held is None or self._announce:
             # The lease was lost (Redis restarted) or lapsed: the owner may have parked
-            # the stream; tell it this client is still here.
+            # the stream; tell it this client is still here (again at the next tick if
+            # its control stream is not back yet).
             fields = {"op": "attach", "w": store.worker, "f": self._fid}
-            store.spawn(self._send(fields))
+            self._announce = not await self._send(fields)
         return True
 
     def close(self) -> Coroutine[Any, Any, None] | None:
@@ -286,7 +290,7 @@ class Mirror:
             down = "the server is shutting down"
             channel.end(tether.Aborted(channel.rid, tether.AbortReason.SERVER, down))
         fields = {"op": "detach", "w": self._store.worker, "f": self._fid, "pos": str(follower.pos)}
-        return self._send(fields)
+        return self._tell(fields)
 
     def _record(self, channel: Channel, fields: Fields) -> bool:
         """One entry of the log; whether the stream goes on."""
@@ -313,20 +317,25 @@ class Mirror:
             if not channel.ended:
                 channel.end(tether.ConsumerTooSlow(channel.rid, channel.max_events))
             return False
-        self._store.spawn(self._send({"op": "cancel", "w": self._store.worker}))
+        self._store.spawn(self._tell({"op": "cancel", "w": self._store.worker}))
         return True
 
-    async def _send(self, fields: dict[str, str]) -> None:
-        """Tell the owner (a task of its own: a Redis that fails is logged, not raised
-        into nobody's hands); nothing once the owner's control stream is gone."""
+    async def _tell(self, fields: dict[str, str]) -> None:
+        """:meth:`_send`, as a task of the store's."""
+        await self._send(fields)
 
-        async def post(client: Redis) -> None:
-            await client.xadd(self._key("ctl"), fields, nomkstream=True)  # type: ignore[arg-type]
+    async def _send(self, fields: dict[str, str]) -> bool:
+        """Tell the owner (a Redis that fails is logged, not raised into nobody's
+        hands); nothing once the owner's control stream is gone. Whether it was posted."""
+
+        async def post(client: Redis) -> Any:
+            return await client.xadd(self._key("ctl"), fields, nomkstream=True)  # type: ignore[arg-type]
 
         try:
-            await self._store.command(post, upkeep=True)
+            return await self._store.command(post, upkeep=True) is not None
         except StoreUnreachable as exc:
             logger.warning("resumable request: the owner could not be told (%s)", exc)
+            return False
 
     # -- Keeper ------------------------------------------------------------------------
 
@@ -350,7 +359,7 @@ class Mirror:
         if self._closing:  # (close() told the owner)
             return
         fields = {"op": "detach", "w": self._store.worker, "f": self._fid, "pos": str(follower.pos)}
-        self._store.spawn(self._send(fields))
+        self._store.spawn(self._tell(fields))
 
 
 def end_error(rid: str, end: Fields) -> tether.TetherError | None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
@@ -90,6 +91,7 @@ class RedisStore(tether.MemoryStore):
     """
 
     __slots__ = (
+        "_failed_at",
         "_known",
         "_mirrors",
         "_writers",
@@ -141,6 +143,7 @@ class RedisStore(tether.MemoryStore):
         self.epoch = f"{prefix}epoch"
         self.settling = f"{prefix}settling"
         self._known = False  # whether this store saw Redis hold the epoch
+        self._failed_at = -float("inf")  # when Redis last failed this store
         self._writers: dict[str, _Writer] = {}
         self._mirrors: weakref.WeakSet[Mirror] = weakref.WeakSet()
         """The clients here of streams owned elsewhere (ended when this store closes)."""
@@ -153,6 +156,7 @@ class RedisStore(tether.MemoryStore):
             timeout,
             self.spawn,
             self._upkeep,
+            self.failed,
         )
         """The one reader of every control stream and mirrored log of this worker."""
         self.ear.poke = self._poke
@@ -161,30 +165,44 @@ class RedisStore(tether.MemoryStore):
         """The Redis key of ``token``'s ``log``, ``ctl``, ``meta`` or ``lease``."""
         return f"{self.prefix}{token}:{kind}"
 
-    async def command(self, job: Callable[[Redis], Awaitable[T]], *, upkeep: bool = False) -> T:
+    async def command(
+        self, job: Callable[[Redis], Awaitable[T]], *, upkeep: bool = False, own: bool = False
+    ) -> T:
         """Run ``job`` (one command or one pipeline) on the client, bounded: it waits
         for one of the store's slots and completes within ``timeout`` seconds in all.
 
         :param upkeep: take a slot of the copies' and upkeep's half, not the requests'.
+        :param own: take no slot: the store's reader runs it between two reads, on the
+            connection it holds anyway (so that copies in numbers cannot delay it).
         :raises StoreUnreachable: it failed, or the bound passed (the command is
             cancelled; redis-py drops the connection it was on).
         """
-        slots = self.upkeep_slots if upkeep else self.request_slots
+        slots = (
+            contextlib.nullcontext() if own else self.upkeep_slots if upkeep else self.request_slots
+        )
         try:
             async with asyncio.timeout(self.timeout), slots:
                 return await job(self.client)
         except TimeoutError as exc:
+            self.failed()
             raise StoreUnreachable(f"Redis did not answer within {self.timeout:g} s") from exc
         except (RedisError, OSError) as exc:
+            self.failed()
             if isinstance(exc, StoreUnreachable):
                 raise
             raise StoreUnreachable(f"Redis cannot be reached: {exc!r}") from exc
 
     def lost(self, pipe_results: list[Any]) -> bool:
-        """Whether the answers to ``EXISTS settling, EXISTS epoch`` (the last two of a
-        pipeline) say Redis lost its state lately."""
+        """Whether Redis may lack streams that live: the answers to ``EXISTS settling,
+        EXISTS epoch`` (the last two of a pipeline) say it lost its state lately, or
+        this worker saw it fail lately (streams opened meanwhile are being published)."""
         settling, epoch = pipe_results[-2:]
-        return bool(settling) or not epoch
+        recent = asyncio.get_running_loop().time() - self._failed_at < self.settle_ms / 1000
+        return bool(settling) or not epoch or recent
+
+    def failed(self) -> None:
+        """Redis failed a command of this store (see :meth:`lost`)."""
+        self._failed_at = asyncio.get_running_loop().time()
 
     async def _poke(self) -> None:
         async def poke(client: Redis) -> None:
@@ -222,9 +240,16 @@ class RedisStore(tether.MemoryStore):
             self._known = True
             return lost
 
-        if await self.command(mark, upkeep=True):
+        if await self.command(mark, own=True):
             for writer in self._writers.values():
                 writer.republish()
+        if any(writer.dirty for writer in self._writers.values()):
+            # Streams this worker could not publish (Redis was down or paused): until
+            # they are, a stream Redis does not know may be one of them (a 503, not 404).
+            async def settle(client: Redis) -> None:
+                await client.set(self.settling, "1", px=self.settle_ms)
+
+            await self.command(settle, own=True)
 
     # -- the owner's side ------------------------------------------------------------
 
@@ -449,19 +474,28 @@ class _Writer:
                     self.tried.set()
                 if self._forgotten or (self._outbox and not self.dirty):
                     continue
-                self._wake.clear()
-                await self._wake.wait()  # (an event, the end, a tick while dirty)
+                await self._sleep()  # (an event, the end; a retry period while dirty)
             # Let the keys go; retried at each tick while Redis fails, until they would
             # have expired by themselves anyway.
             deadline = asyncio.get_running_loop().time() + _keep_ms(channel) / 1000
             while not await self._try(self._goodbye):
                 if asyncio.get_running_loop().time() > deadline:
                     break
-                self._wake.clear()
-                await self._wake.wait()
+                await self._sleep()
         finally:
             store.done(self, channel.token)
             store.ear.drop(self)
+
+    async def _sleep(self) -> None:
+        """Wait for something to copy; while Redis fails, for one block period at most
+        (the retry does not depend on anything else running)."""
+        self._wake.clear()
+        if not self.dirty and not self._forgotten:
+            await self._wake.wait()
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._store.block_ms / 1000):
+                await self._wake.wait()
 
     async def _try(self, step: Callable[[Redis], Awaitable[None]]) -> bool:
         """Run one step against Redis; whether it went through (a failure makes the
@@ -494,8 +528,11 @@ class _Writer:
         return int(channel.grace * 1000) + 2 * self._store.block_ms
 
     async def _publish(self, client: Redis) -> None:
-        """Publish the whole channel (as this process holds it) in one transaction, so
-        that a reader never sees half of it: meta, the control stream, the log."""
+        """Publish the whole channel (as this process holds it): first its meta and
+        control stream (a few bytes: a reconnect or a Stop finds it at once, and the
+        retry that follows a timeout costs little), then the log in one transaction,
+        so that a reader never sees half of it (one that came in between waits for it,
+        as for any log that lags the owner)."""
         store, channel = self._store, self._channel
         log, ctl, meta = self._keys
         self._outbox = []
@@ -505,7 +542,6 @@ class _Writer:
         ]
         self._sizes.clear()
         async with client.pipeline(transaction=True) as pipe:
-            pipe.delete(log)
             pipe.hset(
                 meta,
                 mapping={
@@ -519,11 +555,15 @@ class _Writer:
             pipe.xadd(ctl, {"op": "open", "w": store.worker}, maxlen=_CTL_MAXLEN)
             if channel.follower is not None:  # (clients elsewhere end: this one is newer)
                 pipe.xadd(ctl, {"op": "attach", "w": store.worker}, maxlen=_CTL_MAXLEN)
+            self._expire(pipe, self._keep())
+            await pipe.execute()
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.delete(log)
             self._add(pipe, entries)
             if channel.ended:
                 entry_id, fields = self._end_entry()
                 pipe.xadd(log, fields, id=entry_id)  # type: ignore[arg-type]
-            self._expire(pipe, self._keep())
+            pipe.pexpire(log, self._keep())
             await pipe.execute()
         self.dirty = False
         # What came while that transaction was in flight (put() ignored it: dirty).
