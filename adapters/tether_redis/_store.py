@@ -243,7 +243,7 @@ class RedisStore(tether.MemoryStore):
         if await self.command(mark, own=True):
             for writer in self._writers.values():
                 writer.republish()
-        if any(writer.dirty for writer in self._writers.values()):
+        if any(writer.failing for writer in self._writers.values()):
             # Streams this worker could not publish (Redis was down or paused): until
             # they are, a stream Redis does not know may be one of them (a 503, not 404).
             async def settle(client: Redis) -> None:
@@ -385,7 +385,6 @@ class _Writer:
     __slots__ = (
         "_channel",
         "_ended",
-        "_failing",
         "_forgotten",
         "_keys",
         "_lease_seen",
@@ -395,6 +394,7 @@ class _Writer:
         "_store",
         "_wake",
         "dirty",
+        "failing",
         "task",
         "tried",
     )
@@ -407,7 +407,8 @@ class _Writer:
         self._wake = asyncio.Event()
         self._ended = False
         self._forgotten = False
-        self._failing = False
+        self.failing = False
+        """Its last try failed: Redis lacks this stream (or may) until the next works."""
         self._remote: str | None = None  # the client attached on another worker, if any
         self._lease_seen = 0.0
         self._sizes: collections.deque[tuple[int, int]] = collections.deque()
@@ -505,18 +506,18 @@ class _Writer:
         except StoreUnreachable as exc:
             self.dirty = True
             self._outbox = []
-            if not self._failing:
+            if not self.failing:
                 logger.error(
                     "resumable request %r: writing to Redis failed (%s); it resumes on "
                     "this worker only until Redis answers again",
                     self._channel.rid,
                     exc,
                 )
-            self._failing = True
+            self.failing = True
             return False
-        if self._failing:
+        if self.failing:
             logger.warning("resumable request %r: Redis holds it again", self._channel.rid)
-        self._failing = False
+        self.failing = False
         return True
 
     def _keep(self) -> int:
@@ -536,11 +537,6 @@ class _Writer:
         store, channel = self._store, self._channel
         log, ctl, meta = self._keys
         self._outbox = []
-        upto, ended = channel.count, channel.ended
-        entries = [
-            self._log_entry(n, output) for n, output in enumerate(channel.events, channel.first)
-        ]
-        self._sizes.clear()
         async with client.pipeline(transaction=True) as pipe:
             pipe.hset(
                 meta,
@@ -557,10 +553,16 @@ class _Writer:
                 pipe.xadd(ctl, {"op": "attach", "w": store.worker}, maxlen=_CTL_MAXLEN)
             self._expire(pipe, self._keep())
             await pipe.execute()
+        # The log as it stands now, end included or not (no await until it is queued).
+        upto, ended = channel.count, channel.ended
+        entries = [
+            self._log_entry(n, output) for n, output in enumerate(channel.events, channel.first)
+        ]
+        self._sizes.clear()
         async with client.pipeline(transaction=True) as pipe:
             pipe.delete(log)
             self._add(pipe, entries)
-            if channel.ended:
+            if ended:
                 entry_id, fields = self._end_entry()
                 pipe.xadd(log, fields, id=entry_id)  # type: ignore[arg-type]
             pipe.pexpire(log, self._keep())

@@ -12,6 +12,8 @@ from typing import Any
 
 import aiohttp
 
+from tests._support.processes import stop
+
 from .conftest import BOUND
 
 __all__ = ["books", "front", "until"]
@@ -62,12 +64,7 @@ async def front(
                 await reading
     finally:
         process.stdin.close()
-        try:
-            async with asyncio.timeout(BOUND):
-                await process.wait()
-        except TimeoutError:
-            process.kill()
-            await process.wait()
+        await stop(process, None, grace=BOUND)
 
 
 async def books(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:

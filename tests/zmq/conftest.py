@@ -12,30 +12,17 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+
+from tests._support.waiting import eventually as eventually
 
 pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 
 HERE = pathlib.Path(__file__).resolve().parent
-
-
-async def eventually(
-    predicate: Callable[[], bool | Awaitable[bool]], *, timeout: float = 10.0
-) -> None:
-    """Wait until ``predicate()`` holds, polling, for conditions with no event to wait on
-    (another process's output, a socket's state); bounded."""
-    async with asyncio.timeout(timeout):
-        while True:
-            held = predicate()
-            if not isinstance(held, bool):
-                held = await held
-            if held:
-                return
-            await asyncio.sleep(0.001)
 
 
 @pytest.fixture
