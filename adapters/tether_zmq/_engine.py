@@ -61,7 +61,7 @@ from ._protocol import (
     Submit,
     Welcome,
     clip,
-    decode,
+    decode_at_engine,
     encode,
     entries_of,
 )
@@ -410,17 +410,20 @@ class EngineServer:
         outs: list[tuple[int, bytes, bool]],
         fails: list[tuple[int, str, int]],
     ) -> None:
-        """One message for the step, or as few as fit the front's cap each, in order."""
+        """One message for the step, or as few as fit the front's cap each (in bytes,
+        and in entries: the front refuses a step of more than ``MAX_ENTRIES``), in order."""
         limit = front.limit
         parts: list[tuple[list[tuple[int, bytes, bool]], list[tuple[int, str, int]]]] = [([], [])]
         size = 0
+        count = 0
 
         def make_room(cost: int) -> None:
-            nonlocal size
-            if size + cost > limit and (parts[-1][0] or parts[-1][1]):
+            nonlocal size, count
+            if (size + cost > limit or count == MAX_ENTRIES) and (parts[-1][0] or parts[-1][1]):
                 parts.append(([], []))
-                size = 0
+                size = count = 0
             size += cost
+            count += 1
 
         for out in outs:
             make_room(len(out[1]) + _ENTRY_OVERHEAD)
@@ -479,8 +482,8 @@ class EngineServer:
             self._on_too_many(identity, entries_of(frame))
             return
         try:
-            message = decode(frame)
-        except msgspec.DecodeError:
+            message = decode_at_engine(frame)
+        except msgspec.DecodeError:  # (a frame for the other direction fails on its tag)
             self._counts["malformed"] += 1
             return
         if isinstance(message, Hello):
@@ -505,8 +508,6 @@ class EngineServer:
             self._on_abort(front, message)
         elif isinstance(message, Ping):
             self._send(front, Pong(front.seq_out, message.sent))
-        elif not isinstance(message, Pong):
-            self._counts["malformed"] += 1  # an engine-bound message from a front
 
     def _on_hello(self, identity: bytes, hello: Hello) -> None:
         if hello.version != PROTOCOL_VERSION:

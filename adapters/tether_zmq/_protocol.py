@@ -52,9 +52,14 @@ __all__ = [
     "Refuse",
     "Step",
     "Submit",
+    "ToEngine",
+    "ToFront",
+    "TooManyEntries",
     "Welcome",
     "clip",
     "decode",
+    "decode_at_engine",
+    "decode_at_front",
     "encode",
     "entries_of",
 ]
@@ -62,9 +67,10 @@ __all__ = [
 PROTOCOL_VERSION: Final = 2
 """Bumped on any incompatible change; a mismatch is refused at the handshake."""
 MAX_ENTRIES: Final = 4096
-"""Submissions per ``Submit`` and per ``Abort`` message, at most: what one message
-costs the engine's loop is bounded by this, not only by its bytes (a frame of
-millions of tiny entries would take seconds to decode and admit)."""
+"""Entries per message, at most: submissions per ``Submit`` and per ``Abort``, outputs
+and failures together per ``Step``. What one message costs a loop is bounded by this,
+not only by its bytes (a frame of millions of tiny entries would take seconds to
+decode and route)."""
 
 
 class Hello(msgspec.Struct, tag=1, array_like=True, frozen=True):
@@ -136,9 +142,37 @@ class Pong(msgspec.Struct, tag=8, array_like=True, frozen=True):
 
 
 Message = Hello | Welcome | Refuse | Submit | Abort | Step | Ping | Pong
+ToEngine = Hello | Submit | Abort | Ping | Pong
+ToFront = Welcome | Refuse | Step | Ping | Pong
+
+
+class _StepFrame(msgspec.Struct, tag=6, array_like=True, frozen=True):
+    """A ``Step`` as the front first reads it: its two lists skipped unbuilt, so that
+    their lengths are checked before a single entry becomes an object."""
+
+    seq: int
+    outputs: msgspec.Raw
+    failures: msgspec.Raw
+
+
+class TooManyEntries(ValueError):
+    """A message holds more than :data:`MAX_ENTRIES` entries: refused unread."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(f"a message of {count} entries (at most {MAX_ENTRIES})")
+        self.count = count
+
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
+# Each end decodes only what may be sent to it: a frame tagged for the other direction
+# fails on its tag, before the rest is read (a hostile peer's ``Step`` of millions of
+# entries sent to the engine would otherwise be built in full, then dropped).
+_engine_decoder: msgspec.msgpack.Decoder[ToEngine] = msgspec.msgpack.Decoder(ToEngine)
+_front_decoder: msgspec.msgpack.Decoder[Welcome | Refuse | _StepFrame | Ping | Pong]
+_front_decoder = msgspec.msgpack.Decoder(Welcome | Refuse | _StepFrame | Ping | Pong)
+_outputs_decoder = msgspec.msgpack.Decoder(list[tuple[int, bytes, bool]])
+_failures_decoder = msgspec.msgpack.Decoder(list[tuple[int, str, int]])
 
 
 def clip(text: str, limit: int) -> str:
@@ -150,24 +184,12 @@ def clip(text: str, limit: int) -> str:
 
 
 _SUBMIT_OR_ABORT: Final = (b"\x93\x04", b"\x93\x05")  # (a 3-array, tag 4 or 5)
+_UINT_WIDTH: Final = {0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9}  # (header + bytes of a uint)
 
 
-def entries_of(frame: bytes) -> int:
-    """How many entries the list of a ``Submit`` or ``Abort`` frame holds, read from
-    its MessagePack headers without decoding it; -1 for any other frame (or one too
-    broken to tell: the full decode then refuses it)."""
-    if frame[:2] not in _SUBMIT_OR_ABORT:
-        return -1
-    at = 2
-    head = frame[at : at + 1]
-    if not head:
-        return -1
-    # seq: a positive fixint, or uint 8/16/32/64
-    code = head[0]
-    at += 1 if code < 0x80 else {0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9}.get(code, 0)
-    if at == 2:
-        return -1
-    head = frame[at : at + 5]
+def _length_at(data: bytes | memoryview, at: int) -> int:
+    """The length of the MessagePack array whose header starts at ``at``; -1 if none."""
+    head = data[at : at + 5]
     if not head:
         return -1
     code = head[0]
@@ -180,18 +202,60 @@ def entries_of(frame: bytes) -> int:
     return -1
 
 
+def entries_of(frame: bytes) -> int:
+    """How many entries the list of a ``Submit`` or ``Abort`` frame holds, read from
+    its MessagePack headers without decoding it; -1 for any other frame (or one too
+    broken to tell: the full decode then refuses it)."""
+    if frame[:2] not in _SUBMIT_OR_ABORT:
+        return -1
+    head = frame[2:3]
+    if not head:
+        return -1
+    # seq: a positive fixint, or uint 8/16/32/64
+    code = head[0]
+    width = 1 if code < 0x80 else _UINT_WIDTH.get(code, 0)
+    if not width:
+        return -1
+    return _length_at(frame, 2 + width)
+
+
 def encode(message: Message) -> bytes:
     """One message as the bytes of one frame."""
     return _encoder.encode(message)
 
 
 def decode(frame: bytes | memoryview) -> Message:
-    """The message in ``frame``.
+    """The message in ``frame``, whichever direction it goes (for tests and tools).
 
     :raises msgspec.DecodeError: the frame is not a message of this protocol
         (malformed, truncated, an unknown tag, a field of the wrong type).
     """
     return _decoder.decode(frame)
+
+
+def decode_at_engine(frame: bytes | memoryview) -> ToEngine:
+    """A message a front may send; anything else fails on its tag, unread.
+
+    :raises msgspec.DecodeError: the frame is no front-to-engine message.
+    """
+    return _engine_decoder.decode(frame)
+
+
+def decode_at_front(frame: bytes | memoryview) -> ToFront:
+    """A message an engine may send; anything else fails on its tag, unread. A
+    ``Step``'s lists are measured before they are built.
+
+    :raises msgspec.DecodeError: the frame is no engine-to-front message.
+    :raises TooManyEntries: a ``Step`` of more than :data:`MAX_ENTRIES` entries.
+    """
+    message = _front_decoder.decode(frame)
+    if not isinstance(message, _StepFrame):
+        return message
+    outputs, failures = memoryview(message.outputs), memoryview(message.failures)
+    count = max(0, _length_at(outputs, 0)) + max(0, _length_at(failures, 0))
+    if count > MAX_ENTRIES:
+        raise TooManyEntries(count)
+    return Step(message.seq, _outputs_decoder.decode(outputs), _failures_decoder.decode(failures))
 
 
 class Codec(Protocol):

@@ -208,4 +208,58 @@ async def test_a_front_drops_malformed_frames_from_the_engine(address: str) -> N
         assert client.stats().malformed % 2 == 0
 
 
+async def test_a_message_for_the_other_direction_is_refused_unread_and_holds_no_loop(
+    address: str,
+) -> None:
+    # (a Step is engine-to-front: sent to the engine, its millions of entries would be
+    # built in full before being dropped, seconds of the engine's loop)
+    flood = wire.encode(wire.Step(0, [(1, b"", False)] * 4_000_000, []))
+    async with (
+        echo_engine(address, max_message=len(flood)) as engine,
+        front(engine.server.address, engine_timeout=0.5) as client,
+        raw_peer(zmq.DEALER, engine.server.address) as peer,
+    ):
+        waiting = client.open({"n": 0})
+        await eventually(lambda: len(engine.submitted) == 1)
+        await peer.send(flood)
+        await eventually(lambda: engine.server.stats().malformed == 1)
+        async with asyncio.timeout(10):
+            assert await client.open({"n": 1}).result() == {"i": 1, "front": client.incarnation}
+        engine.server.send([(engine.submitted[0], "kept", True)])
+        async with asyncio.timeout(10):
+            assert await waiting.result() == "kept"
+        assert client.stats().links_lost == 0
+        assert engine.server.stats().no_session == 0
+
+
+async def test_a_step_of_more_entries_than_one_message_may_hold_ends_the_session_unread(
+    address: str,
+) -> None:
+    async with raw_peer(zmq.ROUTER, address) as fake:
+        bound = fake.getsockopt_string(zmq.LAST_ENDPOINT)
+        async with front(bound, ready=False) as client:
+            async with asyncio.timeout(10):
+                identity, frame = await fake.recv_multipart()
+            hello = wire.decode(frame)
+            assert isinstance(hello, wire.Hello)
+            welcome = wire.Welcome(0, PROTOCOL_VERSION, "fake", hello.attempt, 1 << 24)
+            await fake.send_multipart([identity, wire.encode(welcome)])
+            async with asyncio.timeout(10):
+                await client.wait_ready()
+            stream = client.open({"n": 1})
+            flood = wire.Step(1, [(1, b"", False)] * 2_000_000, [])
+            await fake.send_multipart([identity, wire.encode(flood)])
+            async with asyncio.timeout(10):
+                with pytest.raises(tether.ProducerError) as caught:
+                    await stream.result()
+            assert isinstance(caught.value.__cause__, tether_zmq.EngineLost)
+            assert "4096" in str(caught.value.__cause__)
+            stats = client.stats()
+            assert stats.malformed == 1
+            assert stats.late_outputs == 0  # (none of its entries was read)
+            assert stats.links_lost == 1
+            assert client.registry.in_flight == 0
+
+
+import tether  # noqa: E402
 import tether_zmq  # noqa: E402  (the public names, next to the wire module above)

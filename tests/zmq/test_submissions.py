@@ -280,3 +280,24 @@ async def test_a_failure_with_a_status_no_wire_can_carry_reaches_its_request_as_
             with pytest.raises(tether.ProducerError) as caught:
                 await stream.result()
         assert tether.http.error_response(caught.value).status == 500
+
+
+async def test_a_step_of_more_outputs_than_one_message_may_hold_arrives_whole_in_parts(
+    address: str,
+) -> None:
+    count = wire.MAX_ENTRIES * 2 + 10
+    async with (
+        echo_engine(address) as engine,
+        front(engine.server.address, registry_options={"max_pending": 2 * count}) as client,
+    ):
+        batch = client.open_batch([{"n": 0}] * 2)
+        await eventually(lambda: len(engine.submitted) == 2)
+        first, second = engine.submitted
+        outputs = [(first, i, False) for i in range(count)] + [(first, count, True)]
+        engine.server.send([*outputs, (second, "last", True)])
+        async with asyncio.timeout(10):
+            got = [(index, output) async for index, output in batch]
+        assert [output for index, output in got if index == 0] == list(range(count + 1))
+        assert [output for index, output in got if index == 1] == ["last"]
+        assert client.stats().steps == 3
+        assert client.stats().links_lost == 0
