@@ -152,6 +152,9 @@ class EngineServer:
     :param max_events: submissions waiting for the engine loop, at most: one more is
         refused at once (503 to its client) rather than queued without bound while the
         loop is behind (a flood, or a loop about to be found stalled).
+    :param max_front_requests: requests live at once from one front, at most: one
+        more is refused at once (503), so that one front (a flood, a hostile peer with
+        a session) can never take the engine's whole capacity from the others.
     :raises InsecureAddress: a non-local address without ``curve`` or ``insecure``.
     """
 
@@ -165,12 +168,14 @@ class EngineServer:
         max_message: int = DEFAULT_MAX_MESSAGE,
         hwm: int = DEFAULT_HWM,
         max_events: int = 65_536,
+        max_front_requests: int = 16_384,
         curve: CurveServer | None = None,
         insecure: bool = False,
         context: zmq.asyncio.Context | None = None,
     ) -> None:
         check_bind(address, curve=curve, insecure=insecure)
         self._max_events = max_events
+        self._max_front_requests = max_front_requests
         self._requested = address
         self._codec = codec or MsgpackCodec()
         self._peer_timeout = peer_timeout
@@ -548,6 +553,10 @@ class EngineServer:
             front.last_submission = sid
             if len(self._events) >= self._max_events:
                 refused.append((sid, "the engine is not keeping up; retry later", 503))
+                continue
+            if len(front.live) >= self._max_front_requests:
+                text = f"this front has {self._max_front_requests} requests live; retry later"
+                refused.append((sid, text, 503))
                 continue
             try:
                 request = decode_payload(payload)

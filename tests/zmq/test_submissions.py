@@ -282,6 +282,32 @@ async def test_a_failure_with_a_status_no_wire_can_carry_reaches_its_request_as_
         assert tether.http.error_response(caught.value).status == 500
 
 
+async def test_one_front_can_hold_no_more_live_requests_than_its_share_and_others_go_on(
+    address: str,
+) -> None:
+    async with (
+        echo_engine(address, max_front_requests=3) as engine,
+        front(engine.server.address) as greedy,
+        front(engine.server.address) as other,
+    ):
+        streams = [greedy.open({"n": 0}) for _ in range(5)]  # (live until the test ends them)
+        async with asyncio.timeout(10):
+            for stream in streams[3:]:
+                with pytest.raises(tether.ProducerError) as caught:
+                    await stream.result()
+                assert tether.http.error_response(caught.value).status == 503
+                assert "live" in str(caught.value.__cause__)
+            assert await other.open({"n": 1}).result() == {"i": 1, "front": other.incarnation}
+        await eventually(lambda: len(engine.submitted) == 4)  # greedy's first 3, the other's 1
+        engine.server.send((key, "done", True) for key in engine.submitted[:3])
+        async with asyncio.timeout(10):
+            assert [await stream.result() for stream in streams[:3]] == ["done"] * 3
+            assert await greedy.open({"n": 1}).result() == {"i": 1, "front": greedy.incarnation}
+        assert engine.server.stats().refused_submissions == 2
+        assert greedy.registry.in_flight == 0
+        assert engine.server.in_flight == 0
+
+
 async def test_a_step_of_more_outputs_than_one_message_may_hold_arrives_whole_in_parts(
     address: str,
 ) -> None:
