@@ -71,6 +71,7 @@ from ._socket import (
     DEFAULT_MAX_MESSAGE,
     Reader,
     configure,
+    require_loop,
     send_nowait,
     supervise,
     watch_monitor,
@@ -193,6 +194,7 @@ class EngineServer:
         self._stalled = False
         self._down: str | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped: list[asyncio.Task[None]] = []
         self._socket: zmq.asyncio.Socket | None = None
@@ -229,6 +231,7 @@ class EngineServer:
         """Bind and start serving; :attr:`address` becomes the bound endpoint."""
         if self._socket is not None or self._down is not None:
             raise RuntimeError("EngineServer.start() was already called")
+        self._loop = asyncio.get_running_loop()
         context = self._context or zmq.asyncio.Context.instance()
         socket = context.socket(zmq.ROUTER)
         # libzmq drops a peer past twice the cap; between the two, the frame is read
@@ -262,14 +265,21 @@ class EngineServer:
         supervise(self._tasks, self._die)
 
     async def aclose(self) -> None:
-        """Stop serving: cancel and await the loops, close the sockets. Idempotent."""
+        """Stop serving: cancel and await the loops, end every session, close the
+        sockets. Idempotent. Afterwards :meth:`send` counts every output as late and
+        :meth:`receive` returns the cancellations still waiting, then raises
+        :class:`LinkDown` (a loop blocked in it is woken, not cancelled)."""
+        if self._down is None:
+            self._down = "the server was closed"
+        for front in list(self._fronts.values()):  # (before any await: no call sees half)
+            self._lose(front, "the engine is closing")
         tasks = [*self._tasks, *self._stopped]
         self._tasks.clear()
         self._stopped.clear()
         await stop_tasks(tasks)
         self._close_sockets()
         if self._waiter is not None and not self._waiter.done():
-            self._waiter.cancel()
+            self._waiter.set_result(None)
 
     def _close_sockets(self) -> None:
         if self._socket is not None:
@@ -303,9 +313,11 @@ class EngineServer:
     async def receive(self) -> list[Event]:
         """Wait for submissions and cancellations; returns every one ready, in order.
 
-        :raises LinkDown: the link stopped (one of its tasks died); events still
-            waiting are returned first.
+        :raises LinkDown: the link stopped (one of its tasks died, or :meth:`aclose`);
+            events still waiting are returned first.
+        :raises RuntimeError: called before :meth:`start`, or outside its loop.
         """
+        require_loop(self._loop, "EngineServer.receive()")
         if not self._events:
             if self._down is not None:
                 raise LinkDown(f"the engine's link is down: {self._down}")
@@ -322,7 +334,11 @@ class EngineServer:
         return self.receive_nowait()
 
     def receive_nowait(self) -> list[Event]:
-        """The events ready now, maybe none (for an engine loop that polls between steps)."""
+        """The events ready now, maybe none (for an engine loop that polls between steps).
+
+        :raises RuntimeError: called before :meth:`start`, or outside its loop.
+        """
+        require_loop(self._loop, "EngineServer.receive_nowait()")
         events, self._events = self._events, []
         self._taken()
         return events
@@ -345,7 +361,11 @@ class EngineServer:
         front that is gone (it is lost: its other requests are cancelled). An output
         that cannot be encoded or does not fit one message fails its own request, not
         the step.
+
+        :raises RuntimeError: called before :meth:`start`, or outside its loop (from
+            another thread: hand the step over with ``loop.call_soon_threadsafe``).
         """
+        require_loop(self._loop, "EngineServer.send()")
         per_front: dict[_Front, tuple[list[tuple[int, bytes, bool]], list[tuple[int, str, int]]]]
         per_front = {}
         requests = self._requests

@@ -82,6 +82,7 @@ from ._socket import (
     DEFAULT_MAX_MESSAGE,
     Reader,
     configure,
+    require_loop,
     send_nowait,
     supervise,
     watch_monitor,
@@ -140,6 +141,7 @@ class EngineClient:
         one's, and workers forked from one parent after building their client (a
         pre-fork server) never share one."""
         self._registry: tether.Registry | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._socket: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
         self._reader: Reader | None = None
@@ -194,6 +196,7 @@ class EngineClient:
         if self._socket is not None or self._broken is not None:
             raise RuntimeError("EngineClient.start() was already called")
         self._registry = registry
+        self._loop = asyncio.get_running_loop()
         self.incarnation = uuid.uuid4().hex
         context = self._context or zmq.asyncio.Context.instance()
         socket = context.socket(zmq.DEALER)
@@ -370,6 +373,8 @@ class EngineClient:
         return self._registry
 
     def _check_up(self) -> None:
+        if self._loop is not None:  # (before start, the refusal below says why)
+            require_loop(self._loop, "EngineClient.open()/submit()")
         if not self._up:
             raise EngineUnavailable(self._why_down, retry_after=self._retry_after)
 
