@@ -87,6 +87,9 @@ _STEP_OVERHEAD = 64
 """Bytes of a step message beyond its entries (tag, sequence number, array headers)."""
 _MAX_NAME = 128
 """Bytes of a front's name (its incarnation) beyond which its hello is refused."""
+_MIN_MESSAGE = 1024
+"""Bytes of frame cap below which a hello is refused: no step, not even a failure's
+message, would fit (every output of that front would fail, silently to its operator)."""
 _MAX_FAILURE_TEXT = 1024
 """Bytes of a failure's message sent to the front (cut at a character boundary)."""
 _PROBE_DELAYS = (0.0, 0.002, 0.01, 0.03)
@@ -552,6 +555,11 @@ class EngineServer:
         if len(hello.front.encode()) > _MAX_NAME:
             self._counts["malformed"] += 1
             self._reply(identity, Refuse(0, PROTOCOL_VERSION, "front name too long"))
+            return
+        if hello.max_message < _MIN_MESSAGE:
+            self._counts["malformed"] += 1
+            reason = f"max_message={hello.max_message} is below {_MIN_MESSAGE} bytes"
+            self._reply(identity, Refuse(0, PROTOCOL_VERSION, reason))
             return
         former = self._fronts.get(identity)
         if former is not None:  # the same front starts over: its old requests end

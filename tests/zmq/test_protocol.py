@@ -208,6 +208,28 @@ async def test_a_front_drops_malformed_frames_from_the_engine(address: str) -> N
         assert client.stats().malformed % 2 == 0
 
 
+@pytest.mark.parametrize(
+    ("name", "cap", "why"),
+    [
+        pytest.param("x" * 129, 1 << 20, "name", id="name-too-long"),
+        pytest.param("\u00e9" * 65, 1 << 20, "name", id="name-too-long-in-bytes"),
+        pytest.param("tiny", 0, "max_message", id="cap-zero"),
+        pytest.param("tiny", -(2**63), "max_message", id="cap-negative"),
+        pytest.param("tiny", 1023, "max_message", id="cap-too-small"),
+    ],
+)
+async def test_a_hello_no_session_could_serve_is_refused_aloud(
+    address: str, name: str, cap: int, why: str
+) -> None:
+    async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
+        await peer.send(wire.encode(wire.Hello(0, PROTOCOL_VERSION, name, 1, cap)))
+        reply = await answer(peer)
+        assert isinstance(reply, wire.Refuse)
+        assert why in reply.reason
+        assert engine.server.stats().fronts == 0
+        await assert_still_serves(engine.server)
+
+
 async def test_a_message_for_the_other_direction_is_refused_unread_and_holds_no_loop(
     address: str,
 ) -> None:
