@@ -48,6 +48,7 @@ from ._errors import LinkDown
 from ._events import Cancellation, EngineServerStats, Event, RequestKey, Submission
 from ._protocol import (
     MAX_ENTRIES,
+    MAX_FAILURE_TEXT,
     PROTOCOL_VERSION,
     Abort,
     Codec,
@@ -90,8 +91,6 @@ _MAX_NAME = 128
 _MIN_MESSAGE = 1024
 """Bytes of frame cap below which a hello is refused: no step, not even a failure's
 message, would fit (every output of that front would fail, silently to its operator)."""
-_MAX_FAILURE_TEXT = 1024
-"""Bytes of a failure's message sent to the front (cut at a character boundary)."""
 _PROBE_DELAYS = (0.0, 0.002, 0.01, 0.03)
 """When to probe the fronts after a disconnect event: libzmq may drop the route a
 moment after it reports the disconnect."""
@@ -408,7 +407,7 @@ class EngineServer:
             if not isinstance(status, int) or isinstance(status, bool) or not 100 <= status < 600:
                 status = 500  # (a huge int would not even encode: the step would raise)
             entry = per_front.setdefault(request.front, ([], []))
-            entry[1].append((request.sid, clip(str(error), _MAX_FAILURE_TEXT), status))
+            entry[1].append((request.sid, clip(str(error), MAX_FAILURE_TEXT), status))
         for front, (outs, fails) in per_front.items():
             self._send_step(front, outs, fails)
 

@@ -59,6 +59,7 @@ from ._errors import (
 from ._events import EngineClientStats
 from ._protocol import (
     MAX_ENTRIES,
+    MAX_FAILURE_TEXT,
     PROTOCOL_VERSION,
     Abort,
     Codec,
@@ -574,7 +575,7 @@ class EngineClient:
             if rid is None:
                 late += 1
                 continue
-            registry.fail(rid, RemoteFailure(text, status))
+            registry.fail(rid, RemoteFailure(clip(text, MAX_FAILURE_TEXT), status))
         self._counts["late_outputs"] += late
 
 

@@ -41,6 +41,7 @@ import msgspec
 
 __all__ = [
     "MAX_ENTRIES",
+    "MAX_FAILURE_TEXT",
     "PROTOCOL_VERSION",
     "Abort",
     "Codec",
@@ -71,6 +72,11 @@ MAX_ENTRIES: Final = 4096
 and failures together per ``Step``. What one message costs a loop is bounded by this,
 not only by its bytes (a frame of millions of tiny entries would take seconds to
 decode and route)."""
+
+MAX_FAILURE_TEXT: Final = 1024
+"""Bytes of a failure's message, at most (UTF-8, cut at a character boundary): the
+engine cuts what it sends, the front what it shows a client (an engine is not trusted
+to have cut it)."""
 
 
 class Hello(msgspec.Struct, tag=1, array_like=True, frozen=True):

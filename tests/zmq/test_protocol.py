@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import msgspec
 import pytest
@@ -254,9 +254,11 @@ async def test_a_message_for_the_other_direction_is_refused_unread_and_holds_no_
         assert engine.server.stats().no_session == 0
 
 
-async def test_a_step_of_more_entries_than_one_message_may_hold_ends_the_session_unread(
+@contextlib.asynccontextmanager
+async def dishonest_engine(
     address: str,
-) -> None:
+) -> AsyncIterator[tuple[tether_zmq.EngineClient, Callable[[wire.Message], Awaitable[None]]]]:
+    """A front with a session on a fake engine, and a way to send it anything."""
     async with raw_peer(zmq.ROUTER, address) as fake:
         bound = fake.getsockopt_string(zmq.LAST_ENDPOINT)
         async with front(bound, ready=False) as client:
@@ -268,20 +270,47 @@ async def test_a_step_of_more_entries_than_one_message_may_hold_ends_the_session
             await fake.send_multipart([identity, wire.encode(welcome)])
             async with asyncio.timeout(10):
                 await client.wait_ready()
-            stream = client.open({"n": 1})
-            flood = wire.Step(1, [(1, b"", False)] * 2_000_000, [])
-            await fake.send_multipart([identity, wire.encode(flood)])
-            async with asyncio.timeout(10):
-                with pytest.raises(tether.ProducerError) as caught:
-                    await stream.result()
-            assert isinstance(caught.value.__cause__, tether_zmq.EngineLost)
-            assert "4096" in str(caught.value.__cause__)
-            stats = client.stats()
-            assert stats.malformed == 1
-            assert stats.late_outputs == 0  # (none of its entries was read)
-            assert stats.links_lost == 1
-            assert client.registry.in_flight == 0
+
+            async def send(message: wire.Message) -> None:
+                await fake.send_multipart([identity, wire.encode(message)])
+
+            yield client, send
+
+
+async def test_a_failure_text_from_the_engine_is_cut_before_a_client_sees_it(
+    address: str,
+) -> None:
+    async with dishonest_engine(address) as (client, send):
+        stream = client.open({"n": 1})
+        await send(wire.Step(1, [], [(1, "\u00e9" * 1_000_000, 400)]))
+        async with asyncio.timeout(10):
+            with pytest.raises(tether.ProducerError) as caught:
+                await stream.result()
+        shown = tether.http.error_response(caught.value)
+        assert shown.status == 400
+        message = shown.body["error"]["message"]
+        assert message.endswith(": " + "\u00e9" * (wire.MAX_FAILURE_TEXT // 2))  # (whole chars)
+        assert str(caught.value.__cause__) == "\u00e9" * (wire.MAX_FAILURE_TEXT // 2)
+
+
+async def test_a_step_of_more_entries_than_one_message_may_hold_ends_the_session_unread(
+    address: str,
+) -> None:
+    async with dishonest_engine(address) as (client, send):
+        stream = client.open({"n": 1})
+        await send(wire.Step(1, [(1, b"", False)] * 2_000_000, []))
+        async with asyncio.timeout(10):
+            with pytest.raises(tether.ProducerError) as caught:
+                await stream.result()
+        assert isinstance(caught.value.__cause__, tether_zmq.EngineLost)
+        assert "4096" in str(caught.value.__cause__)
+        stats = client.stats()
+        assert stats.malformed == 1
+        assert stats.late_outputs == 0  # (none of its entries was read)
+        assert stats.links_lost == 1
+        assert client.registry.in_flight == 0
 
 
 import tether  # noqa: E402
+import tether.http  # noqa: E402
 import tether_zmq  # noqa: E402  (the public names, next to the wire module above)
