@@ -230,6 +230,28 @@ async def test_a_hello_no_session_could_serve_is_refused_aloud(
         await assert_still_serves(engine.server)
 
 
+async def test_an_engine_that_says_what_a_request_is_refuses_a_costly_payload_unbuilt(
+    address: str,
+) -> None:
+    # (3M empty lists: decoded as Any, about a second of the engine's loop)
+    costly = msgspec.msgpack.encode([[]] * 3_000_000)
+    codec = wire.MsgpackCodec(decodes=dict[str, int])
+    async with (
+        echo_engine(address, codec=codec) as engine,
+        front(engine.server.address, engine_timeout=0.5) as client,
+        raw_peer(zmq.DEALER, engine.server.address) as peer,
+    ):
+        await say_hello(peer)
+        await peer.send(wire.encode(wire.Submit(1, [(1, "costly", costly)])))
+        reply = await answer(peer)
+        assert isinstance(reply, wire.Step)
+        assert [(sid, status) for sid, _, status in reply.failures] == [(1, 400)]
+        async with asyncio.timeout(10):
+            assert await client.open({"n": 1}).result() == {"i": 1, "front": client.incarnation}
+        assert client.stats().links_lost == 0
+        assert engine.server.stats().submitted == 1  # (the honest front's)
+
+
 async def test_a_message_for_the_other_direction_is_refused_unread_and_holds_no_loop(
     address: str,
 ) -> None:
