@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import socket
 import sys
@@ -33,6 +34,7 @@ from aiohttp.typedefs import Handler
 
 import tether
 import tether.http
+import tether.resume
 import tether_aiohttp
 from tether_aiohttp import respond, resume
 
@@ -118,7 +120,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def stop(request: web.Request) -> web.Response:
-    refusal = await request.app[SERVICE].stop(request.headers.get(tether.http.TOKEN_HEADER, ""))
+    refusal = await request.app[SERVICE].stop(request.headers.get(tether.resume.TOKEN_HEADER, ""))
     return web.Response(status=204) if refusal is None else refuse_with(refusal)
 
 
@@ -221,6 +223,7 @@ async def _clean_up(runner: web.AppRunner, registry: tether.Registry, hurry: asy
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the example server in the foreground until Ctrl-C or SIGTERM (exit code 0)."""
     options = cli.parse(argv, "tether example server on aiohttp", uvicorn=False)
+    cli.configure_logging(logging.WARNING)
     sock = None
     if options.workers > 1:
         sock = workers.listen(cli.HOST, options.port, options.workers)  # (returns in each)

@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 import tether
-from tether.http import Channel, Follower, new_token
+from tether.resume import Channel, Follower, new_token
 
 from ._ear import Ear, Fields, text
 

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from tests._support.processes import stop
-from tether.http import TOKEN_HEADER
+from tether.resume import TOKEN_HEADER
 
 from .conftest import BOUND, Reader, client, connect
 
