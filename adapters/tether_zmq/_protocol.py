@@ -189,40 +189,57 @@ def clip(text: str, limit: int) -> str:
     return text[:limit].encode("utf-8", "replace")[:limit].decode("utf-8", "ignore")
 
 
-_SUBMIT_OR_ABORT: Final = (b"\x93\x04", b"\x93\x05")  # (a 3-array, tag 4 or 5)
-_UINT_WIDTH: Final = {0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9}  # (header + bytes of a uint)
+_INT_WIDTH: Final = {0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9, 0xD0: 2, 0xD1: 3, 0xD2: 5, 0xD3: 9}
+"""Bytes of a MessagePack integer by its first byte (header included), beyond fixints."""
+_ARRAY_WIDTH: Final = {0xDC: 3, 0xDD: 5}
+"""Bytes of a MessagePack array header by its first byte, beyond fixarrays."""
 
 
-def _length_at(data: bytes | memoryview, at: int) -> int:
-    """The length of the MessagePack array whose header starts at ``at``; -1 if none."""
-    head = data[at : at + 5]
-    if not head:
-        return -1
-    code = head[0]
+def _array_at(data: bytes | memoryview, at: int) -> tuple[int, int]:
+    """The length and header width of the array whose header starts at ``at``, in any
+    encoding MessagePack allows; ``(-1, 0)`` if there is none."""
+    code = data[at] if at < len(data) else -1
     if 0x90 <= code <= 0x9F:
-        return code - 0x90
-    if code == 0xDC and len(head) >= 3:
-        return int.from_bytes(head[1:3], "big")
-    if code == 0xDD and len(head) >= 5:
-        return int.from_bytes(head[1:5], "big")
-    return -1
+        return code - 0x90, 1
+    width = _ARRAY_WIDTH.get(code, 0)
+    if not width or at + width > len(data):
+        return -1, 0
+    return int.from_bytes(data[at + 1 : at + width], "big"), width
 
 
-def entries_of(frame: bytes) -> int:
+def _int_at(data: bytes | memoryview, at: int) -> tuple[int, int]:
+    """The value and width of the integer at ``at``, in any encoding; width 0 if none."""
+    code = data[at] if at < len(data) else -1
+    if 0 <= code <= 0x7F or code >= 0xE0:
+        return (code if code <= 0x7F else code - 0x100), 1
+    width = _INT_WIDTH.get(code, 0)
+    if not width or at + width > len(data):
+        return 0, 0
+    return int.from_bytes(data[at + 1 : at + width], "big", signed=code >= 0xD0), width
+
+
+_COUNTED_TAGS: Final = (4, 5)  # (Submit, Abort)
+
+
+def entries_of(frame: bytes | memoryview) -> int:
     """How many entries the list of a ``Submit`` or ``Abort`` frame holds, read from
     its MessagePack headers without decoding it; -1 for any other frame (or one too
-    broken to tell: the full decode then refuses it)."""
-    if frame[:2] not in _SUBMIT_OR_ABORT:
+    broken to tell: the decoder then fails on its first wrong element).
+
+    Headers are read in every encoding MessagePack allows, not only the canonical one
+    (a 3-array as ``array16``, a negative ``seq``, a tag as ``int8``): the decoder takes
+    them all, so a peer could otherwise slip a frame of millions of entries past this.
+    """
+    length, at = _array_at(frame, 0)
+    if length < 3:  # (the decoder ignores extra trailing fields of an array-like struct)
         return -1
-    head = frame[2:3]
-    if not head:
+    tag, width = _int_at(frame, at)
+    if not width or tag not in _COUNTED_TAGS:
         return -1
-    # seq: a positive fixint, or uint 8/16/32/64
-    code = head[0]
-    width = 1 if code < 0x80 else _UINT_WIDTH.get(code, 0)
-    if not width:
+    _, seq_width = _int_at(frame, at + width)
+    if not seq_width:
         return -1
-    return _length_at(frame, 2 + width)
+    return _array_at(frame, at + width + seq_width)[0]
 
 
 def encode(message: Message) -> bytes:
@@ -258,7 +275,7 @@ def decode_at_front(frame: bytes | memoryview) -> ToFront:
     if not isinstance(message, _StepFrame):
         return message
     outputs, failures = memoryview(message.outputs), memoryview(message.failures)
-    count = max(0, _length_at(outputs, 0)) + max(0, _length_at(failures, 0))
+    count = max(0, _array_at(outputs, 0)[0]) + max(0, _array_at(failures, 0)[0])
     if count > MAX_ENTRIES:
         raise TooManyEntries(count)
     return Step(message.seq, _outputs_decoder.decode(outputs), _failures_decoder.decode(failures))

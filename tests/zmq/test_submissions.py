@@ -205,6 +205,35 @@ async def test_a_message_of_more_entries_than_a_front_may_send_is_refused_unread
             assert [o["i"] async for o in honest.open({"n": 2})] == [1, 2]
 
 
+_MANY = [1] * (wire.MAX_ENTRIES + 1)  # (an Abort's list: any ints will do)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        pytest.param(msgspec.msgpack.encode([5, -1, _MANY]), id="negative-seq"),
+        pytest.param(msgspec.msgpack.encode([5, 2**63 - 1, _MANY]), id="int64-seq"),
+        pytest.param(b"\xdc\x00\x03" + msgspec.msgpack.encode([5, 1, _MANY])[1:], id="array16"),
+        pytest.param(b"\x93\xd0\x05" + msgspec.msgpack.encode([5, 1, _MANY])[2:], id="int8-tag"),
+        pytest.param(msgspec.msgpack.encode([5, 1, _MANY, "extra"]), id="extra-field"),
+    ],
+)
+async def test_a_message_of_too_many_entries_is_refused_unread_in_any_encoding(
+    address: str, frame: bytes
+) -> None:
+    # (the decoder takes every one of these as an Abort: a count read only from the
+    # canonical encoding let millions of entries through to be built in full)
+    async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
+        await say_hello(peer)
+        assert isinstance(wire.decode(frame), wire.Abort)
+        await peer.send(frame)
+        reply = await answer(peer)
+        assert isinstance(reply, wire.Refuse)
+        assert str(wire.MAX_ENTRIES + 1) in reply.reason
+        assert engine.server.stats().too_large == 1
+        assert engine.server.stats().late_aborts == 0  # (not one entry was read)
+
+
 async def test_a_batch_of_more_submissions_than_one_message_may_hold_fails_alone_with_413(
     address: str,
 ) -> None:
