@@ -49,6 +49,7 @@ from ._events import Cancellation, EngineServerStats, Event, RequestKey, Submiss
 from ._protocol import (
     MAX_ENTRIES,
     MAX_FAILURE_TEXT,
+    MIN_MESSAGE,
     PROTOCOL_VERSION,
     Abort,
     Codec,
@@ -88,9 +89,6 @@ _STEP_OVERHEAD = 64
 """Bytes of a step message beyond its entries (tag, sequence number, array headers)."""
 _MAX_NAME = 128
 """Bytes of a front's name (its incarnation) beyond which its hello is refused."""
-_MIN_MESSAGE = 1024
-"""Bytes of frame cap below which a hello is refused: no step, not even a failure's
-message, would fit (every output of that front would fail, silently to its operator)."""
 _PROBE_DELAYS = (0.0, 0.002, 0.01, 0.03)
 """When to probe the fronts after a disconnect event: libzmq may drop the route a
 moment after it reports the disconnect."""
@@ -555,9 +553,9 @@ class EngineServer:
             self._counts["malformed"] += 1
             self._reply(identity, Refuse(0, PROTOCOL_VERSION, "front name too long"))
             return
-        if hello.max_message < _MIN_MESSAGE:
+        if hello.max_message < MIN_MESSAGE:
             self._counts["malformed"] += 1
-            reason = f"max_message={hello.max_message} is below {_MIN_MESSAGE} bytes"
+            reason = f"max_message={hello.max_message} is below {MIN_MESSAGE} bytes"
             self._reply(identity, Refuse(0, PROTOCOL_VERSION, reason))
             return
         former = self._fronts.get(identity)

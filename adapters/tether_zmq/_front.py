@@ -60,6 +60,7 @@ from ._events import EngineClientStats
 from ._protocol import (
     MAX_ENTRIES,
     MAX_FAILURE_TEXT,
+    MIN_MESSAGE,
     PROTOCOL_VERSION,
     Abort,
     Codec,
@@ -534,6 +535,10 @@ class EngineClient:
                     f"the engine speaks protocol v{message.version}, not v{PROTOCOL_VERSION}"
                 )
                 logger.error("engine welcome with protocol v%d: ignored", message.version)
+                return
+            if message.max_message < MIN_MESSAGE:
+                self._counts["malformed"] += 1
+                self._why_down = f"the engine's max_message={message.max_message} is unusable"
                 return
             self._up = True
             self._seq_in = 1

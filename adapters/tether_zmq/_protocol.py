@@ -42,6 +42,7 @@ import msgspec
 __all__ = [
     "MAX_ENTRIES",
     "MAX_FAILURE_TEXT",
+    "MIN_MESSAGE",
     "PROTOCOL_VERSION",
     "Abort",
     "Codec",
@@ -77,6 +78,10 @@ MAX_FAILURE_TEXT: Final = 1024
 """Bytes of a failure's message, at most (UTF-8, cut at a character boundary): the
 engine cuts what it sends, the front what it shows a client (an engine is not trusted
 to have cut it)."""
+
+MIN_MESSAGE: Final = 1024
+"""Bytes of frame cap below which a hello or a welcome is refused: no step, not even a
+failure's message, would fit (every request of that session would fail, unexplained)."""
 
 
 class Hello(msgspec.Struct, tag=1, array_like=True, frozen=True):

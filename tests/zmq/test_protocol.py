@@ -299,6 +299,26 @@ async def dishonest_engine(
             yield client, send
 
 
+@pytest.mark.parametrize("cap", [0, -1, wire.MIN_MESSAGE - 1])
+async def test_a_welcome_whose_cap_no_request_could_fit_opens_no_session(
+    address: str, cap: int
+) -> None:
+    async with raw_peer(zmq.ROUTER, address) as fake:
+        bound = fake.getsockopt_string(zmq.LAST_ENDPOINT)
+        async with front(bound, ready=False) as client:
+            async with asyncio.timeout(10):
+                identity, frame = await fake.recv_multipart()
+            hello = wire.decode(frame)
+            assert isinstance(hello, wire.Hello)
+            welcome = wire.Welcome(0, PROTOCOL_VERSION, "fake", hello.attempt, cap)
+            await fake.send_multipart([identity, wire.encode(welcome)])
+            await eventually(lambda: client.stats().malformed == 1)
+            assert not client.ready
+            with pytest.raises(tether_zmq.EngineUnavailable, match="max_message"):
+                client.open({"n": 1})
+            assert client.registry.in_flight == 0
+
+
 async def test_a_failure_text_from_the_engine_is_cut_before_a_client_sees_it(
     address: str,
 ) -> None:
