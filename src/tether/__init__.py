@@ -24,6 +24,7 @@ from ._errors import (
     Aborted,
     AbortReason,
     BatchTooLarge,
+    ConcurrentRead,
     ConsumerTooSlow,
     DuplicateRequest,
     InvalidRequest,
@@ -34,6 +35,7 @@ from ._errors import (
     RequestTimeout,
     TetherError,
     UnknownRequest,
+    WrongLoop,
 )
 from ._limits import DEFAULT_MAX_PENDING_BYTES, approximate_size
 from ._observe import Observer, Outcome, RequestEnd
@@ -55,6 +57,7 @@ __all__ = [
     "Aborted",
     "Batch",
     "BatchTooLarge",
+    "ConcurrentRead",
     "ConsumerTooSlow",
     "DuplicateRequest",
     "Encoder",
@@ -76,5 +79,6 @@ __all__ = [
     "Summary",
     "TetherError",
     "UnknownRequest",
+    "WrongLoop",
     "approximate_size",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._consumer import EMPTY, Consumer
+from ._errors import ConcurrentRead
 from ._state import NOTHING, Group, RequestState
 from ._stream import Stream
 
@@ -93,26 +94,23 @@ class Batch(Consumer):
 
         :raises ProducerError: a sub-request failed (without ``keep_going``).
         :raises Aborted: the batch was aborted.
+        :raises ConcurrentRead: another task is reading this batch (nothing changes
+            for that task).
         """
+        if self._reading:
+            raise ConcurrentRead(self)
         group = self._group
         if self._box is None:
             self._first_read()
         errors = group.errors or {}
         unread = (self._take_buffered() or EMPTY) + group.take()
-        states = self._states
-        self._collect([pair for pair in unread if errors.get(pair[0]) is not pair[1]], states)
-        waited = False
-        try:
-            while group.live and group.error is None and not self._closed:
-                await self.wait_ready()
-            waited = True
-        finally:
-            if not waited:  # cancelled (or refused): what was folded stays readable
-                self._uncollect(states)
+        await self._collect_result(
+            group, [pair for pair in unread if errors.get(pair[0]) is not pair[1]]
+        )
         if group.error is not None:
             raise group.error.with_traceback(None)
         errors = group.errors or {}
         return [
             errors.get(index, None if state.acc is NOTHING else state.acc)
-            for index, state in enumerate(states)
+            for index, state in enumerate(self._states)
         ]

@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Self
 
-from ._errors import Aborted, AbortReason
+from ._errors import Aborted, AbortReason, ConcurrentRead
 from ._idle import IdleDeadline
 from ._scope import waiter_cancelled
 from ._state import NOTHING, Group, RequestState
@@ -69,6 +69,7 @@ class Consumer:
         "_collecting",
         "_idle",
         "_pos",
+        "_reading",
         "_states",
         "_table",
     )
@@ -84,6 +85,9 @@ class Consumer:
         self._pos = 0
         self._closed = False
         self._collecting = False  # result() put the requests in collect mode
+        # A task is inside a read that waits (result(), or parked until it resumes):
+        # any other task's read is refused before it touches anything (ConcurrentRead).
+        self._reading = False
         # The deadline of timed waits (next_ready(timeout=...)) and its one timer,
         # made at the first timed wait.
         self._idle: IdleDeadline | None = None
@@ -121,8 +125,10 @@ class Consumer:
         states = self._states
         for state in states:
             if state.live:
+                table = self._table
+                table.check_thread(f"{type(self).__name__}.cancel()")
                 error = Aborted(states[0].rid, reason)
-                return self._table.abort(states, error, defer=False)
+                return table.abort(states, error, defer=False)
         return False  # the common case at the end of every response: nothing to build
 
     async def aclose(self) -> None:
@@ -165,12 +171,16 @@ class Consumer:
         if pos < len(buf):
             self._pos = pos + 1
             return buf[pos]
+        if self._reading:  # (another task owns what woke it, even before it resumes)
+            raise ConcurrentRead(self)
         box = self._box or self._first_read()
         while True:
             if self._closed:
                 raise StopAsyncIteration
             if box.pending:
                 items = box.take()
+                if not items:
+                    continue  # only an aborted sub-request's outputs waited
                 if len(items) > 1:  # (an exhausted buffer needs no reset)
                     self._buf = items
                     self._pos = 1
@@ -179,18 +189,20 @@ class Consumer:
                 raise box.error.with_traceback(None)
             if not box.live:
                 raise StopAsyncIteration
-            if box.waiter is not None or self._collecting:
-                await self.wait_ready()  # (to refuse a second reader; collect mode waits on)
-                continue
+            if box.waiter is not None:
+                raise ConcurrentRead(self)
             # The common wait, inlined: one coroutine less per output.
-            waiter = box.waiter = _Future(loop=asyncio.get_running_loop())
+            waiter = box.waiter = _Future(loop=self._table.own_loop())
             if self._idle is not None:
                 self._idle.deadline = None  # an untimed wait
+            self._reading = True
             try:
                 await waiter
             except asyncio.CancelledError:
                 self._cancelled(box, waiter)
                 raise
+            finally:
+                self._reading = False
 
     def ready(self) -> list[Any] | None:
         """Every output (or pair) that is ready now, oldest first, without waiting.
@@ -203,18 +215,18 @@ class Consumer:
         :raises ProducerError: as for ``__anext__``.
         :raises Aborted: as for ``__anext__``.
         """
+        if self._reading:
+            raise ConcurrentRead(self)
         box = self._box or self._first_read()
         if self._closed:
             return None
         rest = self._take_buffered()
-        if box.pending:
-            items = box.take()
-            if rest:
-                rest.extend(items)
-                return rest
-            return items
+        items = box.take() if box.pending else EMPTY
         if rest:
+            rest.extend(items)
             return rest
+        if items:
+            return items
         if box.error is not None or not box.live:
             self._stop_idle()
             if box.error is not None:
@@ -318,18 +330,23 @@ class Consumer:
         producer's ``put`` (or the request's end) resolves. Cancellation of the
         waiting task is an abort of this consumer.
         """
+        if self._reading:
+            raise ConcurrentRead(self)
         box = self._box or self._first_read()
-        if not box.live or box.error is not None or self._closed:
+        if not box.live or box.error is not None or self._closed or box.pending:
             return
-        # (in collect mode a batch's list holds only keep-going errors: result() waits on)
-        if box.pending and not self._collecting:
-            return
+        self._reading = True
+        try:
+            await self._park(box, timeout)
+        finally:
+            self._reading = False
+
+    async def _park(self, box: RequestState | Group, timeout: float | None) -> None:
+        """Wait on a future made now, which the producer's ``put`` (or the request's
+        end) resolves; the caller holds ``_reading``, so nobody else parks here."""
         if box.waiter is not None:  # (a waiter resolved or dropped is always cleared)
-            raise RuntimeError(
-                f"{self!r} is already being read by another task; read a stream or a "
-                "batch from one task at a time"
-            )
-        loop = asyncio.get_running_loop()
+            raise ConcurrentRead(self)
+        loop = self._table.own_loop()
         waiter: asyncio.Future[None] = _Future(loop=loop)
         box.waiter = waiter
         idle = self._idle
@@ -344,6 +361,27 @@ class Consumer:
         except asyncio.CancelledError:
             self._cancelled(box, waiter)
             raise
+
+    async def _collect_result(self, box: RequestState | Group, outputs: list[Any]) -> None:
+        """``result()``'s wait: claim the consumer (refusing a second reader before
+        anything changes), enter collect mode with the unread ``outputs`` (``(index,
+        output)`` pairs), and wait until ``box`` ends, fails or the consumer closes.
+        Collect mode is left only by the reader that entered it, and only if it did
+        not see the end (cancelled): what was folded is then readable again."""
+        states = self._states
+        self._reading = True
+        waited = False
+        try:
+            self._collect(outputs, states)
+            # In collect mode the producer folds and wakes nobody until the end, and
+            # nothing else may read: each wake-up is the end, an error or a close.
+            while box.live and box.error is None and not self._closed:
+                await self._park(box, None)
+            waited = True
+        finally:
+            self._reading = False
+            if not waited:
+                self._uncollect(states)
 
     def _cancelled(self, box: RequestState | Group, waiter: asyncio.Future[None]) -> None:
         """The task waiting on ``waiter`` was cancelled: that is an abort of this consumer."""

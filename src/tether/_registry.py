@@ -28,6 +28,7 @@ from ._errors import (
     DuplicateRequest,
     InvalidRequest,
     ProducerError,
+    WrongLoop,
     check_rid,
 )
 from ._limits import DEFAULT_MAX_PENDING_BYTES, Limits, approximate_size
@@ -269,8 +270,8 @@ class Registry:
 
         :returns: ``True`` if the request was in flight; ``False`` (counted as a late
             output, never raised) if it had already finished, failed or been aborted.
-        :raises RuntimeError: called outside the registry's event loop (another
-            thread, or another loop).
+        :raises WrongLoop: called outside the registry's event loop (another thread,
+            or another loop).
         """
         state = self._entries.get(rid)
         if state is None:
@@ -283,6 +284,8 @@ class Registry:
             self._table.ttfo.append(at - state.opened_at)
             if self._table.observers:
                 announce_first_output(self._table.observers, rid, at - state.opened_at)
+                if not state.live:  # an observer ended it: the output has nobody to reach
+                    return True
         try:
             if state.collect:  # result() waits: fold into it (fold(), inlined), wake nobody
                 merge = self._limits.merge
@@ -294,6 +297,8 @@ class Registry:
         except Exception as exc:  # merge() raised: that request fails, the producer goes on
             self._table.merge_failed(state, exc, finished)
             return True
+        if not state.live:
+            return True  # ended inside put (merge or a finaliser re-entered): once is all
         if not fits:
             self._table.too_slow(state, finished)
         elif finished:
@@ -306,7 +311,7 @@ class Registry:
         except RuntimeError:
             running = None
         if running is not self._table.require_loop():
-            raise RuntimeError(
+            raise WrongLoop(
                 f"Registry.deliver({rid!r}) was called outside the registry's event loop "
                 f"(from thread {threading.current_thread().name!r}): the consumer would "
                 "not be woken. From another thread, use deliver_threadsafe() or "
@@ -326,7 +331,9 @@ class Registry:
         sub-requests are aborted unless the batch was opened with ``keep_going``.
 
         :returns: ``True`` if the request was in flight, ``False`` (counted) otherwise.
+        :raises WrongLoop: called from another thread (use :meth:`fail_threadsafe`).
         """
+        self._table.check_thread("Registry.fail()")
         return self._table.end_rid(rid, ProducerError(rid, exc), tell=False, defer=True)
 
     def abort(self, rid: str, reason: AbortReason = AbortReason.SERVER) -> bool:
@@ -336,7 +343,9 @@ class Registry:
         In a batch, the other sub-requests are aborted unless it keeps going.
 
         :returns: ``True`` if the request was in flight, ``False`` (counted) otherwise.
+        :raises WrongLoop: called from another thread (use :meth:`abort_threadsafe`).
         """
+        self._table.check_thread("Registry.abort()")
         # (on_abort runs after the entry is freed: it may re-enter the registry)
         return self._table.end_rid(rid, Aborted(rid, reason), tell=True, defer=False)
 
@@ -345,7 +354,10 @@ class Registry:
 
         Each consumer gets :class:`~tether.ProducerError` with ``exc`` as its cause;
         ``on_abort`` is not called.
+
+        :raises WrongLoop: called from another thread.
         """
+        self._table.check_thread("Registry.fail_all()")
         return self._table.fail_all(exc)
 
     # -- producers on other threads ------------------------------------------------------
@@ -356,7 +368,7 @@ class Registry:
         Safe from any thread; the delivery happens on the loop soon after. Use
         :meth:`deliver_many_threadsafe` for a whole engine step: one hand-over.
 
-        :raises RuntimeError: no request was ever opened (no loop known) or the loop closed.
+        :raises WrongLoop: no request was ever opened (no loop known) or the loop closed.
         """
         self._table.require_loop().call_soon_threadsafe(
             self._deliver_positional, rid, output, finished

@@ -52,7 +52,8 @@ def wake(waiter: asyncio.Future[None] | None) -> None:
 class Group:
     """The shared mailbox of a batch's sub-requests.
 
-    ``pending`` holds ``(index, output)`` pairs. ``gen`` counts how often the
+    ``pending`` holds ``(index, output)`` pairs (less those of ``dropped`` indices,
+    left out at the next ``take``). ``gen`` counts how often the
     consumer took ``pending``: a state whose ``gen`` differs has nothing in the
     current list. The batch is read one way or the other, decided by the first
     read: ``whole`` once the batch itself was read; ``split`` once one of its
@@ -60,6 +61,7 @@ class Group:
     """
 
     __slots__ = (
+        "dropped",
         "error",
         "errors",
         "gen",
@@ -78,6 +80,7 @@ class Group:
         self.states: Sequence[RequestState] = states  # () once all ended (Table._release)
         self.keep_going = keep_going
         self.pending: list[tuple[int, Any]] = []
+        self.dropped: set[int] | None = None  # aborted indices whose pairs take() leaves out
         self.gen = 0
         self.remaining = 0
         self.live = True
@@ -120,6 +123,16 @@ class Group:
         if pending:
             self.pending = []
             self.gen += 1
+            dropped = self.dropped
+            if dropped is not None:
+                self.dropped = None
+                errors = self.errors or {}
+                # (a keep-going batch's error pairs stand for their sub-request: kept)
+                pending = [
+                    pair
+                    for pair in pending
+                    if pair[0] not in dropped or errors.get(pair[0]) is pair[1]
+                ]
         return pending
 
     def record(self, state: RequestState) -> None:
@@ -136,21 +149,18 @@ class Group:
         elif self.error is None:
             self.error = error
 
-    def drop(self, indices: set[int]) -> None:
-        """Forget the waiting outputs of the sub-requests at ``indices`` (aborted ones).
+    def drop(self, index: int) -> None:
+        """Forget the waiting outputs of the sub-request at ``index`` (aborted).
 
-        The others' outputs stay waiting where they were, so each survivor's place
-        in the list is moved with it (not forgotten: its next output must still fold
-        into, or count against, what already waits).
+        In O(1): the index is noted and its pairs are left out when the consumer next
+        takes the list (which costs what the list holds anyway). Ending a batch of n
+        therefore costs O(n) in all, not a rebuilt list per sub-request, and the
+        survivors' places in the list stay where their next outputs fold.
         """
-        pending, states = self.pending, self.states
-        if not pending:
-            return
-        kept = [pair for pair in pending if pair[0] not in indices]
-        if states:  # (() once every sub-request ended: nobody puts any more)
-            for pos, (index, _) in enumerate(kept):
-                states[index].pos = pos  # the last pair of each is its newest
-        self.pending = kept
+        dropped = self.dropped
+        if dropped is None:
+            dropped = self.dropped = set()
+        dropped.add(index)
 
     def split_up(self, states: Sequence[RequestState]) -> None:
         """Make each sub-request its own mailbox: from now on each state keeps its

@@ -39,6 +39,7 @@ from ._errors import (
     RegistryClosed,
     RequestTimeout,
     TetherError,
+    WrongLoop,
 )
 from ._limits import Limits
 from ._notify import Notifier
@@ -52,6 +53,22 @@ __all__ = ["Table"]
 logger = logging.getLogger("tether")
 
 now: Final = time.monotonic
+
+
+FAILED_SIBLING: Final = AbortReason.FAILED_SIBLING
+
+
+def failed_sibling(rid: str, failed: str, error: TetherError) -> Aborted:
+    """How a sub-request ends when ``failed``, another of its batch, ended first with
+    ``error`` (its ``__cause__``): aborted, reason ``failed_sibling``."""
+    aborted = Aborted(
+        rid,
+        FAILED_SIBLING,
+        f"request {rid!r} was aborted: request {failed!r} of its batch ended first "
+        f"({type(error).__name__})",
+    )
+    aborted.__cause__ = error
+    return aborted
 
 
 class Table:
@@ -124,8 +141,22 @@ class Table:
             raise InvalidRequest(
                 f"timeout must be a positive number of seconds or None, got {timeout}"
             )
-        loop = asyncio.get_running_loop()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise WrongLoop(
+                "Registry.open() runs on the server's event loop, and no loop runs in "
+                f"thread {threading.current_thread().name!r} (a sync FastAPI dependency "
+                "runs in a thread pool: make it 'async def'); from another thread, open "
+                "on the loop (asyncio.run_coroutine_threadsafe) and deliver with "
+                "deliver_threadsafe()"
+            ) from None
         if loop is not self._loop:
+            if self.entries:
+                raise WrongLoop(
+                    "this registry's requests run on another event loop: open them on "
+                    "that loop, or give each event loop its own Registry"
+                )
             self._loop = loop
             self._thread = threading.get_ident()
         if self.closed:
@@ -155,19 +186,48 @@ class Table:
     def require_loop(self) -> asyncio.AbstractEventLoop:
         """The loop requests were opened on, for hand-overs from other threads.
 
-        :raises RuntimeError: no request was opened yet.
+        :raises WrongLoop: no request was opened yet, or that loop is closed.
         """
         loop = self._loop
         if loop is None:
-            raise RuntimeError(
-                "no request was opened on this registry yet: no loop to hand over to"
+            raise WrongLoop("no request was opened on this registry yet: no loop to hand over to")
+        if loop.is_closed():
+            raise WrongLoop("the event loop this registry's requests ran on is closed")
+        return loop
+
+    def own_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, checked to be the one requests are opened on (a consumer
+        parks on a future that the producer resolves on that loop).
+
+        :raises WrongLoop: running on another loop.
+        """
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            raise WrongLoop(
+                "a Stream or Batch is read on another event loop than the one its "
+                "request was opened on: read it where it was opened"
             )
         return loop
+
+    def check_thread(self, what: str) -> None:
+        """Refuse a call that changes the table from another thread than the loop's.
+
+        :raises WrongLoop: called from another thread.
+        """
+        thread = self._thread
+        if thread is not None and thread != threading.get_ident():
+            raise WrongLoop(
+                f"{what} was called from thread {threading.current_thread().name!r}, not "
+                "the thread of the registry's event loop: use the *_threadsafe methods "
+                "(or loop.call_soon_threadsafe)"
+            )
 
     # -- the end of a request ---------------------------------------------------------
 
     def finish(self, state: RequestState) -> None:
         """The producer delivered ``state``'s last output."""
+        if not state.live:
+            return  # ended meanwhile (something inside deliver() re-entered the table)
         self._finished += 1
         self._release(state, None, None)
         state.end(None)
@@ -186,9 +246,11 @@ class Table:
         ended = self._close((state,), error, reason)
         siblings: list[str] = []
         group = state.group
-        if group is not None and not group.keep_going:
-            live = [sibling for sibling in group.states if sibling.live]
-            siblings = self._close(live, error, AbortReason.FAILED_SIBLING)
+        if ended and group is not None and not group.keep_going:
+            for sibling in [sibling for sibling in group.states if sibling.live]:
+                siblings += self._close(
+                    (sibling,), failed_sibling(sibling.rid, state.rid, error), FAILED_SIBLING
+                )
         # Told only once the table is consistent again: on_abort may re-enter it.
         self._tell(ended if tell else [], defer)
         self._tell(siblings, defer)
@@ -236,7 +298,7 @@ class Table:
         # The consumer is too slow: its request ends, or its whole batch if read whole.
         # A finished request's producer has forgotten it: no abort to report for it.
         told = self._abort_live((state,), error)
-        if finished:
+        if finished and state.rid in told:
             told.remove(state.rid)
         self._tell(told, defer=True)
 
@@ -331,7 +393,7 @@ class Table:
             group = state.group
             if group is not None:
                 if aborted and not group.split:
-                    group.drop({state.index})
+                    group.drop(state.index)
                 group.record(state)
         return ended
 

@@ -33,7 +33,12 @@ async def sse_events(client: httpx.AsyncClient, url: str) -> list[str]:
         pytest.param("", ['{"n":1}', '{"n":2}'], id="stream"),
         pytest.param(
             "?batch=2",
-            ['{"index":0,"n":1}', '{"index":0,"n":2}', '{"index":1,"n":1}', '{"index":1,"n":2}'],
+            [
+                '{"index":0,"output":{"n":1}}',
+                '{"index":0,"output":{"n":2}}',
+                '{"index":1,"output":{"n":1}}',
+                '{"index":1,"output":{"n":2}}',
+            ],
             id="batch",
         ),
     ],
