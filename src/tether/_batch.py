@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._consumer import EMPTY, Consumer
-from ._errors import ConcurrentRead
 from ._state import NOTHING, Group, RequestState
 from ._stream import Stream
 
@@ -31,12 +30,13 @@ class Batch(Consumer):
     through :attr:`streams`; the first read decides which way the batch is read.
     """
 
-    __slots__ = ("_group", "_streams")
+    __slots__ = ("_group", "_rids", "_streams")
 
     def __init__(self, table: Table, group: Group) -> None:
         super().__init__(table, group.states, None)
         self._group = group
         self._streams: tuple[Stream, ...] | None = None
+        self._rids: tuple[str, ...] | None = None
 
     def __del__(self) -> None:
         # Once handed out, the sub-streams own their requests and clean up after themselves.
@@ -46,7 +46,10 @@ class Batch(Consumer):
     @property
     def rids(self) -> tuple[str, ...]:
         """The sub-requests' ids, in index order."""
-        return tuple(state.rid for state in self._states)
+        rids = self._rids
+        if rids is None:  # made once: batch.rids[i] in a loop must not cost O(n) each
+            rids = self._rids = tuple(state.rid for state in self._states)
+        return rids
 
     def __len__(self) -> int:
         return len(self._states)
@@ -97,8 +100,7 @@ class Batch(Consumer):
         :raises ConcurrentRead: another task is reading this batch (nothing changes
             for that task).
         """
-        if self._reading:
-            raise ConcurrentRead(self)
+        self._claim()
         group = self._group
         if self._box is None:
             self._first_read()

@@ -362,6 +362,13 @@ class Consumer:
             self._cancelled(box, waiter)
             raise
 
+    def _claim(self) -> None:
+        """Refuse ``result()`` before it changes anything: another task reads, or this
+        is another loop than the one the requests run on."""
+        if self._reading:
+            raise ConcurrentRead(self)
+        self._table.own_loop()
+
     async def _collect_result(self, box: RequestState | Group, outputs: list[Any]) -> None:
         """``result()``'s wait: claim the consumer (refusing a second reader before
         anything changes), enter collect mode with the unread ``outputs`` (``(index,

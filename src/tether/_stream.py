@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._consumer import EMPTY, Consumer
-from ._errors import ConcurrentRead
 from ._state import NOTHING, Group, RequestState
 
 if TYPE_CHECKING:
@@ -76,8 +75,7 @@ class Stream(Consumer):
         :raises ConcurrentRead: another task is reading this stream (nothing changes
             for that task).
         """
-        if self._reading:
-            raise ConcurrentRead(self)
+        self._claim()
         if self._box is None:
             self._first_read()
         state = self._state
