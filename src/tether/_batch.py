@@ -28,6 +28,17 @@ class Batch(Consumer):
     yields ``(index, error)`` in its place); ``await batch.result()`` returns every
     sub-request's result in order. Alternatively, read each sub-request on its own
     through :attr:`streams`; the first read decides which way the batch is read.
+
+    When one sub-request fails or is aborted (and the batch does not keep going),
+    it ends with its own error (a :class:`~tether.ProducerError` from ``fail()``,
+    an :class:`~tether.Aborted` from ``abort()``), and each of its live siblings
+    ends as :class:`~tether.Aborted` with reason ``failed_sibling``, its message
+    naming the failed rid and its ``__cause__`` the failed one's error. Counters,
+    observers (``RequestEnd``) and the sub-streams agree: the failed one is counted
+    failed (or aborted under its own reason), each sibling ``failed_sibling``.
+    The batch read whole (``result()``, ``async for``) raises the failed one's own
+    error. A consumer's own abort (``aclose()``, a disconnect, a deadline, a
+    consumer too slow) ends a batch read whole with that one error for all.
     """
 
     __slots__ = ("_group", "_rids", "_streams")
@@ -85,7 +96,7 @@ class Batch(Consumer):
             raise RuntimeError(
                 "this batch's sub-streams are being read (.streams); read those instead"
             )
-        group.whole = True
+        group.read_whole()
         self._box = group
         return group
 

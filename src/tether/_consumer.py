@@ -29,6 +29,7 @@ from ._errors import Aborted, AbortReason, ConcurrentRead
 from ._idle import IdleDeadline
 from ._scope import waiter_cancelled
 from ._state import NOTHING, Group, RequestState
+from ._table import WHOLE, End
 
 if TYPE_CHECKING:
     from ._table import Table
@@ -37,8 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["Consumer", "fold"]
 
 EMPTY: Final[list[Any]] = []
-_Future = asyncio.Future
-"""Waiters are made directly (``loop.create_future()`` adds a Python call per wait)."""
 
 
 def _idle(consumer: weakref.ref[Consumer]) -> None:
@@ -128,7 +127,7 @@ class Consumer:
                 table = self._table
                 table.check_thread(f"{type(self).__name__}.cancel()")
                 error = Aborted(states[0].rid, reason)
-                return table.abort(states, error, defer=False)
+                return table.end(states, End(error, WHOLE))
         return False  # the common case at the end of every response: nothing to build
 
     async def aclose(self) -> None:
@@ -192,7 +191,7 @@ class Consumer:
             if box.waiter is not None:
                 raise ConcurrentRead(self)
             # The common wait, inlined: one coroutine less per output.
-            waiter = box.waiter = _Future(loop=self._table.own_loop())
+            waiter = box.park(self._table.own_loop())
             if self._idle is not None:
                 self._idle.deadline = None  # an untimed wait
             self._reading = True
@@ -271,7 +270,7 @@ class Consumer:
         if not isinstance(box, RequestState):
             return False
         if sink is None:
-            box.sink = None
+            box.set_sink(None)
             return False
         if (
             not box.live
@@ -282,7 +281,7 @@ class Consumer:
             or self._pos < len(self._buf)
         ):
             return False
-        box.sink = sink
+        box.set_sink(sink)
         return True
 
     def _take_buffered(self) -> list[Any] | None:
@@ -306,8 +305,7 @@ class Consumer:
         for index, output in outputs:
             accs[index] = fold(merge, accs[index], output)
         for state, acc in zip(states, accs, strict=True):
-            state.acc = acc
-            state.collect = True
+            state.collect(acc)
 
     def _uncollect(self, states: Sequence[RequestState]) -> None:
         """Leave collect mode (``result()`` ended by an exception or a cancellation):
@@ -317,10 +315,7 @@ class Consumer:
             return
         self._collecting = False
         for state in states:
-            state.collect = False
-            acc, state.acc = state.acc, NOTHING
-            if acc is not NOTHING:
-                state.unfold(acc)
+            state.uncollect()
 
     async def wait_ready(self, *, timeout: float | None = None) -> None:
         """Wait until :meth:`ready` has something to say (an output, the end, an
@@ -347,8 +342,7 @@ class Consumer:
         if box.waiter is not None:  # (a waiter resolved or dropped is always cleared)
             raise ConcurrentRead(self)
         loop = self._table.own_loop()
-        waiter: asyncio.Future[None] = _Future(loop=loop)
-        box.waiter = waiter
+        waiter = box.park(loop)
         idle = self._idle
         if idle is None and timeout is not None:
             idle = self._idle = IdleDeadline(functools.partial(_idle, weakref.ref(self)))
@@ -392,18 +386,14 @@ class Consumer:
 
     def _cancelled(self, box: RequestState | Group, waiter: asyncio.Future[None]) -> None:
         """The task waiting on ``waiter`` was cancelled: that is an abort of this consumer."""
-        if box.waiter is waiter:
-            box.waiter = None
+        box.unpark(waiter)
         waiter_cancelled()
         self.cancel(AbortReason.CANCELLED)
 
     def _on_idle(self) -> None:
         """The timed wait's deadline passed: it ends with nothing ready."""
-        box = self._box
-        waiter = box.waiter if box is not None else None
-        if box is not None and waiter is not None and not waiter.done():
-            box.waiter = None
-            waiter.set_result(None)
+        if self._box is not None:
+            self._box.wake()
 
     def _stop_idle(self) -> None:
         if self._idle is not None:

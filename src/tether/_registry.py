@@ -34,10 +34,10 @@ from ._errors import (
 from ._limits import DEFAULT_MAX_PENDING_BYTES, Limits, approximate_size
 from ._observe import Observer, announce_first_output, opened
 from ._scope import current_scope
-from ._state import NOTHING, Group, RequestState
+from ._state import Group, RequestState
 from ._stats import RegistryStats
 from ._stream import Stream
-from ._table import Table, now
+from ._table import FINISHED, SIBLINGS, End, Table, now
 from .types import Merge, OnAbort, SizeOf
 
 __all__ = ["Registry"]
@@ -181,7 +181,7 @@ class Registry:
         if scope is not None or table.observers:
             opened(table.observers, (state,), scope, batch=False)
         if timeout is not None:
-            state.timer = loop.call_later(timeout, table.expire, (state,), timeout)
+            state.arm(loop.call_later(timeout, table.expire, (state,), timeout))
         stream = Stream(table, state)
         if scope is not None:
             scope.track(stream)
@@ -238,16 +238,13 @@ class Registry:
             scope.check()
         if rids is None:
             rids = [table.fresh_rid() for _ in range(count)]
-        states: list[RequestState] = []
-        group = Group(states, keep_going=keep_going)
-        opened_at = now()
-        states.extend(RequestState(rid, index, group, opened_at) for index, rid in enumerate(rids))
-        group.remaining = count
+        group = Group(rids, now(), keep_going=keep_going)
+        states = group.states
         table.insert(states)
         if scope is not None or table.observers:
             opened(table.observers, states, scope, batch=True)
         if timeout is not None:
-            group.timer = loop.call_later(timeout, table.expire, tuple(states), timeout)
+            group.arm(loop.call_later(timeout, table.expire, tuple(states), timeout))
         batch = Batch(table, group)
         if scope is not None:
             scope.track(batch)
@@ -277,23 +274,16 @@ class Registry:
         if state is None:
             self._table.late += 1
             return False
-        state.noutputs += 1
         if not state.first_at:
             self._require_own_loop(rid)
-            state.first_at = at = now()
-            self._table.ttfo.append(at - state.opened_at)
+            waited = state.first_output(now())
+            self._table.ttfo.append(waited)
             if self._table.observers:
-                announce_first_output(self._table.observers, rid, at - state.opened_at)
+                announce_first_output(self._table.observers, rid, waited)
                 if not state.live:  # an observer ended it: the output has nobody to reach
                     return True
         try:
-            if state.collect:  # result() waits: fold into it (fold(), inlined), wake nobody
-                merge = self._limits.merge
-                acc = state.acc
-                state.acc = output if merge is None or acc is NOTHING else merge(acc, output)
-                fits = True
-            else:
-                fits = state.put(output, self._limits)
+            fits = state.put(output, self._limits)
         except Exception as exc:  # merge() raised: that request fails, the producer goes on
             self._table.merge_failed(state, exc, finished)
             return True
@@ -302,7 +292,7 @@ class Registry:
         if not fits:
             self._table.too_slow(state, finished)
         elif finished:
-            self._table.finish(state)
+            self._table.end((state,), FINISHED)
         return True
 
     def _require_own_loop(self, rid: str) -> None:
@@ -334,7 +324,8 @@ class Registry:
         :raises WrongLoop: called from another thread (use :meth:`fail_threadsafe`).
         """
         self._table.check_thread("Registry.fail()")
-        return self._table.end_rid(rid, ProducerError(rid, exc), tell=False, defer=True)
+        failure = End(ProducerError(rid, exc), SIBLINGS, tell=False)
+        return self._table.end_rid(rid, failure, defer=True)
 
     def abort(self, rid: str, reason: AbortReason = AbortReason.SERVER) -> bool:
         """Abort a request from the server side: its consumer gets :class:`~tether.Aborted`.
@@ -347,7 +338,7 @@ class Registry:
         """
         self._table.check_thread("Registry.abort()")
         # (on_abort runs after the entry is freed: it may re-enter the registry)
-        return self._table.end_rid(rid, Aborted(rid, reason), tell=True, defer=False)
+        return self._table.end_rid(rid, End(Aborted(rid, reason), SIBLINGS), defer=False)
 
     def fail_all(self, exc: BaseException) -> int:
         """Fail every request in flight (the producer crashed); returns how many.

@@ -4,8 +4,11 @@ A :class:`RequestState` is a rid's table entry and, for a single request, the
 mailbox its consumer reads. The sub-requests of a batch share one :class:`Group`
 instead: their outputs wait there as ``(index, output)`` pairs, in arrival order,
 and one future wakes the batch. Each mailbox owns what is done to it: ``put`` (the
-producer's output, folded by ``merge`` or bounded by the :class:`Limits`),
-``take`` (everything ready, for the consumer) and ``end`` (the request's error).
+producer's output, folded by ``merge`` or bounded by the :class:`Limits`, or into
+the result in collect mode), ``take`` (everything ready, for the consumer),
+``collect``/``uncollect`` (``result()``'s mode), ``park``/``wake`` (the one
+future a waiting consumer parks on) and ``close`` (the request's end, which the
+table's one end path calls). No other module writes their fields.
 The consumer loop reads both kinds alike: ``pending``, ``take()``, ``error``,
 ``live`` and a ``waiter`` future, made only when the consumer has to wait.
 
@@ -29,7 +32,7 @@ from ._limits import Limits
 
 logger = logging.getLogger("tether")
 
-__all__ = ["NOTHING", "Group", "RequestState"]
+__all__ = ["NOTHING", "Group", "Mailbox", "RequestState"]
 
 
 class _Nothing:
@@ -43,13 +46,40 @@ NOTHING: Final[Any] = _Nothing()
 """Marks "no output yet" where ``None`` is a valid output."""
 
 
-def wake(waiter: asyncio.Future[None] | None) -> None:
-    """Resolve ``waiter`` if it is still pending (its consumer may have been cancelled)."""
-    if waiter is not None and not waiter.done():
-        waiter.set_result(None)
+class Mailbox:
+    """What both mailboxes share: the one future a waiting consumer parks on, made
+    only when it has to wait, and the one way to wake it."""
+
+    __slots__ = ("waiter",)
+
+    def __init__(self) -> None:
+        self.waiter: asyncio.Future[None] | None = None
+
+    def park(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        """A new future for the consumer to wait on, which :meth:`wake` resolves."""
+        waiter: asyncio.Future[None] = _Future(loop=loop)
+        self.waiter = waiter
+        return waiter
+
+    def unpark(self, waiter: asyncio.Future[None]) -> None:
+        """The consumer waiting on ``waiter`` stopped waiting (cancelled)."""
+        if self.waiter is waiter:
+            self.waiter = None
+
+    def wake(self) -> None:
+        """Wake the consumer, if it waits (it may have been cancelled meanwhile)."""
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
 
-class Group:
+_Future = asyncio.Future
+"""Waiters are made directly (``loop.create_future()`` adds a Python call per wait)."""
+
+
+class Group(Mailbox):
     """The shared mailbox of a batch's sub-requests.
 
     ``pending`` holds ``(index, output)`` pairs (less those of ``dropped`` indices,
@@ -72,24 +102,50 @@ class Group:
         "split",
         "states",
         "timer",
-        "waiter",
         "whole",
     )
 
-    def __init__(self, states: list[RequestState], *, keep_going: bool) -> None:
-        self.states: Sequence[RequestState] = states  # () once all ended (Table._release)
+    def __init__(self, rids: Sequence[str], opened_at: float, *, keep_going: bool) -> None:
+        super().__init__()
+        # () once all ended (RequestState.close): the group <-> states cycle is broken
+        self.states: Sequence[RequestState] = [
+            RequestState(rid, index, self, opened_at) for index, rid in enumerate(rids)
+        ]
+        self.remaining = len(rids)
         self.keep_going = keep_going
         self.pending: list[tuple[int, Any]] = []
         self.dropped: set[int] | None = None  # aborted indices whose pairs take() leaves out
         self.gen = 0
-        self.remaining = 0
         self.live = True
         self.error: TetherError | None = None
         self.errors: dict[int, TetherError] | None = None  # per index, made on the first
         self.split = False
         self.whole = False
-        self.waiter: asyncio.Future[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
+
+    def arm(self, timer: asyncio.TimerHandle) -> None:
+        """The batch's deadline, cancelled when its last sub-request ends."""
+        self.timer = timer
+
+    def read_whole(self) -> None:
+        """The batch itself is read (not its sub-streams)."""
+        self.whole = True
+
+    def fail_whole(self, error: TetherError) -> None:
+        """Its consumer ended the batch read whole: reading it raises ``error``."""
+        self.error = error
+
+    def ended(self) -> None:
+        """One more sub-request ended; after the last, the batch ends."""
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.live = False
+            # Break the group <-> states cycle: a finished batch is freed by
+            # reference counting, not left to the cyclic garbage collector.
+            self.states = ()
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
 
     def put(self, state: RequestState, output: Any, limits: Limits) -> bool:
         """Append (or fold) one of ``state``'s outputs; ``False`` if over a limit."""
@@ -177,20 +233,13 @@ class Group:
             state.npending = len(state.pending)
         self.split = True
 
-    def wake(self) -> None:
-        """Wake the batch's consumer, if it waits."""
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            wake(waiter)
 
-
-class RequestState:
+class RequestState(Mailbox):
     """One rid's table entry, and the mailbox of a single request."""
 
     __slots__ = (
         "acc",
-        "collect",
+        "collecting",
         "error",
         "first_at",
         "gen",
@@ -207,10 +256,10 @@ class RequestState:
         "rid",
         "sink",
         "timer",
-        "waiter",
     )
 
     def __init__(self, rid: str, index: int, group: Group | None, opened_at: float) -> None:
+        super().__init__()
         self.rid = rid
         self.index = index
         self.group = group
@@ -219,7 +268,6 @@ class RequestState:
         self.live = True
         self.pending: list[Any] = []
         self.error: TetherError | None = None
-        self.waiter: asyncio.Future[None] | None = None
         # Called instead of waking the waiter when an output arrives (Consumer.set_sink).
         self.sink: Callable[[list[Any]], bool] | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -233,7 +281,7 @@ class RequestState:
         self.nbytes = 0
         # collect mode (result() is waiting): the producer folds into acc and
         # wakes the consumer only when the request ends.
-        self.collect = False
+        self.collecting = False
         self.acc: Any = NOTHING
         # The client's own label (X-Request-Id), for logs and observers; never a key.
         self.request_id: str | None = None
@@ -241,13 +289,82 @@ class RequestState:
     def __repr__(self) -> str:
         return f"<RequestState {self.rid!r} live={self.live}>"
 
+    def arm(self, timer: asyncio.TimerHandle) -> None:
+        """The request's deadline, cancelled when it ends."""
+        self.timer = timer
+
+    def label(self, request_id: str | None) -> None:
+        """The client's own label for it (``X-Request-Id``), for logs and observers."""
+        self.request_id = request_id
+
+    def first_output(self, at: float) -> float:
+        """The first output arrived at ``at``; seconds since the request opened."""
+        self.first_at = at
+        return at - self.opened_at
+
+    def set_sink(self, sink: Callable[[list[Any]], bool] | None) -> None:
+        """Hand outputs to ``sink`` instead of waking the consumer (see ``set_sink``)."""
+        self.sink = sink
+
+    def collect(self, acc: Any) -> None:
+        """Collect mode (``result()`` waits): from now on outputs fold into ``acc``,
+        and only the end wakes the consumer."""
+        self.acc = acc
+        self.collecting = True
+
+    def uncollect(self) -> None:
+        """Leave collect mode early: what was folded waits again, as one output ahead
+        of anything newer, where this request's consumer reads."""
+        self.collecting = False
+        acc, self.acc = self.acc, NOTHING
+        if acc is NOTHING:
+            return
+        group = self.group
+        if group is not None and not group.split:
+            group.pending.append((self.index, acc))  # (in collect mode nothing else waits)
+        else:
+            self.pending.insert(0, acc)
+            self.npending += 1
+        self.wake()
+
+    def close(self, error: TetherError | None, *, drop: bool) -> None:
+        """The request ended (the table freed its entry): its deadline goes, its batch
+        counts it, and its consumer learns how, and is woken.
+
+        :param error: why it ended early, or ``None`` when it finished.
+        :param drop: forget its unread outputs (an abort); a failed request's stay
+            readable before its error.
+        """
+        self.live = False
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if error is not None:
+            self.error = error
+        if drop:
+            self.pending = []
+            self.nbytes = self.npending = 0
+        self.sink = None  # the end always wakes the consumer
+        group = self.group
+        if group is not None:
+            group.ended()
+            if drop and not group.split:
+                group.drop(self.index)
+            group.record(self)
+        self.wake()
+
     def put(self, output: Any, limits: Limits) -> bool:
         """Add one output for the consumer; ``False`` if that puts it over a limit.
 
-        In a batch not split up, it goes to the group's shared list. ``merge`` may
-        raise: the caller fails the request. (In collect mode the producer's
-        ``deliver`` folds into ``acc`` itself and does not call this.)
+        In collect mode it folds into ``acc`` instead (``merge``, or the newer one),
+        waking nobody. In a batch not split up, it goes to the group's shared list.
+        ``merge`` may raise: the caller fails the request.
         """
+        self.noutputs += 1
+        if self.collecting:  # result() waits: fold into it (fold(), inlined), wake nobody
+            merge, acc = limits.merge, self.acc
+            self.acc = output if merge is None or acc is NOTHING else merge(acc, output)
+            return True
         group = self.group
         if group is not None and not group.split:
             return group.put(self, output, limits)
@@ -270,7 +387,7 @@ class RequestState:
         sink = self.sink
         if sink is not None and self.sink_took(sink):
             return True
-        # self.wake(), inlined: this is the producer's per-output path.
+        # self.wake() (and the group's), inlined: this is the producer's per-output path.
         waiter = self.waiter
         if waiter is not None:
             self.waiter = None
@@ -326,38 +443,9 @@ class RequestState:
             self.nbytes = self.npending = 0
         return pending
 
-    def unfold(self, acc: Any) -> None:
-        """A folded result (collect mode left early) waits again, as one output ahead
-        of anything newer, where this request's consumer reads."""
-        group = self.group
-        if group is not None and not group.split:
-            group.pending.append((self.index, acc))  # (in collect mode nothing else waits)
-        else:
-            self.pending.insert(0, acc)
-            self.npending += 1
-        self.wake()
-
-    def end(self, error: TetherError | None, *, drop: bool = False) -> None:
-        """The request ended (the table freed it): record how, and wake the consumer.
-
-        :param error: why it ended early, or ``None`` when it finished.
-        :param drop: forget its unread outputs (an abort); a failed request's stay
-            readable before its error.
-        """
-        if error is not None:
-            self.error = error
-        if drop:
-            self.pending = []
-            self.nbytes = self.npending = 0
-        self.sink = None  # the end always wakes the consumer
-        self.wake()
-
     def wake(self) -> None:
         """Wake whoever reads this request: its own waiter and, in a batch, the batch's."""
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            wake(waiter)
+        super().wake()
         group = self.group
         if group is not None:
             group.wake()
