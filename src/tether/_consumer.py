@@ -29,7 +29,7 @@ from ._errors import Aborted, AbortReason, ConcurrentRead
 from ._idle import IdleDeadline
 from ._scope import waiter_cancelled
 from ._state import NOTHING, Group, RequestState
-from ._table import WHOLE, End
+from ._table import WHOLE, End, wrong_loop
 
 if TYPE_CHECKING:
     from ._table import Table
@@ -191,7 +191,10 @@ class Consumer:
             if box.waiter is not None:
                 raise ConcurrentRead(self)
             # The common wait, inlined: one coroutine less per output.
-            waiter = box.park(self._table.own_loop())
+            loop = asyncio.get_running_loop()
+            if loop is not self._table.loop:
+                raise wrong_loop()
+            waiter = box.park(loop)
             if self._idle is not None:
                 self._idle.deadline = None  # an untimed wait
             self._reading = True
@@ -341,7 +344,9 @@ class Consumer:
         end) resolves; the caller holds ``_reading``, so nobody else parks here."""
         if box.waiter is not None:  # (a waiter resolved or dropped is always cleared)
             raise ConcurrentRead(self)
-        loop = self._table.own_loop()
+        loop = asyncio.get_running_loop()
+        if loop is not self._table.loop:
+            raise wrong_loop()
         waiter = box.park(loop)
         idle = self._idle
         if idle is None and timeout is not None:

@@ -63,8 +63,9 @@ class Registry:
         Sizes are measured only while a backlog exists, never for a consumer that keeps
         up, and not for ``result()``, which keeps the whole result by design.
     :param sizeof: how many bytes an output weighs; by default
-        :func:`~tether.approximate_size` (string and bytes lengths, summed through
-        dicts, lists and tuples).
+        :func:`~tether.approximate_size` (string and bytes lengths and a word per
+        value, through dicts, lists, tuples and objects: never less than a sixth of
+        the output's JSON size, whatever its shape).
     :param merge: ``merge(older, newer) -> combined``: folds waiting outputs together
         so that at most one waits per request, and folds deltas into the result of
         ``result()``. Without it, ``result()`` returns the last output.

@@ -50,7 +50,17 @@ from ._state import RequestState
 from ._stats import RegistryStats, Summary, sample_buffer
 from .types import OnAbort
 
-__all__ = ["ALONE", "FINISHED", "SIBLINGS", "WHOLE", "End", "Reach", "Table", "failed_sibling"]
+__all__ = [
+    "ALONE",
+    "FINISHED",
+    "SIBLINGS",
+    "WHOLE",
+    "End",
+    "Reach",
+    "Table",
+    "failed_sibling",
+    "wrong_loop",
+]
 
 logger = logging.getLogger("tether")
 
@@ -116,6 +126,14 @@ def failed_sibling(rid: str, failed: str, error: TetherError) -> Aborted:
     return aborted
 
 
+def wrong_loop() -> WrongLoop:
+    """What a consumer read on another loop than its requests' raises."""
+    return WrongLoop(
+        "a Stream or Batch is read on another event loop than the one its request "
+        "was opened on: read it where it was opened"
+    )
+
+
 class Table:
     """The in-flight requests of one registry, their counters and ``on_abort``.
 
@@ -131,7 +149,6 @@ class Table:
         "_finished",
         "_idle",
         "_ids",
-        "_loop",
         "_notifier",
         "_opened",
         "_prefix",
@@ -141,6 +158,7 @@ class Table:
         "entries",
         "late",
         "limits",
+        "loop",
         "max_in_flight",
         "observers",
         "ttfo",
@@ -159,7 +177,8 @@ class Table:
         self.limits = limits
         self.closed = False
         self._notifier = Notifier(on_abort, abort_timeout)
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The loop requests are opened on (consumers check it on their hot path)."""
         self._thread: int | None = None
         self._idle: asyncio.Event | None = None
         self._prefix = os.urandom(4).hex()
@@ -196,13 +215,13 @@ class Table:
                 "on the loop (asyncio.run_coroutine_threadsafe) and deliver with "
                 "deliver_threadsafe()"
             ) from None
-        if loop is not self._loop:
+        if loop is not self.loop:
             if self.entries:
                 raise WrongLoop(
                     "this registry's requests run on another event loop: open them on "
                     "that loop, or give each event loop its own Registry"
                 )
-            self._loop = loop
+            self.loop = loop
             self._thread = threading.get_ident()
         if self.closed:
             raise RegistryClosed()
@@ -233,7 +252,7 @@ class Table:
 
         :raises WrongLoop: no request was opened yet, or that loop is closed.
         """
-        loop = self._loop
+        loop = self.loop
         if loop is None:
             raise WrongLoop("no request was opened on this registry yet: no loop to hand over to")
         if loop.is_closed():
@@ -247,11 +266,8 @@ class Table:
         :raises WrongLoop: running on another loop.
         """
         loop = asyncio.get_running_loop()
-        if loop is not self._loop:
-            raise WrongLoop(
-                "a Stream or Batch is read on another event loop than the one its "
-                "request was opened on: read it where it was opened"
-            )
+        if loop is not self.loop:
+            raise wrong_loop()
         return loop
 
     def check_thread(self, what: str) -> None:
@@ -323,7 +339,7 @@ class Table:
         if self._idle is not None and not entries:
             self._idle.set()
         # Told only once the table is consistent again: on_abort may re-enter it.
-        self._notifier.tell(told, self._loop if defer else None)
+        self._notifier.tell(told, self.loop if defer else None)
         return True
 
     def end_rid(self, rid: str, how: End, *, defer: bool) -> bool:
@@ -370,7 +386,7 @@ class Table:
         """Abort the states of a consumer that was dropped without being closed
         (called from ``__del__``, maybe on another thread, maybe with the loop gone)."""
         how = End(Aborted(states[0].rid, AbortReason.CANCELLED), WHOLE)
-        loop = self._loop
+        loop = self.loop
         if self._thread == threading.get_ident() and loop is not None and not loop.is_closed():
             self.end(states, how, defer=True)
             return
