@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import socket
 import sys
@@ -221,6 +222,7 @@ async def _clean_up(runner: web.AppRunner, registry: tether.Registry, hurry: asy
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the example server in the foreground until Ctrl-C or SIGTERM (exit code 0)."""
     options = cli.parse(argv, "tether example server on aiohttp", uvicorn=False)
+    cli.configure_logging(logging.WARNING)
     sock = None
     if options.workers > 1:
         sock = workers.listen(cli.HOST, options.port, options.workers)  # (returns in each)

@@ -17,6 +17,8 @@ streams); and for adapters ``_exchange``, ``_framing``, ``_responses``, ``_guard
 
 from __future__ import annotations
 
+import logging
+
 from ._batch import Batch
 from ._encoders import NDJSON, SSE, Encoder
 from ._errors import (
@@ -47,6 +49,10 @@ from ._stats import RegistryStats, Summary
 from ._stream import Stream
 
 __version__ = "0.1.0"
+
+# The library convention: records go nowhere until the application configures logging
+# (not to Python's last-resort handler, which prints them bare); see docs/starlette.md.
+logging.getLogger("tether").addHandler(logging.NullHandler())
 
 __all__ = [
     "DEFAULT_MAX_PENDING_BYTES",
