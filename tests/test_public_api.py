@@ -82,6 +82,7 @@ APPLICATION = {
     *CONTRACT,
     "AbortReason",
     "BatchTooLarge",
+    "ConcurrentRead",
     "DEFAULT_MAX_PENDING_BYTES",
     "Encoder",
     "InvalidRequest",
@@ -94,6 +95,7 @@ APPLICATION = {
     "RegistryStats",
     "RequestEnd",
     "Summary",
+    "WrongLoop",
     "approximate_size",
 }
 

@@ -12,8 +12,7 @@ once, cancellation of the consuming task is an abort, and a consumer dropped
 without being closed is cleaned up by ``__del__`` with a ``ResourceWarning``
 instead of by a generator finaliser that runs later, elsewhere or never.
 
-Adapters read with :meth:`Consumer.next_ready`, which hands over every output that
-is ready at once, so that one write can carry them.
+Adapters read with :meth:`Consumer.next_ready`: every ready output at once, for one write.
 """
 
 from __future__ import annotations
@@ -25,11 +24,11 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Self
 
+from ._end import WHOLE, End, wrong_loop
 from ._errors import Aborted, AbortReason, ConcurrentRead
 from ._idle import IdleDeadline
 from ._scope import waiter_cancelled
 from ._state import NOTHING, Group, RequestState
-from ._table import WHOLE, End, wrong_loop
 
 if TYPE_CHECKING:
     from ._table import Table
@@ -298,8 +297,8 @@ class Consumer:
     def _collect(self, outputs: list[Any], states: Sequence[RequestState]) -> None:
         """Enter collect mode for ``result()``: fold what was delivered but not read
         (``outputs``: ``(index, output)`` pairs) into each state's result, after which
-        the producer folds and wakes the consumer only at the end. Once: a second
-        ``result()`` finds the results where the first left them."""
+        the producer folds and wakes the consumer only at the end; once (a second
+        ``result()`` finds the results where the first left them)."""
         if self._collecting:
             return
         self._collecting = True
@@ -311,14 +310,11 @@ class Consumer:
             state.collect(acc)
 
     def _uncollect(self, states: Sequence[RequestState]) -> None:
-        """Leave collect mode (``result()`` ended by an exception or a cancellation):
-        what was folded becomes readable again, as one waiting output per request, so
-        that no later read loses what the producer delivered."""
-        if not self._collecting:
-            return
-        self._collecting = False
-        for state in states:
-            state.uncollect()
+        """Leave collect mode early (cancelled): what was folded is readable again."""
+        if self._collecting:
+            self._collecting = False
+            for state in states:
+                state.uncollect()
 
     async def wait_ready(self, *, timeout: float | None = None) -> None:
         """Wait until :meth:`ready` has something to say (an output, the end, an
@@ -369,11 +365,10 @@ class Consumer:
         self._table.own_loop()
 
     async def _collect_result(self, box: RequestState | Group, outputs: list[Any]) -> None:
-        """``result()``'s wait: claim the consumer (refusing a second reader before
-        anything changes), enter collect mode with the unread ``outputs`` (``(index,
-        output)`` pairs), and wait until ``box`` ends, fails or the consumer closes.
-        Collect mode is left only by the reader that entered it, and only if it did
-        not see the end (cancelled): what was folded is then readable again."""
+        """``result()``'s wait: hold the consumer, collect the unread ``outputs``
+        (``(index, output)`` pairs), wait until ``box`` ends or the consumer closes.
+        Only this reader leaves collect mode, and only if cancelled (what was folded
+        is then readable again)."""
         states = self._states
         self._reading = True
         waited = False

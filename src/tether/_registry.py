@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ._batch import Batch
+from ._end import FINISHED, SIBLINGS, End
 from ._errors import (
     Aborted,
     AbortReason,
@@ -37,7 +38,7 @@ from ._scope import current_scope
 from ._state import Group, RequestState
 from ._stats import RegistryStats
 from ._stream import Stream
-from ._table import FINISHED, SIBLINGS, End, Table, now
+from ._table import Table, now
 from .types import Merge, OnAbort, SizeOf
 
 __all__ = ["Registry"]

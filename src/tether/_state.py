@@ -9,15 +9,12 @@ the result in collect mode), ``take`` (everything ready, for the consumer),
 ``collect``/``uncollect`` (``result()``'s mode), ``park``/``wake`` (the one
 future a waiting consumer parks on) and ``close`` (the request's end, which the
 table's one end path calls). No other module writes their fields.
-The consumer loop reads both kinds alike: ``pending``, ``take()``, ``error``,
-``live`` and a ``waiter`` future, made only when the consumer has to wait.
 
-Neither mailbox refers to the consumer that reads it or to the table, so a
-consumer dropped without being closed is freed by reference counting and its
-``__del__`` can clean up. Both use ``__slots__`` and make no reference cycle: the
-cyclic garbage collector is a large share of the cost at ten thousand live
-requests. (A group and its states do refer to each other while the batch runs;
-the table breaks that cycle when the last sub-request ends.)
+Neither mailbox refers to its consumer or to the table, so a consumer dropped
+without being closed is freed by reference counting and its ``__del__`` can clean
+up. Both use ``__slots__`` and make no reference cycle (the cyclic collector is a
+large share of the cost at ten thousand live requests); a group and its states
+refer to each other until its last sub-request ends.
 """
 
 from __future__ import annotations
@@ -25,58 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any
 
 from ._errors import TetherError
 from ._limits import Limits
+from ._mailbox import NOTHING, Mailbox
 
 logger = logging.getLogger("tether")
-
 __all__ = ["NOTHING", "Group", "Mailbox", "RequestState"]
-
-
-class _Nothing:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "NOTHING"
-
-
-NOTHING: Final[Any] = _Nothing()
-"""Marks "no output yet" where ``None`` is a valid output."""
-
-
-class Mailbox:
-    """What both mailboxes share: the one future a waiting consumer parks on, made
-    only when it has to wait, and the one way to wake it."""
-
-    __slots__ = ("waiter",)
-
-    def __init__(self) -> None:
-        self.waiter: asyncio.Future[None] | None = None
-
-    def park(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
-        """A new future for the consumer to wait on, which :meth:`wake` resolves."""
-        waiter: asyncio.Future[None] = _Future(loop=loop)
-        self.waiter = waiter
-        return waiter
-
-    def unpark(self, waiter: asyncio.Future[None]) -> None:
-        """The consumer waiting on ``waiter`` stopped waiting (cancelled)."""
-        if self.waiter is waiter:
-            self.waiter = None
-
-    def wake(self) -> None:
-        """Wake the consumer, if it waits (it may have been cancelled meanwhile)."""
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-
-_Future = asyncio.Future
-"""Waiters are made directly (``loop.create_future()`` adds a Python call per wait)."""
 
 
 class Group(Mailbox):
@@ -206,17 +159,13 @@ class Group(Mailbox):
             self.error = error
 
     def drop(self, index: int) -> None:
-        """Forget the waiting outputs of the sub-request at ``index`` (aborted).
-
-        In O(1): the index is noted and its pairs are left out when the consumer next
-        takes the list (which costs what the list holds anyway). Ending a batch of n
-        therefore costs O(n) in all, not a rebuilt list per sub-request, and the
-        survivors' places in the list stay where their next outputs fold.
-        """
-        dropped = self.dropped
-        if dropped is None:
-            dropped = self.dropped = set()
-        dropped.add(index)
+        """Forget the waiting outputs of the sub-request at ``index`` (aborted), in
+        O(1): its pairs are left out at the next ``take`` (which costs what the list
+        holds anyway), so ending a batch of n costs O(n), not a rebuilt list per
+        sub-request, and the survivors' places in the list stay where they fold."""
+        if self.dropped is None:
+            self.dropped = set()
+        self.dropped.add(index)
 
     def split_up(self, states: Sequence[RequestState]) -> None:
         """Make each sub-request its own mailbox: from now on each state keeps its
