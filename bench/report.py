@@ -19,13 +19,18 @@ from typing import Any
 
 from .stats import percentile
 
-__all__ = ["BEGIN", "END", "environment", "render", "rewrite_readme"]
+__all__ = ["BEGIN", "END", "environment", "load_average", "render", "rewrite_readme"]
 
 BEGIN = "<!-- http:begin -->"
 END = "<!-- http:end -->"
-PACKAGES = ("tether", "starlette", "uvicorn", "httptools", "h11", "aiohttp", "orjson")
+PACKAGES = ("tether", "starlette", "uvicorn", "httptools", "h11", "aiohttp", "uvloop", "orjson")
 
 Runs = list[dict[str, Any]]
+
+
+def load_average() -> float:
+    """The machine's one-minute load average."""
+    return os.getloadavg()[0]
 
 
 def environment(**extra: Any) -> dict[str, Any]:
@@ -46,7 +51,7 @@ def environment(**extra: Any) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "python": platform.python_version(),
         "cpu": f"{cpu}, {os.cpu_count()} cores",
-        "load": os.getloadavg()[0],
+        "load": load_average(),
         "versions": versions,
         **extra,
     }
