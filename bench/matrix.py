@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     (ROOT / "bench" / "results" / "matrix.json").write_text(json.dumps(out, indent=1) + "\n")
     report.rewrite_readme(ROOT / "bench" / "README.md", headline, begin=BEGIN, end=END)
-    report.rewrite_readme(ROOT / "bench" / "RESULTS.md", detail, begin=DETAIL_BEGIN, end=DETAIL_END)
+    report.rewrite_readme(report.RESULTS, detail, begin=DETAIL_BEGIN, end=DETAIL_END)
     print(f"matrix done in {time.time() - started:.0f} s", flush=True)
     return 0
 
