@@ -333,7 +333,7 @@ def _write(
         f"`{command}`, {date}, load average {load:.2f}; outputs per second, medians of "
         f"{reps} interleaved runs (50 at N = 1), and tether's ratio to each baseline; "
         f"{idle:.0f} bytes per open idle `Stream`. Workload and baselines: "
-        "[FINDINGS.md](FINDINGS.md#core-microbenchmark).",
+        "[FINDINGS.md](FINDINGS.md#core-microbenchmark-benchcorepy).",
         "",
         "| loop | N | "
         + " | ".join([*names, *(f"tether / {name[0]}" for name in names[1:])])

@@ -218,7 +218,9 @@ class ThreadProducer:
     (``sink``, which must be thread-safe), and the next step starts once the loop has
     taken the last one in, as an engine with a bounded output queue does.
 
-    ``add`` and ``cancel`` are called on the loop; the step is built under a lock.
+    ``add`` and ``cancel`` are called on the loop; the step is built under a lock. The
+    thread starts with the first request, so that a server that never uses it has no
+    second thread (whose waits a profiler would sample).
     """
 
     def __init__(self) -> None:
@@ -228,8 +230,16 @@ class ThreadProducer:
         self._lock = threading.Condition()
         self._taken = threading.Event()
         self._stopping = False
+        self._thread: threading.Thread | None = None
 
     def add(self, rid: str, total: int, *, hold: bool = False) -> None:
+        if self._thread is None:
+            sink = self.sink
+            if sink is None:
+                raise RuntimeError("ThreadProducer.sink must be set before add()")
+            loop = asyncio.get_running_loop()
+            self._thread = threading.Thread(target=self._engine, args=(sink, loop), daemon=True)
+            self._thread.start()
         with self._lock:
             self._live[rid] = [0, total]
             if hold:
@@ -242,21 +252,15 @@ class ThreadProducer:
             self._holding.discard(rid)
 
     async def run(self) -> None:
-        """Run the engine thread for as long as this coroutine runs; on cancellation,
-        stop it and join it."""
-        sink = self.sink
-        if sink is None:
-            raise RuntimeError("ThreadProducer.sink must be set before run()")
-        loop = asyncio.get_running_loop()
-        thread = threading.Thread(target=self._engine, args=(sink, loop), daemon=True)
-        thread.start()
+        """Own the engine thread: on cancellation, stop it and join it."""
         try:
             await asyncio.Event().wait()
         finally:
             with self._lock:
                 self._stopping = True
                 self._lock.notify()
-            await asyncio.to_thread(thread.join, 10)
+            if self._thread is not None:
+                await asyncio.to_thread(self._thread.join, 10)
 
     def _engine(self, sink: SinkMany, loop: asyncio.AbstractEventLoop) -> None:
         live, holding, taken = self._live, self._holding, self._taken
