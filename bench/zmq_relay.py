@@ -137,7 +137,7 @@ async def bare_session(address: str) -> AsyncIterator[tuple[zmq.asyncio.Socket, 
     socket.linger = 0
     socket.connect(address)
     try:
-        await socket.send(wire.encode(wire.Hello(0, wire.PROTOCOL_VERSION, "bare", 1)))
+        await socket.send(wire.encode(wire.Hello(0, wire.PROTOCOL_VERSION, "bare", 1, 1 << 30)))
         async with asyncio.timeout(30):
             assert isinstance(wire.decode(await socket.recv()), wire.Welcome)
         yield socket, zmq.Socket.shadow(socket.underlying)
@@ -147,7 +147,7 @@ async def bare_session(address: str) -> AsyncIterator[tuple[zmq.asyncio.Socket, 
 
 def submit_frame(requests: int, outputs: int) -> bytes:
     payload = msgspec.msgpack.encode({"n": outputs})
-    return wire.encode(wire.Submit(1, [(f"r{i}", payload) for i in range(requests)]))
+    return wire.encode(wire.Submit(1, [(i, f"r{i}", payload) for i in range(requests)]))
 
 
 async def relay_decode_only(address: str, requests: int, outputs: int) -> float:
@@ -177,8 +177,8 @@ async def relay_by_hand(address: str, requests: int, outputs: int) -> float:
     """What a server writes without tether: a dict ``rid -> asyncio.Queue`` that the
     receiving loop fills and one task per request reads, on the same frames."""
     decode_payload = msgspec.msgpack.Decoder().decode
-    queues: dict[str, asyncio.Queue[tuple[Any, bool]]] = {
-        f"r{i}": asyncio.Queue() for i in range(requests)
+    queues: dict[int, asyncio.Queue[tuple[Any, bool]]] = {
+        i: asyncio.Queue() for i in range(requests)
     }
     received = 0
 
@@ -200,11 +200,11 @@ async def relay_by_hand(address: str, requests: int, outputs: int) -> float:
                     break
                 message = wire.decode(frame)
                 if isinstance(message, wire.Step):
-                    for rid, data, finished in message.outputs:
-                        queue = queues[rid]
+                    for sid, data, finished in message.outputs:  # (by submission id)
+                        queue = queues[sid]
                         queue.put_nowait((decode_payload(data), finished))
                         if finished:
-                            del queues[rid]
+                            del queues[sid]
 
     async with bare_session(address) as (socket, shadow):
         readers = [read(queue) for queue in queues.values()]

@@ -17,26 +17,38 @@ Run it, then point the example servers at it::
 It prints ``tether engine listening on ADDRESS`` once bound, a JSON line of its
 counters on SIGUSR1, and stops on SIGINT or SIGTERM. Only local addresses
 (``ipc://``, ``tcp://127.0.0.1:...``): see ``docs/zmq.md`` for CURVE keys.
+
+A submission is checked at the door, as the HTTP servers check a body: anything but
+a text prompt and an integer ``max_tokens`` within the HTTP API's bounds fails that
+one request with a clear 422, and whatever else one submission raises fails it
+alone. The loop that takes submissions is watched: if it dies, the process exits
+loudly (status 1), so every front sees the engine gone (``EngineLost``) instead of
+submitting into a loop that nobody runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import itertools
 import json
+import logging
 import signal
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
+from api import MAX_BODY_BYTES, MAX_TOKENS
 from engine import Engine
 
 import tether
+from tether.http import stop_tasks
 from tether_zmq import Cancellation, EngineServer, RequestKey, Submission
 
 DEFAULT_ADDRESS = "ipc:///tmp/tether-engine.sock"
+DEFAULT_MAX_MESSAGE = 16 * 1024 * 1024
+
+logger = logging.getLogger("tether.examples.engine_server")
 
 
 class Relay:
@@ -106,6 +118,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--peer-timeout", type=float, default=0.2, help="seconds of silence that lose a front"
     )
+    parser.add_argument(
+        "--max-message", type=int, default=DEFAULT_MAX_MESSAGE, help="bytes per frame, both ways"
+    )
     return parser.parse_args(argv)
 
 
@@ -119,7 +134,10 @@ async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with EngineServer(args.address, peer_timeout=args.peer_timeout) as server:
+    server = EngineServer(
+        args.address, peer_timeout=args.peer_timeout, max_message=args.max_message
+    )
+    async with server:
         relay = Relay(server)
 
         def report() -> None:
@@ -130,13 +148,14 @@ async def serve(args: argparse.Namespace) -> None:
         # The engine takes a registry; the relay has the producer-side calls it makes.
         async with engine.running(cast(tether.Registry, relay)):
             print(f"tether engine listening on {server.address}", flush=True)
-            receiving = asyncio.create_task(receive(server, relay, engine))
+            receiving = asyncio.create_task(receive(server, relay, engine), name="receive")
+            stopping = asyncio.create_task(stop.wait(), name="stop")
             try:
-                await stop.wait()
+                # The receiving loop is watched, not just started: its end, whatever
+                # the cause, is this process's end.
+                await asyncio.wait((receiving, stopping), return_when=asyncio.FIRST_COMPLETED)
             finally:
-                receiving.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await receiving
+                await stop_tasks((receiving, stopping))
         report()
 
 
@@ -150,12 +169,17 @@ async def receive(server: EngineServer, relay: Relay, engine: Engine) -> None:
     while True:
         for event in await server.receive():
             if isinstance(event, Submission):
-                request = event.request
                 local = relay.admit(event.key)
                 try:
-                    engine.submit(local, str(request["prompt"]), int(request["max_tokens"]))
-                except (KeyError, TypeError, ValueError) as exc:
-                    relay.fail(local, BadSubmission(f"malformed submission: {exc}"))
+                    prompt, max_tokens = checked(event.request)
+                    engine.submit(local, prompt, max_tokens)
+                except BadSubmission as exc:
+                    relay.fail(local, exc)
+                except Exception as exc:
+                    # Whatever one submission triggers is that submission's failure:
+                    # never the end of the loop every other request depends on.
+                    logger.exception("a submission failed in the engine")
+                    relay.fail(local, exc)
             elif isinstance(event, Cancellation):
                 running = relay.forget(event.key)
                 if running is not None:
@@ -163,14 +187,42 @@ async def receive(server: EngineServer, relay: Relay, engine: Engine) -> None:
 
 
 class BadSubmission(ValueError):
-    """A submission without a prompt and a positive ``max_tokens`` (400 to the client)."""
+    """A submission the engine cannot run (422 to the client, with this message)."""
 
-    status_code = 400
+    status_code = 422
+
+
+def checked(request: object) -> tuple[str, int]:
+    """The prompt and ``max_tokens`` of a submission, within the HTTP API's bounds.
+
+    Any peer that reaches the socket can send any MessagePack (``inf``, ``true``, a
+    huge integer, a map where a string goes): it is refused here, by name.
+
+    :raises BadSubmission: anything else.
+    """
+    if not isinstance(request, dict):
+        raise BadSubmission("a submission is a map with 'prompt' and 'max_tokens'")
+    prompt = request.get("prompt")
+    max_tokens = request.get("max_tokens")
+    if not isinstance(prompt, str):
+        raise BadSubmission("'prompt' must be a string")
+    if len(prompt.encode("utf-8", "surrogatepass")) > MAX_BODY_BYTES:
+        raise BadSubmission(f"'prompt' exceeds {MAX_BODY_BYTES} bytes")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+        raise BadSubmission("'max_tokens' must be an integer")
+    if not 1 <= max_tokens <= MAX_TOKENS:
+        raise BadSubmission(f"'max_tokens' must be between 1 and {MAX_TOKENS}")
+    return prompt, max_tokens
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Serve until SIGINT or SIGTERM (exit code 0)."""
-    asyncio.run(serve(parse(argv)))
+    """Serve until SIGINT or SIGTERM (exit code 0); a loop that died exits with 1."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(serve(parse(argv)))
+    except Exception:
+        logger.exception("the engine stopped: a loop it depends on died")
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ from engine import expected_text
 from launch import SERVERS
 from load import Client, Tally
 
+from tether.http import stop_tasks
+
 HERE = pathlib.Path(__file__).resolve().parent
 FAIL_BOUND = 1.0
 """Seconds within which every stream must have failed after the engine's kill -9."""
@@ -167,8 +169,14 @@ async def running_streams(
         for i, outcome in enumerate(outcomes)
     ]
     async with asyncio.timeout(10):
-        for outcome in outcomes:
-            await outcome.first.wait()
+        for outcome, reader in zip(outcomes, readers, strict=True):
+            first = asyncio.create_task(outcome.first.wait())
+            try:
+                await asyncio.wait((first, reader), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                await stop_tasks((first,))
+            if reader.done():
+                reader.result()  # a reader that died says why now, not as a timeout later
     return outcomes, readers
 
 

@@ -10,7 +10,14 @@ protocol and the failure handling. Needs ``pip install 'tether[zmq]'``.
 from __future__ import annotations
 
 from ._engine import EngineServer
-from ._errors import EngineLost, EngineUnavailable, PayloadTooLarge, RemoteFailure
+from ._errors import (
+    EngineLost,
+    EngineUnavailable,
+    LinkDown,
+    PayloadTooLarge,
+    RemoteFailure,
+    UnencodableRequest,
+)
 from ._events import Cancellation, EngineClientStats, EngineServerStats, RequestKey, Submission
 from ._front import EngineClient
 from ._protocol import PROTOCOL_VERSION, Codec, MsgpackCodec
@@ -29,9 +36,11 @@ __all__ = [
     "EngineServerStats",
     "EngineUnavailable",
     "InsecureAddress",
+    "LinkDown",
     "MsgpackCodec",
     "PayloadTooLarge",
     "RemoteFailure",
     "RequestKey",
     "Submission",
+    "UnencodableRequest",
 ]

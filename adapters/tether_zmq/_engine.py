@@ -3,28 +3,35 @@
 The engine loop reads :class:`Submission` and :class:`Cancellation` events with
 :meth:`EngineServer.receive` and sends each step with :meth:`EngineServer.send`,
 which packs every output and failure for one front into one message (split only
-past ``max_message``).
+past the front's frame cap).
 
-Requests are keyed by :class:`RequestKey` ``(front, rid)``: the front is the
-peer's ZeroMQ identity, a fresh random id per front *incarnation*, so two fronts,
-or a front and its restarted self, never collide, and the route of a request is
-state the engine holds, never parsed out of a rid. The server keeps the set of
-live rids of every front; that set is the one path by which a request leaves the
-engine unfinished: a front's abort, a front's new session, and the loss of a front
-(killed, hung, a sequence gap, a full queue) all remove rids from it, and only a
-removal emits a :class:`Cancellation`, so the engine hears of each at most once.
+Each submission gets a :class:`RequestKey` whose ``submission`` number this engine
+never gives again, so a key names one submission for ever: a rid reused by its
+front, a restarted front, a peer that names itself after another, never meet an
+older request's outputs. A session is bound to the routing id of its hello: a
+secret the front draws and nothing logs (the logs name a front by its incarnation);
+a second peer claiming a connected front's id is refused, not handed over. Each front's
+live submissions are the one path by which a request leaves the engine unfinished:
+its abort, its new session, its loss (killed, hung, a gap, a full queue) remove
+them, and only a removal emits a :class:`Cancellation`, so the engine hears of each
+at most once.
 
-Liveness comes from the event loops: a front pings every ``ping_interval`` and this
-loop answers; a front silent for ``peer_timeout`` is lost (a hung front, whose
-libzmq thread would still answer ZMTP heartbeats). The socket monitor speeds up
-the common case: on a disconnect, every front is probed at once, and a ROUTER in
-``ROUTER_MANDATORY`` mode refuses to route to a peer whose pipe is gone.
+Liveness comes from the event loops, and covers the engine loop itself: a front
+pings every ``ping_interval`` and this loop answers; a front silent for
+``peer_timeout`` is lost; an engine loop that leaves its events untaken for
+``consumer_timeout`` ends every session (the fronts fail their requests with
+``EngineLost``) and hellos are refused until it takes them again; a task of the
+link that dies closes the socket and makes :meth:`~EngineServer.receive` raise
+:class:`LinkDown`. Silence is judged only after reading what is waiting. The socket
+monitor speeds up the common case: on a disconnect every front is probed, and a
+ROUTER in ``ROUTER_MANDATORY`` mode refuses to route to a peer whose pipe is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import logging
 import time
 import uuid
@@ -37,8 +44,10 @@ import zmq.asyncio
 
 from tether.http import stop_tasks
 
+from ._errors import LinkDown
 from ._events import Cancellation, EngineServerStats, Event, RequestKey, Submission
 from ._protocol import (
+    MAX_ENTRIES,
     PROTOCOL_VERSION,
     Abort,
     Codec,
@@ -51,16 +60,19 @@ from ._protocol import (
     Step,
     Submit,
     Welcome,
+    clip,
     decode,
     encode,
+    entries_of,
 )
 from ._security import CurveServer, check_bind
 from ._socket import (
     DEFAULT_HWM,
     DEFAULT_MAX_MESSAGE,
+    Reader,
     configure,
-    read_forever,
     send_nowait,
+    supervise,
     watch_monitor,
 )
 
@@ -69,24 +81,54 @@ __all__ = ["EngineServer"]
 logger = logging.getLogger("tether.zmq.engine")
 
 _ENTRY_OVERHEAD = 32
-"""Bytes of framing counted per output when packing a step under ``max_message``."""
+"""Bytes of framing counted per output or failure when packing a step under a cap."""
+_STEP_OVERHEAD = 64
+"""Bytes of a step message beyond its entries (tag, sequence number, array headers)."""
+_MAX_NAME = 128
+"""Bytes of a front's name (its incarnation) beyond which its hello is refused."""
+_MAX_FAILURE_TEXT = 1024
+"""Bytes of a failure's message sent to the front (cut at a character boundary)."""
 _PROBE_DELAYS = (0.0, 0.002, 0.01, 0.03)
 """When to probe the fronts after a disconnect event: libzmq may drop the route a
 moment after it reports the disconnect."""
 
 
 class _Front:
-    """One front incarnation's session: its sequence counters and its live rids."""
+    """One front's session: its counters, its caps, and its live submissions."""
 
-    __slots__ = ("identity", "last_seen", "live", "name", "seq_in", "seq_out")
+    __slots__ = (
+        "identity",
+        "label",
+        "last_seen",
+        "last_submission",
+        "limit",
+        "live",
+        "name",
+        "seq_in",
+        "seq_out",
+    )
 
-    def __init__(self, identity: bytes, name: str, now: float) -> None:
-        self.identity = identity
-        self.name = name
+    def __init__(self, identity: bytes, hello: Hello, limit: int, now: float) -> None:
+        self.identity = identity  # the routing id: it grants the session, never logged
+        self.name = hello.front.encode()
+        self.label = repr(hello.front)  # (a peer's text: quoted in logs, never raw)
+        self.limit = limit  # bytes of step entries per message this front accepts
         self.seq_in = 1  # the hello was 0
         self.seq_out = 0
-        self.live: set[str] = set()
+        self.live: dict[int, _Request] = {}  # by the front's submission id
+        self.last_submission = -1
         self.last_seen = now
+
+
+class _Request:
+    """A live submission: its front's session, the front's id for it, and its key."""
+
+    __slots__ = ("front", "key", "sid")
+
+    def __init__(self, front: _Front, sid: int, key: RequestKey) -> None:
+        self.front = front
+        self.sid = sid
+        self.key = key
 
 
 class EngineServer:
@@ -98,9 +140,18 @@ class EngineServer:
     :param peer_timeout: seconds of silence after which a front is lost (fronts ping
         every ``ping_interval``, 20 ms by default: keep this several times larger). A
         killed front is noticed in milliseconds whatever this is (the socket monitor).
-    :param max_message: bytes per frame, both ways; larger steps are split, a larger
-        single output fails its request alone.
+    :param consumer_timeout: seconds the engine loop may leave events untaken (not
+        calling :meth:`receive` or :meth:`receive_nowait`) before the engine counts
+        as stalled: every session ends and hellos are refused until it takes them.
+        Keep it above the loop's longest step between two calls.
+    :param max_message: bytes per frame, both ways. A step is split to fit the
+        smaller of this and the front's own cap; a larger single output fails its
+        request alone. A front's frame past it (up to twice it) has its submissions
+        refused alone (413); libzmq drops a peer that sends more than twice it.
     :param hwm: messages queued per front; a front that lets more pile up is lost.
+    :param max_events: submissions waiting for the engine loop, at most: one more is
+        refused at once (503 to its client) rather than queued without bound while the
+        loop is behind (a flood, or a loop about to be found stalled).
     :raises InsecureAddress: a non-local address without ``curve`` or ``insecure``.
     """
 
@@ -110,27 +161,38 @@ class EngineServer:
         *,
         codec: Codec | None = None,
         peer_timeout: float = 0.2,
+        consumer_timeout: float = 1.0,
         max_message: int = DEFAULT_MAX_MESSAGE,
         hwm: int = DEFAULT_HWM,
+        max_events: int = 65_536,
         curve: CurveServer | None = None,
         insecure: bool = False,
         context: zmq.asyncio.Context | None = None,
     ) -> None:
         check_bind(address, curve=curve, insecure=insecure)
+        self._max_events = max_events
         self._requested = address
         self._codec = codec or MsgpackCodec()
         self._peer_timeout = peer_timeout
+        self._consumer_timeout = consumer_timeout
         self._max_message = max_message
         self._hwm = hwm
         self._curve = curve
         self._context = context
         self.incarnation = uuid.uuid4().hex
         self._fronts: dict[bytes, _Front] = {}
+        self._requests: dict[int, _Request] = {}  # by this engine's submission number
+        self._numbers = itertools.count(1)
         self._events: list[Event] = []
+        self._pending_since: float | None = None  # events waiting for the engine loop
+        self._stalled = False
+        self._down: str | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopped: list[asyncio.Task[None]] = []
         self._socket: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
+        self._reader: Reader | None = None
         self.address = address
         self._counts = dict.fromkeys(
             (
@@ -143,6 +205,8 @@ class EngineServer:
                 "refused",
                 "fronts_lost",
                 "too_large",
+                "refused_submissions",
+                "stalls",
             ),
             0,
         )
@@ -158,13 +222,18 @@ class EngineServer:
 
     async def start(self) -> None:
         """Bind and start serving; :attr:`address` becomes the bound endpoint."""
-        if self._socket is not None:
+        if self._socket is not None or self._down is not None:
             raise RuntimeError("EngineServer.start() was already called")
         context = self._context or zmq.asyncio.Context.instance()
         socket = context.socket(zmq.ROUTER)
-        configure(socket, max_message=self._max_message, hwm=self._hwm)
+        # libzmq drops a peer past twice the cap; between the two, the frame is read
+        # and its submissions refused alone, so a front that ignores the cap loses one
+        # message, not its connection.
+        configure(socket, max_frame=2 * self._max_message, hwm=self._hwm)
         socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unroutable send raises, never drops
-        socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting front takes its id back
+        # No ROUTER_HANDOVER: a second peer claiming a connected front's routing id is
+        # refused by libzmq instead of taking over its outputs (a front whose old pipe
+        # lingers after a silent network cut waits for the heartbeats to close it).
         if self._curve is not None:
             self._curve.apply(socket)
         try:
@@ -175,44 +244,89 @@ class EngineServer:
         self.address = str(socket.getsockopt_string(zmq.LAST_ENDPOINT))
         self._socket = socket
         self._monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self._tasks = [
-            asyncio.create_task(read_forever(socket, self._on_frames, self._wake), name="zmq-in"),
-            asyncio.create_task(watch_monitor(self._monitor, self._on_event), name="zmq-mon"),
-            asyncio.create_task(self._watch_fronts(), name="zmq-liveness"),
-        ]
+        self._reader = Reader(socket, self._on_frames, self._on_fault)
+        self._tasks.extend(
+            (
+                asyncio.create_task(self._reader.run(self._wake), name="zmq-engine-in"),
+                asyncio.create_task(
+                    watch_monitor(self._monitor, self._on_event), name="zmq-engine-monitor"
+                ),
+                asyncio.create_task(self._watch(), name="zmq-engine-liveness"),
+            )
+        )
+        supervise(self._tasks, self._die)
 
     async def aclose(self) -> None:
         """Stop serving: cancel and await the loops, close the sockets. Idempotent."""
-        tasks, self._tasks = self._tasks, []
+        tasks = [*self._tasks, *self._stopped]
+        self._tasks.clear()
+        self._stopped.clear()
         await stop_tasks(tasks)
+        self._close_sockets()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.cancel()
+
+    def _close_sockets(self) -> None:
         if self._socket is not None:
             self._socket.disable_monitor()
             if self._monitor is not None:
                 self._monitor.close(linger=0)
             self._socket.close(linger=0)
             self._socket = self._monitor = None
+            self._reader = None
+
+    def _die(self, why: str) -> None:
+        """A task of the link ended by itself: stop loudly rather than serve half-deaf.
+
+        The socket closes, so every front sees the engine gone at once and fails its
+        requests with ``EngineLost``; :meth:`receive` raises :class:`LinkDown`.
+        """
+        logger.error("engine link down: %s; every front is let go", why)
+        self._down = why
+        self._stopped.extend(self._tasks)  # (awaited by aclose)
+        self._tasks.clear()
+        for task in self._stopped:
+            task.cancel()
+        for front in list(self._fronts.values()):
+            self._lose(front, "the engine's link went down")
+        self._close_sockets()
         if self._waiter is not None and not self._waiter.done():
-            self._waiter.cancel()
+            self._waiter.set_result(None)
 
     # -- the engine loop's API ------------------------------------------------------------
 
     async def receive(self) -> list[Event]:
-        """Wait for submissions and cancellations; returns every one ready, in order."""
+        """Wait for submissions and cancellations; returns every one ready, in order.
+
+        :raises LinkDown: the link stopped (one of its tasks died); events still
+            waiting are returned first.
+        """
         if not self._events:
+            if self._down is not None:
+                raise LinkDown(f"the engine's link is down: {self._down}")
             if self._waiter is not None:
                 raise RuntimeError("EngineServer.receive() is already awaited by another task")
             self._waiter = asyncio.get_running_loop().create_future()
+            self._taken()  # (waiting for events is taking them)
             try:
                 await self._waiter
             finally:
                 self._waiter = None
-        events, self._events = self._events, []
-        return events
+            if not self._events and self._down is not None:
+                raise LinkDown(f"the engine's link is down: {self._down}")
+        return self.receive_nowait()
 
     def receive_nowait(self) -> list[Event]:
         """The events ready now, maybe none (for an engine loop that polls between steps)."""
         events, self._events = self._events, []
+        self._taken()
         return events
+
+    def _taken(self) -> None:
+        self._pending_since = None
+        if self._stalled:
+            self._stalled = False
+            logger.warning("the engine loop takes its events again: hellos are accepted")
 
     def send(
         self,
@@ -221,78 +335,84 @@ class EngineServer:
     ) -> None:
         """Send one step: ``(key, output, finished)`` triples and ``(key, error)`` pairs.
 
-        Everything for one front goes out as one message. Never raises for a request
-        that is no longer live (counted as late) nor for a front that is gone (it is
-        lost: its other requests are cancelled). An output that cannot be encoded or
-        does not fit one message fails its own request, not the step.
+        Everything for one front goes out as one message (or as few as fit its cap).
+        Never raises for a request that is no longer live (counted as late) nor for a
+        front that is gone (it is lost: its other requests are cancelled). An output
+        that cannot be encoded or does not fit one message fails its own request, not
+        the step.
         """
-        per_front: dict[bytes, tuple[list[tuple[str, bytes, bool]], list[tuple[str, str, int]]]]
+        per_front: dict[_Front, tuple[list[tuple[int, bytes, bool]], list[tuple[int, str, int]]]]
         per_front = {}
-        fronts = self._fronts
+        requests = self._requests
         encode_payload = self._codec.encode
-        limit = self._max_message - 64
         for key, output, finished in outputs:
-            front = fronts.get(key.front)
-            if front is None or key.rid not in front.live:
+            request = requests.get(key.submission)
+            if request is None:
                 self._counts["late_outputs"] += 1
                 continue
-            entry = per_front.get(key.front)
+            front = request.front
+            entry = per_front.get(front)
             if entry is None:
-                entry = per_front[key.front] = ([], [])
+                entry = per_front[front] = ([], [])
             try:
                 payload = encode_payload(output)
             except Exception as exc:
-                front.live.discard(key.rid)
-                entry[1].append((key.rid, f"the output could not be encoded: {exc}", 500))
+                self._end(request)
+                entry[1].append(
+                    (request.sid, clip(f"the output could not be encoded: {exc}", 512), 500)
+                )
                 continue
-            if len(payload) + len(key.rid) + _ENTRY_OVERHEAD > limit:
+            if len(payload) + _ENTRY_OVERHEAD > front.limit:
                 self._counts["too_large"] += 1
-                front.live.discard(key.rid)
-                entry[1].append((key.rid, "an output exceeded the link's max_message", 500))
+                self._end(request)
+                entry[1].append((request.sid, "an output exceeded the link's max_message", 500))
                 continue
             if finished:
-                front.live.discard(key.rid)
-            entry[0].append((key.rid, payload, finished))
+                self._end(request)
+            entry[0].append((request.sid, payload, finished))
         for key, error in failures:
-            front = fronts.get(key.front)
-            if front is None or key.rid not in front.live:
+            request = requests.get(key.submission)
+            if request is None:
                 self._counts["late_outputs"] += 1
                 continue
-            front.live.discard(key.rid)
+            self._end(request)
             status = getattr(error, "status_code", 500)
-            if not isinstance(status, int) or isinstance(status, bool):
-                status = 500
-            entry = per_front.setdefault(key.front, ([], []))
-            entry[1].append((key.rid, str(error)[:1024], status))
-        for identity, (outs, fails) in per_front.items():
-            self._send_step(identity, outs, fails)
+            if not isinstance(status, int) or isinstance(status, bool) or not 100 <= status < 600:
+                status = 500  # (a huge int would not even encode: the step would raise)
+            entry = per_front.setdefault(request.front, ([], []))
+            entry[1].append((request.sid, clip(str(error), _MAX_FAILURE_TEXT), status))
+        for front, (outs, fails) in per_front.items():
+            self._send_step(front, outs, fails)
 
     @property
     def in_flight(self) -> int:
         """Requests live on every front together."""
-        return sum(len(front.live) for front in self._fronts.values())
+        return len(self._requests)
 
     def live(self) -> set[RequestKey]:
         """Every live request's key (a copy)."""
-        return {
-            RequestKey(front.identity, rid) for front in self._fronts.values() for rid in front.live
-        }
+        return {request.key for request in self._requests.values()}
 
     def stats(self) -> EngineServerStats:
         """A frozen snapshot of the counters."""
-        return EngineServerStats(fronts=len(self._fronts), in_flight=self.in_flight, **self._counts)
+        return EngineServerStats(
+            fronts=len(self._fronts),
+            stalled=self._stalled,
+            in_flight=self.in_flight,
+            **self._counts,
+        )
 
     # -- sending ------------------------------------------------------------------------
 
     def _send_step(
         self,
-        identity: bytes,
-        outs: list[tuple[str, bytes, bool]],
-        fails: list[tuple[str, str, int]],
+        front: _Front,
+        outs: list[tuple[int, bytes, bool]],
+        fails: list[tuple[int, str, int]],
     ) -> None:
-        """One message for the step, or as few as fit ``max_message`` each, in order."""
-        limit = self._max_message - 64
-        parts: list[tuple[list[tuple[str, bytes, bool]], list[tuple[str, str, int]]]] = [([], [])]
+        """One message for the step, or as few as fit the front's cap each, in order."""
+        limit = front.limit
+        parts: list[tuple[list[tuple[int, bytes, bool]], list[tuple[int, str, int]]]] = [([], [])]
         size = 0
 
         def make_room(cost: int) -> None:
@@ -303,25 +423,17 @@ class EngineServer:
             size += cost
 
         for out in outs:
-            make_room(len(out[0]) + len(out[1]) + _ENTRY_OVERHEAD)
+            make_room(len(out[1]) + _ENTRY_OVERHEAD)
             parts[-1][0].append(out)
         for fail in fails:
-            make_room(len(fail[0]) + len(fail[1]) + _ENTRY_OVERHEAD)
+            make_room(len(fail[1].encode()) + _ENTRY_OVERHEAD)  # (bytes, not characters)
             parts[-1][1].append(fail)
         for part_outs, part_fails in parts:
-            if not self._send_step_part(identity, part_outs, part_fails):
+            # (a failed send of one part loses the front: the rest has nowhere to go)
+            if self._fronts.get(front.identity) is not front:
                 return
-
-    def _send_step_part(
-        self,
-        identity: bytes,
-        outs: list[tuple[str, bytes, bool]],
-        fails: list[tuple[str, str, int]],
-    ) -> bool:
-        front = self._fronts.get(identity)  # (a failed send of a first part loses it)
-        if front is None:
-            return False
-        return self._send(front, Step(front.seq_out, outs, fails))
+            if not self._send(front, Step(front.seq_out, part_outs, part_fails)):
+                return
 
     def _send(self, front: _Front, message: Message) -> bool:
         """Send to a front with a session; a front we cannot reach is lost."""
@@ -341,7 +453,8 @@ class EngineServer:
 
     def _reply(self, identity: bytes, message: Message) -> None:
         """Answer a peer without a session (a refusal); a peer already gone is ignored."""
-        assert self._socket is not None
+        if self._socket is None:
+            return
         try:
             send_nowait(self._socket, [identity, encode(message)])
         except zmq.ZMQError:
@@ -353,11 +466,18 @@ class EngineServer:
         if self._events and self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
+    def _on_fault(self, exc: Exception) -> None:
+        logger.error("tether_zmq: a message could not be handled; dropped", exc_info=exc)
+        self._counts["malformed"] += 1
+
     def _on_frames(self, frames: list[bytes]) -> None:
         if len(frames) != 2:
             self._counts["malformed"] += 1
             return
         identity, frame = frames
+        if entries_of(frame) > MAX_ENTRIES:
+            self._on_too_many(identity, entries_of(frame))
+            return
         try:
             message = decode(frame)
         except msgspec.DecodeError:
@@ -377,7 +497,9 @@ class EngineServer:
             return
         front.seq_in += 1
         front.last_seen = time.monotonic()
-        if isinstance(message, Submit):
+        if len(frame) > self._max_message:
+            self._on_too_large(front, message)
+        elif isinstance(message, Submit):
             self._on_submit(front, message)
         elif isinstance(message, Abort):
             self._on_abort(front, message)
@@ -390,7 +512,7 @@ class EngineServer:
         if hello.version != PROTOCOL_VERSION:
             self._counts["refused"] += 1
             logger.warning(
-                "front %s speaks protocol v%d, this engine v%d: refused",
+                "front %.64r speaks protocol v%d, this engine v%d: refused",
                 hello.front,
                 hello.version,
                 PROTOCOL_VERSION,
@@ -398,44 +520,93 @@ class EngineServer:
             reason = f"protocol version {hello.version} is not {PROTOCOL_VERSION}"
             self._reply(identity, Refuse(0, PROTOCOL_VERSION, reason))
             return
+        if self._stalled:
+            self._reply(identity, Refuse(0, PROTOCOL_VERSION, "the engine is stalled"))
+            return
+        if len(hello.front.encode()) > _MAX_NAME:
+            self._counts["malformed"] += 1
+            self._reply(identity, Refuse(0, PROTOCOL_VERSION, "front name too long"))
+            return
         former = self._fronts.get(identity)
-        if former is not None:  # the same incarnation starts over: its old requests end
+        if former is not None:  # the same front starts over: its old requests end
             self._lose(former, "it opened a new session")
-        front = self._fronts[identity] = _Front(identity, hello.front, time.monotonic())
-        self._send(
-            front, Welcome(0, PROTOCOL_VERSION, self.incarnation, hello.attempt, self._max_message)
-        )
+        limit = min(self._max_message, hello.max_message) - _STEP_OVERHEAD
+        front = _Front(identity, hello, limit, time.monotonic())
+        self._fronts[identity] = front
+        welcome = Welcome(0, PROTOCOL_VERSION, self.incarnation, hello.attempt, self._max_message)
+        self._send(front, welcome)
 
     def _on_submit(self, front: _Front, submit: Submit) -> None:
         decode_payload = self._codec.decode
-        refused: list[tuple[str, str, int]] = []
-        for rid, payload in submit.requests:
-            if rid in front.live:  # the front's registry never reuses a live rid
-                self._counts["malformed"] += 1
+        refused: list[tuple[int, str, int]] = []
+        for sid, rid, payload in submit.requests:
+            if sid <= front.last_submission:
+                # (an honest front's ids only grow; the front hears of this one)
+                refused.append((sid, "a submission id was reused", 400))
+                continue
+            front.last_submission = sid
+            if len(self._events) >= self._max_events:
+                refused.append((sid, "the engine is not keeping up; retry later", 503))
                 continue
             try:
                 request = decode_payload(payload)
             except Exception:
-                refused.append((rid, "the request could not be decoded", 400))
+                refused.append((sid, "the request could not be decoded", 400))
                 continue
-            front.live.add(rid)
+            key = RequestKey(front.name, rid, next(self._numbers))
+            entry = front.live[sid] = _Request(front, sid, key)
+            self._requests[key.submission] = entry
             self._counts["submitted"] += 1
-            self._events.append(Submission(RequestKey(front.identity, rid), request))
+            self._add(Submission(key, request))
         if refused:
-            self._send(front, Step(front.seq_out, [], refused))
+            self._counts["refused_submissions"] += len(refused)
+            self._send_step(front, [], refused)
+
+    def _on_too_large(self, front: _Front, message: Message) -> None:
+        """A frame past ``max_message`` (a front that ignored the welcome's cap): its
+        submissions are refused, each told 413; nothing else of it is used."""
+        self._counts["too_large"] += 1
+        if isinstance(message, Submit):
+            text = f"the submission exceeds the engine's max_message={self._max_message}"
+            refused = [(sid, text, 413) for sid, _, _ in message.requests]
+            for sid, _, _ in message.requests:
+                front.last_submission = max(front.last_submission, sid)
+            self._counts["refused_submissions"] += len(refused)
+            self._send_step(front, [], refused)
+
+    def _on_too_many(self, identity: bytes, count: int) -> None:
+        """A message of more entries than any honest front sends, refused unread (its
+        decoding alone would hold the loop): that front's session ends, and it is told."""
+        self._counts["too_large"] += 1
+        front = self._fronts.get(identity)
+        if front is not None:
+            self._lose(front, f"a message of {count} entries (at most {MAX_ENTRIES})")
+        reason = f"a message of {count} entries exceeds {MAX_ENTRIES}: say hello"
+        self._reply(identity, Refuse(0, PROTOCOL_VERSION, reason))
 
     def _on_abort(self, front: _Front, abort: Abort) -> None:
         live = front.live
-        for rid in abort.rids:
-            if rid in live:
-                live.remove(rid)
-                self._cancel(RequestKey(front.identity, rid), "aborted")
-            else:
+        for sid in abort.submissions:
+            request = live.get(sid)
+            if request is None:
                 self._counts["late_aborts"] += 1
+                continue
+            self._end(request)
+            self._cancel(request.key, "aborted")
+
+    def _end(self, request: _Request) -> None:
+        """The one way a submission stops being live."""
+        del request.front.live[request.sid]
+        del self._requests[request.key.submission]
+
+    def _add(self, event: Event) -> None:
+        if not self._events:
+            self._pending_since = time.monotonic()
+        self._events.append(event)
 
     def _cancel(self, key: RequestKey, reason: str) -> None:
         self._counts["cancelled"] += 1
-        self._events.append(Cancellation(key, reason))
+        self._add(Cancellation(key, reason))
 
     def _lose(self, front: _Front, why: str) -> None:
         """End a front's session: each of its live requests is cancelled, once."""
@@ -444,10 +615,10 @@ class EngineServer:
         del self._fronts[front.identity]
         self._counts["fronts_lost"] += 1
         log = logger.warning if front.live else logger.info
-        log("front %s lost (%s): cancelling its %d requests", front.name, why, len(front.live))
-        live, front.live = front.live, set()
-        for rid in live:
-            self._cancel(RequestKey(front.identity, rid), "front_lost")
+        log("front %s lost (%s): cancelling its %d requests", front.label, why, len(front.live))
+        for request in list(front.live.values()):
+            self._end(request)
+            self._cancel(request.key, "front_lost")
         self._wake()
 
     # -- liveness -----------------------------------------------------------------------
@@ -466,11 +637,36 @@ class EngineServer:
         for front in list(self._fronts.values()):
             self._send(front, Ping(front.seq_out, now))
 
-    async def _watch_fronts(self) -> None:
+    async def _watch(self) -> None:
         interval = self._peer_timeout / 6
         while True:
             await asyncio.sleep(interval)
-            deadline = time.monotonic() - self._peer_timeout
-            for front in list(self._fronts.values()):
-                if front.last_seen < deadline:
-                    self._lose(front, f"silent for more than {self._peer_timeout:g}s")
+            self._judge()
+
+    def _judge(self) -> None:
+        """Judge the fronts' silence and the engine loop's, after reading what waits."""
+        assert self._reader is not None
+        if self._reader.drain():
+            return  # more is waiting: nobody is silent, judge next time
+        self._wake()
+        now = time.monotonic()
+        pending = self._pending_since
+        if pending is not None and now - pending > self._consumer_timeout and not self._stalled:
+            self._stall(now - pending)
+        deadline = now - self._peer_timeout
+        for front in list(self._fronts.values()):
+            if front.last_seen < deadline:
+                self._lose(front, f"silent for more than {self._peer_timeout:g}s")
+
+    def _stall(self, waited: float) -> None:
+        """The engine loop leaves its events untaken: no front may wait on it."""
+        self._stalled = True
+        self._counts["stalls"] += 1
+        logger.error(
+            "the engine loop has not taken its events for %.3fs: ending every session "
+            "and refusing hellos until it does",
+            waited,
+        )
+        for front in list(self._fronts.values()):
+            self._reply(front.identity, Refuse(0, PROTOCOL_VERSION, "the engine is stalled"))
+            self._lose(front, "the engine loop stalled")

@@ -5,18 +5,31 @@
     tether.Overloaded
     └── EngineUnavailable      submit() while no session is up, or the link is
                                full: 503 + Retry-After at once, nothing registered
-    ValueError
-    └── PayloadTooLarge        a request that cannot fit one message (413)
+    tether.InvalidRequest       (a ValueError)
+    └── UnencodableRequest     a request the codec cannot encode (a lone surrogate,
+                               an object it does not know): 422, nothing registered
+    tether.BatchTooLarge        (a ValueError)
+    └── PayloadTooLarge        a request that cannot fit one message: 413 through
+                               both adapters' error_response, nothing registered
     RuntimeError                (causes of tether.ProducerError, on the front)
     ├── EngineLost             the link died under a request in flight (503)
-    └── RemoteFailure          the engine failed the request (its status code)
+    ├── RemoteFailure          the engine failed the request (its status code)
+    └── LinkDown               EngineServer.receive(): the link's own machinery
+                               died (one of its tasks); every front was let go
 """
 
 from __future__ import annotations
 
 import tether
 
-__all__ = ["EngineLost", "EngineUnavailable", "PayloadTooLarge", "RemoteFailure"]
+__all__ = [
+    "EngineLost",
+    "EngineUnavailable",
+    "LinkDown",
+    "PayloadTooLarge",
+    "RemoteFailure",
+    "UnencodableRequest",
+]
 
 
 class EngineUnavailable(tether.Overloaded):
@@ -34,15 +47,33 @@ class EngineUnavailable(tether.Overloaded):
         self.reason = reason
 
 
-class PayloadTooLarge(ValueError):
-    """Raised by ``submit()`` for a request larger than the link's ``max_message``."""
+class PayloadTooLarge(tether.BatchTooLarge):
+    """Raised by ``submit()`` for a request larger than the engine accepts (its
+    ``max_message``, announced in its welcome, or the front's own if smaller).
+
+    It is a :class:`~tether.BatchTooLarge`, so ``error_response`` answers 413 with no
+    ``Retry-After``: the same request can never fit, however long the client waits.
+    """
 
     status_code = 413
 
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(f"a request of {size} bytes exceeds the link's max_message={limit}")
+    def __init__(self, size: int, limit: int, *, unit: str = "bytes") -> None:
+        # BatchTooLarge's own message speaks of max_in_flight: say what happened instead.
+        tether.TetherError.__init__(
+            self, f"a request of {size} {unit} exceeds the link's limit of {limit} {unit}"
+        )
         self.size = size
         self.limit = limit
+
+
+class UnencodableRequest(tether.InvalidRequest):
+    """Raised by ``submit()`` for a request the link's codec cannot encode: text with
+    a lone surrogate (not UTF-8), an object the codec does not know. ``error_response``
+    answers 422; the codec's own error is the ``__cause__``."""
+
+    def __init__(self, rid: str, error: Exception) -> None:
+        super().__init__(f"request {rid!r} cannot be sent to the engine: {error}")
+        self.rid = rid
 
 
 class EngineLost(RuntimeError):
@@ -59,3 +90,10 @@ class RemoteFailure(RuntimeError):
     def __init__(self, message: str, status_code: int) -> None:
         super().__init__(message)
         self.status_code = status_code
+
+
+class LinkDown(RuntimeError):
+    """Raised by :meth:`EngineServer.receive` once the link itself has stopped: one of
+    its background tasks died. The socket is closed (every front sees the engine
+    gone and fails its requests with :class:`EngineLost`); the engine loop should
+    end, loudly, and be restarted."""

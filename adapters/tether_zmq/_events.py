@@ -16,10 +16,15 @@ __all__ = [
 
 
 class RequestKey(NamedTuple):
-    """A request as the engine knows it: the front it came from, and its rid there."""
+    """A request as the engine knows it: the front it came from (its incarnation, as
+    it named itself), its rid there, and ``submission``, a number this engine gives
+    each submission and never gives again. Keys are unique on the submission alone:
+    a rid reused by its front, a restarted front, or a peer naming itself after
+    another front all get keys that no message about an older request can match."""
 
     front: bytes
     rid: str
+    submission: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -48,6 +53,9 @@ class EngineServerStats:
     """A snapshot of the engine end's counters.
 
     :param fronts: fronts with a session now.
+    :param stalled: the engine loop has left its events untaken for
+        ``consumer_timeout``: every session was ended and hellos are refused until
+        it takes them again.
     :param in_flight: requests live on every front together.
     :param late_outputs: outputs or failures sent for a request no longer live.
     :param late_aborts: aborts for a request no longer live.
@@ -55,10 +63,15 @@ class EngineServerStats:
     :param no_session: messages from a peer without a session (told to say hello).
     :param refused: hellos refused for a protocol version mismatch.
     :param fronts_lost: sessions ended by a front's death, silence, gap or new hello.
-    :param too_large: outputs that could not fit one message (their request failed).
+    :param too_large: outputs that could not fit one message (their request failed),
+        and frames past ``max_message`` from a front (their submissions refused, 413).
+    :param refused_submissions: submissions refused at the door (undecodable, a
+        submission id reused, too large); each one's front was told.
+    :param stalls: times the engine loop was found not taking its events.
     """
 
     fronts: int
+    stalled: bool
     in_flight: int
     submitted: int
     cancelled: int
@@ -69,6 +82,8 @@ class EngineServerStats:
     refused: int
     fronts_lost: int
     too_large: int
+    refused_submissions: int
+    stalls: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -83,6 +98,9 @@ class EngineClientStats:
     :param failed_on_loss: requests failed because their session ended.
     :param malformed: frames that were no message of the protocol, dropped.
     :param refused: hellos the engine refused (protocol version mismatch).
+    :param late_outputs: outputs or failures for a submission no longer live here
+        (aborted, or superseded by a new submission of its rid), dropped.
+    :param too_large: submissions refused here for exceeding the engine's cap (413).
     """
 
     ready: bool
@@ -96,3 +114,5 @@ class EngineClientStats:
     failed_on_loss: int
     malformed: int
     refused: int
+    late_outputs: int
+    too_large: int

@@ -12,15 +12,21 @@ to the registry, and run it with :meth:`~EngineClient.running`::
 
 Outputs arrive as one message per engine step and go into the registry with
 ``deliver_many``; aborts (client gone, deadline, early close) are gathered and
-sent as one message per loop tick. Submitting never waits: with no session up, or
-with the link's queue full, :meth:`submit` raises :class:`EngineUnavailable` at
-once (503 + ``Retry-After``), instead of parking a request on a dead link.
+sent as one message per loop tick. Every submission has an id of its own that only
+grows: aborts and outputs name it, so a rid reused at once after its abort is a new
+submission the old one's outputs never reach. Submitting never waits: with no
+session up, or with the link's queue full, :meth:`submit` raises
+:class:`EngineUnavailable` at once (503 + ``Retry-After``); a request larger than
+the engine accepts (its welcome says how much) fails alone with
+:class:`PayloadTooLarge` (413).
 
 The link is lost when the socket monitor reports a disconnect (a killed engine is
-seen in milliseconds), when the engine's event loop stops answering pings for
+seen in milliseconds), when a ping to the engine's event loop stays unanswered for
 ``engine_timeout`` (a hung engine, whose libzmq thread would still answer ZMTP
-heartbeats), or on a sequence gap. Every request in flight then fails at once with
-:class:`EngineLost` (503), and the client says hello again until an engine
+heartbeats), on a sequence gap, or when a task of the link dies. Silence is judged
+only after reading what is waiting, and only while a ping was out: this front's own
+stall is never blamed on the engine. Every request in flight then fails at once
+with :class:`EngineLost` (503), and the client says hello again until an engine
 welcomes it: the new session never sees the old one's messages.
 """
 
@@ -28,7 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
@@ -41,9 +49,16 @@ import zmq.asyncio
 import tether
 from tether.http import stop_tasks
 
-from ._errors import EngineLost, EngineUnavailable, PayloadTooLarge, RemoteFailure
+from ._errors import (
+    EngineLost,
+    EngineUnavailable,
+    PayloadTooLarge,
+    RemoteFailure,
+    UnencodableRequest,
+)
 from ._events import EngineClientStats
 from ._protocol import (
+    MAX_ENTRIES,
     PROTOCOL_VERSION,
     Abort,
     Codec,
@@ -56,6 +71,7 @@ from ._protocol import (
     Step,
     Submit,
     Welcome,
+    clip,
     decode,
     encode,
 )
@@ -63,9 +79,10 @@ from ._security import CurveClient
 from ._socket import (
     DEFAULT_HWM,
     DEFAULT_MAX_MESSAGE,
+    Reader,
     configure,
-    read_forever,
     send_nowait,
+    supervise,
     watch_monitor,
 )
 
@@ -124,18 +141,24 @@ class EngineClient:
         self._registry: tether.Registry | None = None
         self._socket: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
+        self._reader: Reader | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopped: list[asyncio.Task[None]] = []
+        self._broken: str | None = None
         self._up = False
         self._ready = asyncio.Event()
         self._why_down = "not connected yet"
         self._attempt = 0
         self._last_hello = 0.0
-        self._last_seen = 0.0
+        self._unanswered_since: float | None = None  # the first ping sent since a word
         self._seq_in = 0
         self._seq_out = 0
         self._engine = ""
-        self._live: set[str] = set()
-        self._aborts: list[str] = []
+        self._limit = max_message  # the session's frame cap: the smaller of both ends'
+        self._submissions = itertools.count(1)  # never reset: ids only grow
+        self._live: dict[int, str] = {}  # submission -> rid
+        self._submission_of: dict[str, int] = {}  # rid -> its live submission
+        self._aborts: list[int] = []
         self._flush_scheduled = False
         self._counts = dict.fromkeys(
             (
@@ -148,6 +171,8 @@ class EngineClient:
                 "failed_on_loss",
                 "malformed",
                 "refused",
+                "late_outputs",
+                "too_large",
             ),
             0,
         )
@@ -165,14 +190,16 @@ class EngineClient:
 
     async def start(self, registry: tether.Registry) -> None:
         """Connect to the engine (in the background: the link comes up by itself)."""
-        if self._socket is not None:
+        if self._socket is not None or self._broken is not None:
             raise RuntimeError("EngineClient.start() was already called")
         self._registry = registry
         self.incarnation = uuid.uuid4().hex
         context = self._context or zmq.asyncio.Context.instance()
         socket = context.socket(zmq.DEALER)
-        configure(socket, max_message=self._max_message, hwm=self._hwm)
-        socket.setsockopt(zmq.ROUTING_ID, self.incarnation.encode())
+        configure(socket, max_frame=self._max_message, hwm=self._hwm)
+        # The routing id is what the engine routes this front's outputs to: a secret,
+        # apart from the incarnation (which is logged and shown), never written down.
+        socket.setsockopt(zmq.ROUTING_ID, b"f" + secrets.token_bytes(16))
         socket.setsockopt(zmq.IMMEDIATE, 1)  # no queueing onto a link that is not up
         socket.setsockopt(zmq.RECONNECT_IVL, 20)
         socket.setsockopt(zmq.RECONNECT_IVL_MAX, 200)
@@ -182,24 +209,51 @@ class EngineClient:
         self._monitor = socket.get_monitor_socket(
             zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
         )
+        self._reader = Reader(socket, self._on_frames, self._on_fault)
         socket.connect(self.address)
-        self._tasks = [
-            asyncio.create_task(read_forever(socket, self._on_frames, _nothing)),
-            asyncio.create_task(watch_monitor(self._monitor, self._on_event)),
-            asyncio.create_task(self._tick()),
-        ]
+        self._tasks.extend(
+            (
+                asyncio.create_task(self._reader.run(_nothing), name="zmq-front-in"),
+                asyncio.create_task(
+                    watch_monitor(self._monitor, self._on_event), name="zmq-front-monitor"
+                ),
+                asyncio.create_task(self._tick(), name="zmq-front-tick"),
+            )
+        )
+        supervise(self._tasks, self._die)
 
     async def aclose(self) -> None:
         """Fail what is in flight, stop the loops, close the socket. Idempotent."""
         self._go_down("the front is closing", hello=False)
-        tasks, self._tasks = self._tasks, []
+        tasks = [*self._tasks, *self._stopped]
+        self._tasks.clear()
+        self._stopped.clear()
         await stop_tasks(tasks)
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
         if self._socket is not None:
             self._socket.disable_monitor()
             if self._monitor is not None:
                 self._monitor.close(linger=0)
             self._socket.close(linger=0)
             self._socket = self._monitor = None
+            self._reader = None
+
+    def _die(self, why: str) -> None:
+        """A task of the link ended by itself: the link is down for good, loudly.
+
+        Its requests fail (503) and the socket closes, so the engine cancels them at
+        once; new requests are refused with the reason.
+        """
+        logger.error("engine link broken: %s; failing its requests", why)
+        self._broken = f"the front's link to the engine broke ({why})"
+        self._stopped.extend(self._tasks)  # (awaited by aclose)
+        self._tasks.clear()
+        for task in self._stopped:
+            task.cancel()
+        self._go_down(self._broken, hello=False)
+        self._close_sockets()
 
     # -- the handlers' API ----------------------------------------------------------------
 
@@ -223,6 +277,7 @@ class EngineClient:
         """Register a request and submit it; on any refusal nothing stays registered.
 
         :raises EngineUnavailable: no session is up or the link is full (503).
+        :raises PayloadTooLarge: the request is larger than the engine accepts (413).
         :raises tether.TetherError: the registry refused it (overload, duplicate rid).
         """
         self._check_up()
@@ -260,29 +315,47 @@ class EngineClient:
     def submit_many(self, requests: Iterable[tuple[str, Any]]) -> None:
         """Submit registered requests in one message; never waits.
 
+        A rid whose earlier submission is still live here (the registry ended it
+        without an abort) supersedes it: the old one is aborted in the engine and its
+        outputs never reach the new one.
+
         :raises EngineUnavailable: no session is up, or the link's queue is full.
-        :raises PayloadTooLarge: the message would exceed ``max_message``.
+        :raises PayloadTooLarge: the message would exceed what the engine accepts.
+        :raises UnencodableRequest: the codec cannot encode a request (422).
         """
         self._check_up()
         encode_payload = self._codec.encode
-        pairs = [(rid, encode_payload(request)) for rid, request in requests]
-        frame = encode(Submit(self._seq_out, pairs))
-        if len(frame) > self._max_message:
-            raise PayloadTooLarge(len(frame), self._max_message)
+        entries = []
+        for rid, request in requests:
+            try:
+                payload = encode_payload(request)
+            except Exception as exc:  # (the codec's own error, whatever its type)
+                raise UnencodableRequest(rid, exc) from exc
+            entries.append((next(self._submissions), rid, payload))
+        if len(entries) > MAX_ENTRIES:
+            self._counts["too_large"] += 1
+            raise PayloadTooLarge(len(entries), MAX_ENTRIES, unit="submissions")
+        frame = encode(Submit(self._seq_out, entries))
+        if len(frame) > self._limit:
+            self._counts["too_large"] += 1
+            raise PayloadTooLarge(len(frame), self._limit)
         if not self._send_frame(frame):
             raise EngineUnavailable("the link to the engine is full", retry_after=self._retry_after)
-        self._live.update(rid for rid, _ in pairs)
-        self._counts["submitted"] += len(pairs)
+        live = self._live
+        submission_of = self._submission_of
+        for sid, rid, _ in entries:
+            former = submission_of.get(rid)
+            if former is not None:
+                self._abort_submission(former)
+            live[sid] = rid
+            submission_of[rid] = sid
+        self._counts["submitted"] += len(entries)
 
     def on_abort(self, rid: str) -> None:
         """The registry's ``on_abort``: tell the engine, batched per loop tick."""
-        if rid not in self._live:
-            return
-        self._live.remove(rid)
-        self._aborts.append(rid)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_aborts)
+        sid = self._submission_of.get(rid)
+        if sid is not None:
+            self._abort_submission(sid)
 
     def stats(self) -> EngineClientStats:
         """A frozen snapshot of the counters."""
@@ -298,6 +371,21 @@ class EngineClient:
     def _check_up(self) -> None:
         if not self._up:
             raise EngineUnavailable(self._why_down, retry_after=self._retry_after)
+
+    def _end(self, sid: int) -> str | None:
+        """The one way a submission stops being live here; its rid, if it was."""
+        rid = self._live.pop(sid, None)
+        if rid is not None and self._submission_of.get(rid) == sid:
+            del self._submission_of[rid]
+        return rid
+
+    def _abort_submission(self, sid: int) -> None:
+        if self._end(sid) is None:
+            return
+        self._aborts.append(sid)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_aborts)
 
     def _send_frame(self, frame: bytes) -> bool:
         """Send one frame of the session; ``False`` if the link cannot take it now."""
@@ -315,19 +403,23 @@ class EngineClient:
 
     def _flush_aborts(self) -> None:
         self._flush_scheduled = False
-        rids, self._aborts = self._aborts, []
-        if not rids or not self._up:
+        sids, self._aborts = self._aborts, []
+        if not sids or not self._up:
             return  # (with no session, the engine's next session start cancels them all)
-        if not self._send(Abort(self._seq_out, rids)):
-            self._go_down("the link to the engine is full")
-            return
-        self._counts["aborts_sent"] += len(rids)
+        per_message = max(1, min(MAX_ENTRIES, (self._limit - 64) // 9))  # (an id: 9 bytes)
+        for start in range(0, len(sids), per_message):
+            if not self._send(Abort(self._seq_out, sids[start : start + per_message])):
+                self._go_down("the link to the engine is full")
+                return
+        self._counts["aborts_sent"] += len(sids)
 
     def _hello(self) -> None:
+        if self._broken is not None:
+            return
         self._attempt += 1
         self._last_hello = time.monotonic()
         self._seq_out = 0
-        self._send(Hello(0, PROTOCOL_VERSION, self.incarnation, self._attempt))
+        self._send(Hello(0, PROTOCOL_VERSION, self.incarnation, self._attempt, self._max_message))
 
     def _go_down(self, why: str, *, hello: bool = True) -> None:
         """The session ended: fail every request in flight once, then say hello again."""
@@ -337,15 +429,24 @@ class EngineClient:
         if was_up and hello:
             self._counts["links_lost"] += 1
             logger.warning("engine link lost (%s): failing %d requests", why, len(self._live))
-        live, self._live = self._live, set()
+        live = self._live
+        self._live = {}
+        self._submission_of.clear()
         self._aborts.clear()
         if live and self._registry is not None:
             self._counts["failed_on_loss"] += len(live)
             fail = self._registry.fail
-            for rid in live:
+            for rid in live.values():
                 fail(rid, EngineLost(f"the link to the engine was lost: {why}"))
         if hello and self._socket is not None:
             self._hello()
+
+    def _on_fault(self, exc: Exception) -> None:
+        # A message this end could not handle may have been half-applied: no request
+        # may be left waiting on it, so the session ends (its requests fail, 503).
+        logger.error("tether_zmq: a message from the engine could not be handled", exc_info=exc)
+        self._counts["malformed"] += 1
+        self._go_down(f"a message from the engine could not be handled: {exc!r}")
 
     def _on_event(self, event: int) -> None:
         if event == zmq.EVENT_DISCONNECTED:
@@ -356,14 +457,25 @@ class EngineClient:
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(self._ping_interval)
-            now = time.monotonic()
-            if self._up:
-                if now - self._last_seen > self._engine_timeout:
-                    self._go_down(f"no word from the engine for {self._engine_timeout:g}s")
-                elif not self._send(Ping(self._seq_out, now)):
-                    self._go_down("the link to the engine is full")
-            elif now - self._last_hello >= self._hello_interval:
-                self._hello()
+            self._judge()
+
+    def _judge(self) -> None:
+        """Ping, or judge the engine silent: only after reading what is waiting, and
+        only counting the time since a ping went out unanswered."""
+        assert self._reader is not None
+        if self._reader.drain():
+            return  # more is waiting: the engine is not silent
+        now = time.monotonic()
+        if self._up:
+            pending = self._unanswered_since
+            if pending is not None and now - pending > self._engine_timeout:
+                self._go_down(f"no word from the engine for {self._engine_timeout:g}s")
+            elif not self._send(Ping(self._seq_out, now)):
+                self._go_down("the link to the engine is full")
+            elif pending is None:
+                self._unanswered_since = now
+        elif now - self._last_hello >= self._hello_interval:
+            self._hello()
 
     def _on_frames(self, frames: list[bytes]) -> None:
         if len(frames) != 1:
@@ -379,29 +491,32 @@ class EngineClient:
             return
         if message.seq != self._seq_in:
             if isinstance(message, Refuse):
-                self._go_down(f"the engine ended the session: {message.reason}")
+                self._go_down(f"the engine ended the session: {clip(message.reason, 200)}")
             else:
                 self._go_down(f"sequence gap: expected {self._seq_in}, got {message.seq}")
             return
         self._seq_in += 1
-        self._last_seen = time.monotonic()
+        self._unanswered_since = None
         if isinstance(message, Step):
             self._on_step(message)
         elif isinstance(message, Ping):
             self._send(Pong(self._seq_out, message.sent))
         elif isinstance(message, Refuse):
-            self._go_down(f"the engine ended the session: {message.reason}")
+            self._go_down(f"the engine ended the session: {clip(message.reason, 200)}")
         elif not isinstance(message, Pong):
             self._counts["malformed"] += 1
 
     def _on_handshake(self, message: Message) -> None:
         """No session: only the answer to our latest hello counts; the rest is stale."""
-        if isinstance(message, Refuse) and message.version != PROTOCOL_VERSION:
-            self._counts["refused"] += 1
-            self._why_down = (
-                f"the engine speaks protocol v{message.version}, not v{PROTOCOL_VERSION}"
-            )
-            logger.error("engine refused the hello: %s", message.reason)
+        if isinstance(message, Refuse):
+            if message.version != PROTOCOL_VERSION:
+                self._counts["refused"] += 1
+                self._why_down = (
+                    f"the engine speaks protocol v{message.version}, not v{PROTOCOL_VERSION}"
+                )
+                logger.error("engine refused the hello: %.200r", message.reason)
+            else:
+                self._why_down = f"the engine refused a session: {clip(message.reason, 200)}"
         elif isinstance(message, Welcome) and message.attempt == self._attempt:
             if message.version != PROTOCOL_VERSION:
                 self._counts["refused"] += 1
@@ -412,7 +527,8 @@ class EngineClient:
                 return
             self._up = True
             self._seq_in = 1
-            self._last_seen = time.monotonic()
+            self._unanswered_since = None
+            self._limit = min(self._max_message, message.max_message)
             self._engine = message.engine
             self._counts["sessions"] += 1
             self._ready.set()
@@ -424,25 +540,33 @@ class EngineClient:
         decode_payload = self._codec.decode
         items: list[tuple[str, Any, bool]] = []
         broken: list[str] = []
-        for rid, payload, finished in step.outputs:
+        late = 0
+        for sid, payload, finished in step.outputs:
+            rid = live.get(sid)
+            if rid is None:
+                late += 1  # aborted here, or superseded: never another request's
+                continue
             try:
                 items.append((rid, decode_payload(payload), finished))
             except Exception:
+                self._end(sid)
                 broken.append(rid)
                 continue
             if finished:
-                live.discard(rid)
+                self._end(sid)
         self._counts["outputs"] += len(items)
         self._counts["steps"] += 1
         registry.deliver_many(items)
         for rid in broken:
             self._counts["malformed"] += 1
-            if rid in live:
-                live.discard(rid)
-                registry.fail(rid, RemoteFailure("an output could not be decoded", 502))
-        for rid, text, status in step.failures:
-            live.discard(rid)
+            registry.fail(rid, RemoteFailure("an output could not be decoded", 502))
+        for sid, text, status in step.failures:
+            rid = self._end(sid)
+            if rid is None:
+                late += 1
+                continue
             registry.fail(rid, RemoteFailure(text, status))
+        self._counts["late_outputs"] += late
 
 
 def _nothing() -> None:

@@ -11,16 +11,23 @@ Every message carries ``seq``, counted per direction and per session from 0 (the
 ``Hello`` and the ``Welcome``). A gap means a message was lost or corrupted on the
 link: the receiver treats it as a link failure, never as something to paper over.
 
+Every submission carries its own *submission id*, drawn by the front from one counter
+that only grows for the life of the front: aborts and outputs name the submission,
+not the rid, so a rid reused after an abort (even in the same loop tick) is a new
+submission that no message about the old one can reach. Both ends announce the
+largest frame they accept (``max_message``): each side sends no more than the
+other accepts and checks it, in bytes, before sending.
+
 =========  =========  ===============================================================
 message    direction  meaning
 =========  =========  ===============================================================
-Hello      F → E      open a session: protocol version, front incarnation, attempt
-Welcome    E → F      session accepted: version, engine incarnation, echoed attempt
+Hello      F → E      open a session: version, front incarnation, attempt, frame cap
+Welcome    E → F      session accepted: version, engine incarnation, attempt, frame cap
 Refuse     E → F      hello refused (version mismatch) or session unknown: say hello
-Submit     F → E      ``(rid, payload)`` pairs: one request or a whole batch
-Abort      F → E      rids the front no longer wants (client gone, deadline, close)
-Step       E → F      one engine step's outputs ``(rid, payload, finished)`` and
-                      failures ``(rid, message, status)`` for this front
+Submit     F → E      ``(submission, rid, payload)``: one request or a whole batch
+Abort      F → E      submissions the front no longer wants (client gone, deadline)
+Step       E → F      one engine step's outputs ``(submission, payload, finished)``
+                      and failures ``(submission, message, status)`` for this front
 Ping       both       liveness probe, answered by ``Pong`` from the peer's event loop
 Pong       both       answer to ``Ping``, echoing its ``sent`` time
 =========  =========  ===============================================================
@@ -33,6 +40,7 @@ from typing import Any, Final, Protocol
 import msgspec
 
 __all__ = [
+    "MAX_ENTRIES",
     "PROTOCOL_VERSION",
     "Abort",
     "Codec",
@@ -45,27 +53,35 @@ __all__ = [
     "Step",
     "Submit",
     "Welcome",
+    "clip",
     "decode",
     "encode",
+    "entries_of",
 ]
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 """Bumped on any incompatible change; a mismatch is refused at the handshake."""
+MAX_ENTRIES: Final = 4096
+"""Submissions per ``Submit`` and per ``Abort`` message, at most: what one message
+costs the engine's loop is bounded by this, not only by its bytes (a frame of
+millions of tiny entries would take seconds to decode and admit)."""
 
 
 class Hello(msgspec.Struct, tag=1, array_like=True, frozen=True):
     """A front opens a session. ``attempt`` lets it tell a stale ``Welcome`` from the
-    answer to its latest hello."""
+    answer to its latest hello; ``max_message`` is the largest frame it accepts."""
 
     seq: int
     version: int
     front: str
     attempt: int
+    max_message: int
 
 
 class Welcome(msgspec.Struct, tag=2, array_like=True, frozen=True):
     """The engine accepts a session; every request of a former session of this
-    front has been aborted before this is sent."""
+    front has been aborted before this is sent. ``max_message`` is the largest frame
+    the engine accepts: the front refuses a larger submission itself (413)."""
 
     seq: int
     version: int
@@ -84,25 +100,25 @@ class Refuse(msgspec.Struct, tag=3, array_like=True, frozen=True):
 
 
 class Submit(msgspec.Struct, tag=4, array_like=True, frozen=True):
-    """New requests: ``(rid, payload)`` pairs."""
+    """New requests: ``(submission, rid, payload)``; submission ids only grow."""
 
     seq: int
-    requests: list[tuple[str, bytes]]
+    requests: list[tuple[int, str, bytes]]
 
 
 class Abort(msgspec.Struct, tag=5, array_like=True, frozen=True):
-    """Requests the front closed before they finished."""
+    """Submissions the front closed before they finished."""
 
     seq: int
-    rids: list[str]
+    submissions: list[int]
 
 
 class Step(msgspec.Struct, tag=6, array_like=True, frozen=True):
-    """One engine step for one front: outputs in order, then failures."""
+    """One engine step for one front: outputs in order, then failures, by submission."""
 
     seq: int
-    outputs: list[tuple[str, bytes, bool]]
-    failures: list[tuple[str, str, int]]
+    outputs: list[tuple[int, bytes, bool]]
+    failures: list[tuple[int, str, int]]
 
 
 class Ping(msgspec.Struct, tag=7, array_like=True, frozen=True):
@@ -123,6 +139,45 @@ Message = Hello | Welcome | Refuse | Submit | Abort | Step | Ping | Pong
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` as UTF-8 that fits ``limit`` bytes, cut at a character boundary; a lone
+    surrogate (which no UTF-8 encoder takes) becomes ``?``."""
+    # (no character is less than a byte: the first ``limit`` characters are enough,
+    # so a huge text costs no more than a short one)
+    return text[:limit].encode("utf-8", "replace")[:limit].decode("utf-8", "ignore")
+
+
+_SUBMIT_OR_ABORT: Final = (b"\x93\x04", b"\x93\x05")  # (a 3-array, tag 4 or 5)
+
+
+def entries_of(frame: bytes) -> int:
+    """How many entries the list of a ``Submit`` or ``Abort`` frame holds, read from
+    its MessagePack headers without decoding it; -1 for any other frame (or one too
+    broken to tell: the full decode then refuses it)."""
+    if frame[:2] not in _SUBMIT_OR_ABORT:
+        return -1
+    at = 2
+    head = frame[at : at + 1]
+    if not head:
+        return -1
+    # seq: a positive fixint, or uint 8/16/32/64
+    code = head[0]
+    at += 1 if code < 0x80 else {0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9}.get(code, 0)
+    if at == 2:
+        return -1
+    head = frame[at : at + 5]
+    if not head:
+        return -1
+    code = head[0]
+    if 0x90 <= code <= 0x9F:
+        return code - 0x90
+    if code == 0xDC and len(head) >= 3:
+        return int.from_bytes(head[1:3], "big")
+    if code == 0xDD and len(head) >= 5:
+        return int.from_bytes(head[1:5], "big")
+    return -1
 
 
 def encode(message: Message) -> bytes:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Final
 
@@ -25,10 +26,10 @@ from zmq.utils.monitor import parse_monitor_message
 __all__ = [
     "DEFAULT_HWM",
     "DEFAULT_MAX_MESSAGE",
-    "DRAIN_BATCH",
+    "Reader",
     "configure",
-    "read_forever",
     "send_nowait",
+    "supervise",
     "watch_monitor",
 ]
 
@@ -40,12 +41,30 @@ DEFAULT_HWM: Final = 100_000
 """Messages queued per peer before a send would block: the link's back-pressure point."""
 DRAIN_BATCH: Final = 512
 """Messages read per wake-up before the loop yields to the other tasks."""
+DRAIN_BUDGET: Final = 0.005
+"""Seconds of handling per wake-up before the loop yields, whatever the count: many
+costly messages in a row never hold the loop longer than this and one message."""
 
 
-def configure(socket: zmq.asyncio.Socket, *, max_message: int, hwm: int) -> None:
-    """Options both ends set: no linger at close, the frame cap, the queue bounds."""
+HEARTBEAT_IVL_MS: Final = 500
+HEARTBEAT_TIMEOUT_MS: Final = 2000
+"""ZMTP heartbeats: libzmq closes a connection whose peer says nothing for this long."""
+
+
+def configure(socket: zmq.asyncio.Socket, *, max_frame: int, hwm: int) -> None:
+    """Options both ends set: no linger at close, libzmq's frame cap, the queue bounds,
+    and ZMTP heartbeats.
+
+    Heartbeats prove only the peer's libzmq thread alive (the loops' ping/pong proves
+    the loop); they are here so that a connection cut without a word (a cable, a
+    firewall's state table) is closed and reconnected within seconds rather than kept
+    for ever: the engine refuses a second connection claiming a front's routing id,
+    so a reconnecting front waits until its old one is gone.
+    """
     socket.linger = 0
-    socket.setsockopt(zmq.MAXMSGSIZE, max_message)
+    socket.setsockopt(zmq.MAXMSGSIZE, max_frame)
+    socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+    socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
     socket.sndhwm = hwm
     socket.rcvhwm = hwm
 
@@ -64,31 +83,85 @@ def send_nowait(socket: zmq.asyncio.Socket, frames: list[bytes]) -> None:
         raise error
 
 
-async def read_forever(
-    socket: zmq.asyncio.Socket,
-    handle: Callable[[list[bytes]], None],
-    after: Callable[[], None],
-) -> None:
-    """Call ``handle(frames)`` for every message, then ``after()`` once per wake-up.
+class Reader:
+    """Reads a socket's messages into ``handle(frames)``, in batches.
 
-    ``handle`` must not raise (each end counts and drops what it cannot use); if it
-    does, the error is logged and the loop goes on: a peer's message never ends it.
+    :meth:`run` is the reading loop; :meth:`drain` reads what is waiting now, so
+    that a liveness check can first take in what arrived while its own loop was
+    stalled: silence is judged only after reading (a front whose loop blocked for a
+    while would otherwise blame the engine for pongs it had not read yet).
+    ``handle`` must not raise; if it does, ``on_fault(exc)`` decides what that means
+    for the session (the loop itself goes on: a peer's message never ends it).
     """
-    shadow: zmq.Socket[bytes] = zmq.Socket.shadow(socket.underlying)
-    recv = shadow.recv_multipart
-    noblock = zmq.NOBLOCK
-    while True:
-        await socket.poll()  # (timeout None, POLLIN)
+
+    __slots__ = ("_handle", "_on_fault", "_recv", "_socket")
+
+    def __init__(
+        self,
+        socket: zmq.asyncio.Socket,
+        handle: Callable[[list[bytes]], None],
+        on_fault: Callable[[Exception], None],
+    ) -> None:
+        shadow: zmq.Socket[bytes] = zmq.Socket.shadow(socket.underlying)
+        self._socket = socket
+        self._recv = shadow.recv_multipart
+        self._handle = handle
+        self._on_fault = on_fault
+
+    def drain(self) -> bool:
+        """Handle the messages that are ready, up to ``DRAIN_BATCH`` of them or
+        ``DRAIN_BUDGET`` seconds; returns whether more may be waiting."""
+        recv = self._recv
+        handle = self._handle
+        noblock = zmq.NOBLOCK
+        deadline = time.monotonic() + DRAIN_BUDGET
+        clock = time.monotonic
         for _ in range(DRAIN_BATCH):
             try:
                 frames = recv(noblock)
             except zmq.Again:
-                break
+                return False
             try:
                 handle(frames)
-            except Exception:
-                logger.exception("tether_zmq: a message could not be handled; dropped")
-        after()
+            except Exception as exc:
+                self._on_fault(exc)
+            if clock() > deadline:
+                break
+        return True
+
+    async def run(self, after: Callable[[], None]) -> None:
+        """Read for ever: wait for readiness, drain, then ``after()`` once per wake-up."""
+        poll = self._socket.poll
+        while True:
+            await poll()  # (timeout None, POLLIN)
+            more = self.drain()
+            after()
+            if more:
+                await asyncio.sleep(0)  # (let the other tasks run, then read on)
+
+
+def supervise(tasks: list[asyncio.Task[None]], on_death: Callable[[str], None]) -> None:
+    """Make the end of any of ``tasks`` that its owner did not ask for seen at once.
+
+    These tasks run for ever; one that returns, raises, or is cancelled by anyone
+    but its owner (who empties its list first) leaves the link deaf or blind, so
+    ``on_death(why)`` takes the link down loudly instead of letting requests hang.
+    """
+
+    def done(task: asyncio.Task[None]) -> None:
+        if task not in tasks:
+            return  # stopped by its owner
+        if task.cancelled():
+            why = f"its task {task.get_name()!r} was cancelled"
+        elif (error := task.exception()) is not None:
+            logger.error("tether_zmq: task %r died", task.get_name(), exc_info=error)
+            why = f"its task {task.get_name()!r} died: {type(error).__name__}: {error}"
+        else:
+            why = f"its task {task.get_name()!r} ended"
+        on_death(why)
+
+    for task in tasks:
+        task.add_done_callback(done)
 
 
 async def watch_monitor(monitor: zmq.asyncio.Socket, on_event: Callable[[int], None]) -> None:

@@ -1,12 +1,13 @@
-"""Shared pieces of the aiohttp adapter tests: a tiny producer, an abort recorder,
-one test application, servers in both cancellation modes, and wire helpers."""
+"""Shared pieces of the aiohttp adapter tests: scripts for the suite's fake engine
+(``tests/_support/engine.py``), an abort recorder, one test application, servers in
+both cancellation modes, and wire helpers."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -15,6 +16,8 @@ from pytest_aiohttp import AiohttpServer
 
 import tether
 import tether_aiohttp
+from tests._support.engine import HANG, Engine
+from tests._support.servers import start_default_server as start_default_server
 
 HOLD = "hold"
 """A request the producer never finishes: it ends only by an abort."""
@@ -44,31 +47,18 @@ class Tracker:
             await self._changed.wait()
 
 
-@dataclass
-class Producer:
-    """A tiny engine: one task delivers each submitted request's outputs, then
-    finishes it, fails it (``end`` is an exception) or holds it open (``HOLD``)."""
-
-    registry: tether.Registry
-    jobs: asyncio.Queue[tuple[str, list[Any], object]] = field(default_factory=asyncio.Queue)
-
-    def submit(self, rid: str, outputs: list[Any], end: object) -> None:
-        self.jobs.put_nowait((rid, outputs, end))
-
-    async def run(self) -> None:
-        while True:
-            rid, outputs, end = await self.jobs.get()
-            for i, output in enumerate(outputs):
-                last = end == "finish" and i == len(outputs) - 1
-                self.registry.deliver(rid, output, finished=last)
-            if isinstance(end, BaseException):
-                self.registry.fail(rid, end)
+def script(outputs: list[Any], end: object) -> list[Any]:
+    """The engine's script for ``outputs`` that then finish the request (``"finish"``),
+    fail it (``end`` is an exception) or hold it open (:data:`HOLD`)."""
+    if isinstance(end, BaseException):
+        return [*outputs, end]
+    return [*outputs, HANG] if end == HOLD else outputs
 
 
 @dataclass
 class Env:
     registry: tether.Registry
-    producer: Producer
+    producer: Engine
     tracker: Tracker
 
 
@@ -92,7 +82,7 @@ def build_app(env: Env, **setup_options: float) -> web.Application:
             end = RuntimeError("the engine broke")
         for index, rid in enumerate(rids):
             outputs = [{"text": f"{index}.{i}"} for i in range(int(query.get("n", "3")))]
-            env.producer.submit(rid, outputs, end)
+            env.producer.submit(rid, script(outputs, end))
         try:
             return await tether_aiohttp.respond(
                 request,
@@ -115,20 +105,9 @@ def build_app(env: Env, **setup_options: float) -> web.Application:
 async def env() -> AsyncIterator[Env]:
     tracker = Tracker()
     registry = tether.Registry(tracker.on_abort)
-    producer = Producer(registry)
-    task = asyncio.create_task(producer.run())
+    producer = Engine(registry)
     yield Env(registry, producer, tracker)
-    task.cancel()
-    await asyncio.wait([task])
-
-
-async def start_default_server(app: web.Application) -> tuple[web.AppRunner, int]:
-    """Serve ``app`` the way ``web.run_app`` does (``handler_cancellation=False``)."""
-    runner = web.AppRunner(app, handler_cancellation=False)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, runner.addresses[0][1]
+    await producer.stop()
 
 
 StartServer = Callable[[web.Application], Awaitable[int]]

@@ -11,7 +11,7 @@ from aiohttp import web
 
 import tether
 import tether_aiohttp
-from tests.stalled import http_get
+from tests._support.stalled import http_get
 
 from .conftest import StartServer, chunked_body, read_until, sse_events
 

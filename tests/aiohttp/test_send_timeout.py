@@ -13,9 +13,9 @@ from aiohttp import web
 
 import tether
 import tether_aiohttp
-from tests.stalled import http_get, stalled_client
+from tests._support.stalled import http_get, stalled_client
 
-from .conftest import HOLD, Env, StartServer
+from .conftest import HOLD, Env, StartServer, script
 
 BOUND: Final = 10.0
 SEND_TIMEOUT: Final = 0.3
@@ -27,7 +27,7 @@ def slow_app(env: Env, end: str) -> web.Application:
     async def handle(request: web.Request) -> web.StreamResponse:
         stream = env.registry.open()
         env.tracker.note(env.tracker.opened, [stream.rid])
-        env.producer.submit(stream.rid, [BIG] * 32, end)
+        env.producer.submit(stream.rid, script([BIG] * 32, end))
         return await tether_aiohttp.respond(
             request, stream, streaming=True, ping_interval=0.05, send_timeout=SEND_TIMEOUT
         )

@@ -1,5 +1,5 @@
 """Fixtures of the core suite, which runs twice: on a plain event loop and under
-``asyncio.eager_task_factory`` (backported to 3.11 in ``_eager``), since eager
+``asyncio.eager_task_factory`` (backported to 3.11 in ``tests._support.eager``), since eager
 capture must not depend on when a task first runs.
 """
 
@@ -7,20 +7,16 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Mapping
 
 import pytest
 
 import tether
+from tests._support.loops import LAZY_AND_EAGER, LoopFactories
 
-from ._eager import new_eager_loop
 
-
-def pytest_asyncio_loop_factories(
-    config: pytest.Config, item: pytest.Item
-) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> LoopFactories:
     """Every async core test runs on a plain loop and on an eager-task loop."""
-    return {"lazy": asyncio.new_event_loop, "eager": new_eager_loop}
+    return LAZY_AND_EAGER
 
 
 class AbortLog:

@@ -9,9 +9,8 @@ import asyncio
 import contextlib
 import dataclasses
 import pathlib
-import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Final
 
 import pytest
@@ -24,6 +23,10 @@ if str(EXAMPLES) not in sys.path:
     sys.path.insert(0, str(EXAMPLES))
 
 import launch  # noqa: E402  (an example module: importable once the path is set)
+
+from tests._support.processes import stop  # noqa: E402
+from tests._support.redis_server import redis_url as redis_url  # noqa: E402
+from tests._support.waiting import eventually as eventually  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,21 +90,6 @@ def stacked(servers: Sequence[tuple[str, Stack]]) -> str:
     return ", ".join(f"{name} on {stack.id}" for name, stack in servers)
 
 
-async def eventually(
-    predicate: Callable[[], bool | Awaitable[bool]], *, timeout: float = 10.0
-) -> None:
-    """Wait until ``predicate()`` holds, polling, for conditions that have no event
-    to wait on (another process's counters, a scheduler's next step); bounded."""
-    async with asyncio.timeout(timeout):
-        while True:
-            held = predicate()
-            if not isinstance(held, bool):
-                held = await held
-            if held:
-                return
-            await asyncio.sleep(0.005)
-
-
 @dataclasses.dataclass
 class Served:
     """An example server running as a subprocess, with everything it printed so far."""
@@ -163,12 +151,5 @@ async def served(name: str, *args: str, stack: Stack | None = None) -> AsyncIter
             base = await url
         yield Served(base, output)
     finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-        try:
-            async with asyncio.timeout(10):
-                await process.wait()
-        except TimeoutError:
-            process.kill()
-            await process.wait()
+        await stop(process)
         await reader

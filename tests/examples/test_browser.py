@@ -26,6 +26,8 @@ import pytest
 from engine import expected_text
 from launch import launched
 
+from tests._support.processes import stop
+
 from .conftest import eventually
 
 CHROMIUM = next(
@@ -120,14 +122,7 @@ async def chromium() -> AsyncIterator[Page]:
                 async with session.ws_connect(tab["webSocketDebuggerUrl"], max_msg_size=0) as ws:
                     yield Page(ws)
         finally:
-            if process.returncode is None:
-                process.terminate()
-            try:
-                async with asyncio.timeout(10):
-                    await process.wait()
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+            await stop(process)
             with contextlib.suppress(ProcessLookupError):  # helpers left behind, if any
                 os.killpg(process.pid, signal.SIGKILL)
 

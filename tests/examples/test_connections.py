@@ -27,7 +27,7 @@ import pytest
 import pytest_asyncio
 from engine import expected_text
 
-from tests.raw_http import connection, leave, read_response, request
+from tests._support.raw_http import connection, leave, read_response, request
 
 from .conftest import SERVER_STACKS, Served, Stack, eventually, served
 

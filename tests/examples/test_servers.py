@@ -15,7 +15,6 @@ import httpx
 import openai
 import pytest
 import pytest_asyncio
-from api import MAX_BATCH, MAX_BODY_BYTES
 from engine import expected_text
 from launch import launched
 
@@ -89,58 +88,6 @@ async def test_generate_batch_stream_events_carry_their_index(http: httpx.AsyncC
     for event in events[:-1]:
         texts[event["index"]] += event["text"]
     assert texts == [expected_text(p, 5) for p in prompts]
-
-
-@pytest.mark.parametrize(
-    ("body", "status"),
-    [
-        pytest.param(b"{oops", 400, id="malformed-json"),
-        pytest.param(b'{"text": 5}', 422, id="wrong-type"),
-        pytest.param(b'{"max_tokens": 5}', 422, id="missing-text"),
-        pytest.param(b'{"text": []}', 422, id="empty-batch"),
-        pytest.param(json.dumps({"text": ["x"] * (MAX_BATCH + 1)}).encode(), 413, id="big-batch"),
-        pytest.param(b'{"text": "' + b"x" * MAX_BODY_BYTES + b'"}', 413, id="big-body"),
-        pytest.param(b'{"text": "x", "max_tokens": 0}', 422, id="zero-max-tokens"),
-        pytest.param(b'{"text": "x", "max_tokens": -1}', 422, id="negative-max-tokens"),
-    ],
-)
-async def test_bad_requests_get_a_json_error_and_register_nothing(
-    http: httpx.AsyncClient, body: bytes, status: int
-) -> None:
-    before = (await metrics(http))["opened"]
-    headers = {"content-type": "application/json"}
-    for path, field in (("/generate", b'"text"'), ("/v1/completions", b'"prompt"')):
-        response = await http.post(path, content=body.replace(b'"text"', field), headers=headers)
-        assert response.status_code == status, response.text
-        assert response.json()["error"]["code"] == status
-    after = await metrics(http)
-    assert (after["opened"], after["in_flight"]) == (before, 0)
-
-
-@pytest.mark.parametrize(
-    ("method", "path", "status"),
-    [("GET", "/nowhere", 404), ("GET", "/generate", 405), ("DELETE", "/metrics", 405)],
-)
-async def test_unknown_routes_and_methods_get_a_json_error(
-    http: httpx.AsyncClient, method: str, path: str, status: int
-) -> None:
-    response = await http.request(method, path)
-    assert response.status_code == status
-    assert response.json()["error"]["code"] == status
-
-
-async def test_a_live_request_id_cannot_be_reused(http: httpx.AsyncClient) -> None:
-    body = {"text": "long", "max_tokens": 2000, "stream": True, "rid": "mine"}
-    async with http.stream("POST", "/generate", json=body) as response:
-        assert response.status_code == 200
-        # Keep the iterator: dropping it part-way would close the connection.
-        lines = response.aiter_lines()
-        await anext(lines)
-        again = await http.post("/generate", json={"text": "x", "rid": "mine"})
-        assert again.status_code == 409
-        assert "mine" in again.json()["error"]["message"]
-        await lines.aclose()
-    await eventually_idle(http)
 
 
 async def eventually_idle(http: httpx.AsyncClient) -> dict[str, Any]:

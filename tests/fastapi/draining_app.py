@@ -1,7 +1,8 @@
 """A FastAPI app with only tether's middleware installed (no lifespan helper, no
 server subclass), served from the command line by the shutdown tests:
 ``uvicorn draining_app:app``, ``hypercorn draining_app:app``, gunicorn's uvicorn
-workers. Its producer sends a token every 20 ms until a request has its
+workers. The suite's fake engine (``tests/_support/engine.py``, importable from the
+repository's root) sends a token every 20 ms until a request has its
 ``max_tokens``; ``GET /in_flight`` tells the test when its requests are running.
 
 ``TETHER_DRAIN_TIMEOUT`` (seconds) sets the middleware's drain timeout.
@@ -9,10 +10,9 @@ workers. Its producer sends a token every 20 ms until a request has its
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
@@ -20,53 +20,35 @@ from pydantic import BaseModel
 from starlette.responses import Response
 
 import tether
+from tests._support.engine import Engine, Pause
 from tether_starlette import TetherMiddleware, get_registry, respond
 
 STEP = 0.02
 """Seconds between two tokens of every request."""
 
 
-class Producer:
-    """Every request in flight gets one more token each step; the loop task is owned
-    by the app's lifespan."""
-
-    def __init__(self) -> None:
-        self.left: dict[str, int] = {}
-        self.registry = tether.Registry(on_abort=self.abort)
-
-    def submit(self, rid: str, max_tokens: int) -> None:
-        self.left[rid] = max_tokens
-
-    def abort(self, rid: str) -> None:
-        self.left.pop(rid, None)
-
-    async def run(self) -> None:
-        while True:
-            await asyncio.sleep(STEP)  # the producer's own pace, not a synchronisation
-            for rid, left in list(self.left.items()):
-                self.left[rid] = left - 1
-                if left == 1:
-                    del self.left[rid]
-                self.registry.deliver(rid, {"text": f"tok{left}"}, finished=left == 1)
+def countdown(max_tokens: int) -> Iterator[object]:
+    """The engine's script for one request: a token every :data:`STEP`, counting down."""
+    for left in range(max_tokens, 0, -1):
+        yield Pause(STEP)  # the producer's own pace, not a synchronisation
+        yield {"text": f"tok{left}"}
 
 
-producer = Producer()
+engine = Engine()
 
 
 @contextlib.asynccontextmanager
 async def run_producer(app: FastAPI) -> AsyncIterator[None]:
-    task = asyncio.get_running_loop().create_task(producer.run())
     try:
         yield
     finally:
-        task.cancel()
-        await asyncio.wait([task])
+        await engine.stop()  # the engine's jobs are the app's to end
 
 
 app = FastAPI(lifespan=run_producer)
 app.add_middleware(
     TetherMiddleware,
-    registry=producer.registry,
+    registry=engine.registry,
     drain_timeout=float(os.environ.get("TETHER_DRAIN_TIMEOUT", "5")),
 )
 
@@ -81,7 +63,7 @@ async def generate(
     body: Generate, request: Request, registry: Annotated[tether.Registry, Depends(get_registry)]
 ) -> Response:
     stream = registry.open()
-    producer.submit(stream.rid, body.max_tokens)
+    engine.submit(stream, countdown(body.max_tokens))
     return await respond(request, stream, streaming=body.stream)
 
 

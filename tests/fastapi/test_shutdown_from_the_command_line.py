@@ -27,7 +27,8 @@ from typing import Any, Final
 import httpx
 import pytest
 
-from tests.examples.conftest import eventually
+from tests._support.tracebacks import tracebacks_through
+from tests._support.waiting import eventually
 
 HERE: Final = pathlib.Path(__file__).resolve().parent
 
@@ -143,16 +144,15 @@ class Server:
     def tracebacks_through_the_app(self) -> list[str]:
         """The tracebacks that show a frame of tether or of the app (hypercorn logs
         one of its own for every connection it cancels at its graceful timeout)."""
-        text = "\n".join(self.output)
-        blocks = text.split("Traceback (most recent call last):")[1:]
-        return [block for block in blocks if "tether" in block or "draining_app" in block]
+        return tracebacks_through("\n".join(self.output), HERE / "draining_app.py")
 
 
 @contextlib.asynccontextmanager
 async def running(command: tuple[str, ...]) -> AsyncIterator[Server]:
     """Run ``command`` in the app's directory until the block ends (then killed if
     it still runs); the output is complete once the block has exited."""
-    env = {**os.environ, "PYTHONPATH": str(HERE), "TETHER_DRAIN_TIMEOUT": str(DRAIN)}
+    path = os.pathsep.join((str(HERE), str(HERE.parents[1])))  # the app, and tests._support
+    env = {**os.environ, "PYTHONPATH": path, "TETHER_DRAIN_TIMEOUT": str(DRAIN)}
     process = await asyncio.create_subprocess_exec(
         *command,
         cwd=HERE,

@@ -13,22 +13,14 @@ import pytest
 from fastapi import FastAPI
 from fastapi.sse import EventSourceResponse
 
-import tether
-from tests.examples.conftest import eventually
+from tests._support.engine import Engine
+from tests._support.waiting import eventually
 from tests.starlette.conftest import BOUND, serve
 from tether_starlette import TetherMiddleware
 from tether_starlette.fastapi import RegistryDep, events
 
 
-class Producer:
-    """Delivers what a test asks for, and records the aborts tether asks for."""
-
-    def __init__(self) -> None:
-        self.aborted: list[str] = []
-        self.registry = tether.Registry(on_abort=self.aborted.append)
-
-
-def make_app(producer: Producer, script: list[Any]) -> FastAPI:
+def make_app(producer: Engine, script: list[Any]) -> FastAPI:
     """``POST /events`` delivers ``script`` up front (``"fail"``: a producer error;
     ``"hang"``: nothing more, the request stays open) and streams it."""
     app = FastAPI()
@@ -54,7 +46,7 @@ def data_lines(text: str) -> list[Any]:
 
 
 async def test_outputs_then_done() -> None:
-    producer = Producer()
+    producer = Engine()
     app = make_app(producer, [{"t": 1}, {"t": 2}])
     async with serve(app) as (url, _), httpx.AsyncClient(timeout=BOUND) as client:
         answer = await client.post(f"{url}/events")
@@ -63,7 +55,7 @@ async def test_outputs_then_done() -> None:
 
 
 async def test_a_failure_after_the_first_output_is_one_error_event_then_done() -> None:
-    producer = Producer()
+    producer = Engine()
     app = make_app(producer, [{"t": 1}, "fail"])
     async with serve(app) as (url, _), httpx.AsyncClient(timeout=BOUND) as client:
         answer = await client.post(f"{url}/events")
@@ -77,7 +69,7 @@ async def test_a_failure_after_the_first_output_is_one_error_event_then_done() -
 async def test_a_client_that_leaves_ends_the_generator_quietly(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    producer = Producer()
+    producer = Engine()
     app = make_app(producer, [{"t": 1}, "hang"])
     caplog.set_level(logging.INFO)
     async with serve(app) as (url, _), httpx.AsyncClient(timeout=BOUND) as client:

@@ -13,8 +13,7 @@ import prometheus_client
 from prometheus_client import multiprocess
 
 import tether
-
-from ._scrape import Scrape
+from tests._support.scrape import Scrape
 
 WORKER = textwrap.dedent(
     """

@@ -14,9 +14,8 @@ import pytest
 
 import tether
 import tether_prometheus
-
-from ._scrape import Scrape
-from .test_observer import Recorder
+from tests._support.observers import Recorder
+from tests._support.scrape import Scrape
 
 REASONS = [str(reason) for reason in tether.AbortReason]
 

@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 import tether
 import tether_aiohttp
 import tether_otel
-from tests.ready_server import ReadyServer
+from tests._support.ready_server import ReadyServer
 from tether_starlette import TetherMiddleware
 from tether_starlette import respond as respond_starlette
 

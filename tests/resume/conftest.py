@@ -14,12 +14,8 @@ import collections
 import contextlib
 import dataclasses
 import json
-import os
-import pathlib
-import shutil
 import socket
-import sys
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import aiohttp
@@ -35,31 +31,17 @@ from starlette.routing import Route
 import tether
 import tether_aiohttp
 import tether_starlette
-from tests.core._eager import new_eager_loop
-from tests.ready_server import ReadyServer
+from tests._support.loops import LAZY_AND_EAGER, PLAIN, LoopFactories
+from tests._support.ready_server import ReadyServer
+from tests._support.redis_server import redis_url as redis_url
+from tests._support.waiting import eventually as eventually
 from tether.http import TOKEN_HEADER
-
-EXAMPLES: Final = pathlib.Path(__file__).resolve().parents[2] / "examples"
-if str(EXAMPLES) not in sys.path:  # the examples import their siblings as top-level modules
-    sys.path.insert(0, str(EXAMPLES))
-
-from launch import redis_server  # noqa: E402
 
 BOUND: Final = 10.0
 ADAPTERS: Final = ("starlette", "aiohttp", "aiohttp-cancel")
 """Starlette on uvicorn; aiohttp as ``web.run_app`` serves; aiohttp cancelling handlers."""
 PING: Final = 0.05
 """The apps' ping interval: a stream's status line goes out this soon, before any output."""
-
-
-async def eventually(predicate: Callable[[], bool], *, timeout: float = BOUND) -> None:
-    """Wait until ``predicate()`` holds, for states no event announces (the server
-    noticing a closed connection); polls every 5 ms, bounded."""
-    async with asyncio.timeout(timeout):
-        while True:
-            if predicate():
-                return
-            await asyncio.sleep(0.005)
 
 
 class Books:
@@ -196,14 +178,12 @@ async def serving(
                     await runner.cleanup()
 
 
-def pytest_asyncio_loop_factories(
-    config: pytest.Config, item: pytest.Item
-) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> LoopFactories:
     """The core tests run on a plain loop and an eager-task loop (a follower must not
     depend on when a task first runs); the tests with servers on the plain one."""
     if item.path.name in ("test_resume_core.py", "test_redis_store.py"):
-        return {"lazy": asyncio.new_event_loop, "eager": new_eager_loop}
-    return {"asyncio": asyncio.new_event_loop}
+        return LAZY_AND_EAGER
+    return PLAIN
 
 
 @pytest.fixture(params=ADAPTERS)
@@ -289,14 +269,3 @@ async def connect(
     response = await session.get(url, headers=headers, params=params)
     assert response.status == 200, (response.status, await response.text())
     return Reader(response)
-
-
-@pytest.fixture
-async def redis_url() -> AsyncIterator[str]:
-    """A ``redis-server`` of its own on 127.0.0.1 (no persistence), stopped after."""
-    if shutil.which("redis-server") is None:
-        if os.environ.get("CI"):
-            pytest.fail("redis-server is not installed (.ci/run installs it)")
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    async with redis_server() as url:
-        yield url

@@ -32,7 +32,7 @@ from tether_redis import RedisStore
 import tether
 import tether_aiohttp
 import tether_starlette
-from tests.ready_server import ReadyServer
+from tests._support.ready_server import ReadyServer
 from tether.http import TOKEN_HEADER
 
 PING = 0.05

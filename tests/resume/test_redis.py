@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests._support.processes import stop
 from tether.http import TOKEN_HEADER
 
 from .conftest import BOUND, Reader, client, connect
@@ -51,12 +52,7 @@ async def front(adapter: str, redis: str, *options: str) -> AsyncIterator[str]:
         yield seen[-1].rsplit("listening on ", 1)[1]
     finally:
         process.stdin.close()
-        try:
-            async with asyncio.timeout(BOUND):
-                await process.wait()
-        except TimeoutError:
-            process.kill()
-            await process.wait()
+        await stop(process, None, grace=BOUND)
 
 
 @contextlib.asynccontextmanager

@@ -1,18 +1,15 @@
-"""What the Starlette adapter's tests share: a tiny producer, a fake ASGI server for
-exact message sequences, an app, and a real uvicorn server on 127.0.0.1."""
+"""What the Starlette adapter's tests share: the suite's fake engine
+(``tests/_support/engine.py``), a fake ASGI server for exact message sequences, an
+app, and a real uvicorn server on 127.0.0.1."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
-import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
 
 import pytest
-import uvicorn
-import uvloop
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -21,98 +18,22 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Scope
 
 import tether
-from tests.ready_server import ReadyServer
+from tests._support.engine import HANG as HANG
+from tests._support.engine import Changes as Changes
+from tests._support.engine import Engine as Engine
+from tests._support.loops import LoopFactories, server_loops
+from tests._support.ready_server import ReadyServer as ReadyServer
+from tests._support.servers import serve as serve
 from tether_starlette import TetherMiddleware, respond
 
 BOUND: Final = 10.0
 """A generous bound on every wait in these tests."""
 
-HANG: Final = object()
-"""A script's last step that leaves its request open until it is aborted."""
 
-
-LOOPS: Final[Mapping[str, Callable[[], asyncio.AbstractEventLoop]]] = {
-    "asyncio": asyncio.new_event_loop,
-    "uvloop": uvloop.new_event_loop,
-}
-"""The event loops uvicorn runs on; tests marked ``both_loops`` run on each."""
-
-
-def pytest_asyncio_loop_factories(
-    config: pytest.Config, item: pytest.Item
-) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
-    """A test marked ``both_loops`` runs once per loop of :data:`LOOPS` (an in-process
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> LoopFactories:
+    """A test marked ``both_loops`` runs on asyncio's loop and on uvloop (an in-process
     uvicorn serves on the test's loop); every other test on asyncio's own loop."""
-    if item.get_closest_marker("both_loops") is None:
-        return {"asyncio": asyncio.new_event_loop}
-    return LOOPS
-
-
-class Changes:
-    """Lets a test wait for a condition that callbacks make true, without polling."""
-
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-
-    def signal(self) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
-
-    async def until(self, predicate: Callable[[], bool]) -> None:
-        async with asyncio.timeout(BOUND):
-            while not predicate():
-                await self._event.wait()
-
-
-class Engine(Changes):
-    """A tiny producer: each submitted request plays ``script`` through the registry,
-    in a task the engine owns. Steps: an output (the last one finishes the request),
-    an :class:`asyncio.Event` to wait for, an exception to fail with, or a final
-    :data:`HANG`. ``script = None`` submits nothing: the test delivers by hand.
-    """
-
-    def __init__(self, **options: Any) -> None:
-        super().__init__()
-        self.registry = tether.Registry(self._on_abort, **options)
-        self.script: Sequence[Any] | None = [{"n": 1}, {"n": 2}]
-        self.submitted: list[str] = []
-        self.aborted_at: dict[str, float] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def _on_abort(self, rid: str) -> None:
-        self.aborted_at[rid] = time.perf_counter()
-        self.signal()
-
-    def submit(self, source: tether.Stream | tether.Batch) -> None:
-        rids = source.rids if isinstance(source, tether.Batch) else (source.rid,)
-        for rid in rids:
-            self.submitted.append(rid)
-            if self.script is not None:
-                task = asyncio.create_task(self._play(rid, list(self.script)))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-        self.signal()
-
-    async def _play(self, rid: str, steps: list[Any]) -> None:
-        hang = bool(steps) and steps[-1] is HANG
-        if hang:
-            steps.pop()
-        for index, step in enumerate(steps):
-            if isinstance(step, asyncio.Event):
-                await step.wait()
-            elif isinstance(step, BaseException):
-                self.registry.fail(rid, step)
-                return
-            else:
-                self.registry.deliver(rid, step, finished=not hang and index == len(steps) - 1)
-        if hang:
-            await self.until(lambda: rid not in self.registry)
-
-    async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(set(self._tasks))
+    return server_loops(item)
 
 
 @pytest.fixture
@@ -262,37 +183,3 @@ class FakeServer(Changes):
         """Call ``app`` for this request (bounded)."""
         async with asyncio.timeout(BOUND):
             await app(self.scope, self.receive, self.send)
-
-
-@contextlib.asynccontextmanager
-async def serve(
-    app: ASGIApp,
-    *,
-    lifespan: str = "off",
-    server_class: type[ReadyServer] = ReadyServer,
-    **options: Any,
-) -> AsyncIterator[tuple[str, uvicorn.Server]]:
-    """Run ``app`` on uvicorn on 127.0.0.1 (ephemeral port) in this loop; yields the
-    base URL and the server, and stops it on exit. ``options`` go to
-    :class:`uvicorn.Config` (``http="httptools"``, say)."""
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=0,
-        lifespan=lifespan,
-        log_config=None,
-        access_log=False,
-        **options,
-    )
-    server = server_class(config)
-    task = asyncio.create_task(server.serve())
-    try:
-        async with asyncio.timeout(BOUND):
-            await server.ready.wait()
-        assert server.started, "uvicorn failed to start"
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://127.0.0.1:{port}", server
-    finally:
-        server.should_exit = True
-        async with asyncio.timeout(BOUND):
-            await task

@@ -19,7 +19,7 @@ import pytest
 from starlette.types import Message, Receive, Scope, Send
 
 import tether
-from tests.examples.conftest import eventually
+from tests._support.waiting import eventually
 from tether_starlette import TetherMiddleware
 
 from .conftest import BOUND

@@ -13,7 +13,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 import tether
-from tests.stalled import http_get, stalled_client
+from tests._support.stalled import http_get, stalled_client
 from tether_starlette import respond
 
 from .conftest import BOUND, HANG, Engine, make_app, serve

@@ -18,7 +18,7 @@ from typing import Final
 import pytest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tests.raw_http import connection, leave, read_response, request
+from tests._support.raw_http import connection, leave, read_response, request
 
 from .conftest import HANG, Changes, Engine, make_app, serve
 

@@ -12,30 +12,17 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+
+from tests._support.waiting import eventually as eventually
 
 pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 
 HERE = pathlib.Path(__file__).resolve().parent
-
-
-async def eventually(
-    predicate: Callable[[], bool | Awaitable[bool]], *, timeout: float = 10.0
-) -> None:
-    """Wait until ``predicate()`` holds, polling, for conditions with no event to wait on
-    (another process's output, a socket's state); bounded."""
-    async with asyncio.timeout(timeout):
-        while True:
-            held = predicate()
-            if not isinstance(held, bool):
-                held = await held
-            if held:
-                return
-            await asyncio.sleep(0.001)
 
 
 @pytest.fixture
@@ -134,3 +121,63 @@ async def engine_process(
     async with spawned("engine_proc.py", address, str(peer_timeout), str(step)) as engine:
         ready = await engine.first("ready")
         yield engine, str(ready["ready"])
+
+
+EXAMPLES = HERE.parents[1] / "examples"
+
+
+class ExampleEngine:
+    """``examples/engine_server.py`` in its own process: its bound address and the JSON
+    reports it printed (one per SIGUSR1)."""
+
+    def __init__(self, process: asyncio.subprocess.Process, address: str) -> None:
+        self.process = process
+        self.address = address
+        self.reports: list[dict[str, Any]] = []
+
+    async def report(self) -> dict[str, Any]:
+        """Ask for the engine's counters (SIGUSR1) and wait for them."""
+        seen = len(self.reports)
+        self.process.send_signal(signal.SIGUSR1)
+        await eventually(lambda: len(self.reports) > seen)
+        return self.reports[-1]
+
+
+@contextlib.asynccontextmanager
+async def example_engine(address: str, *args: str) -> AsyncIterator[ExampleEngine]:
+    """Run the example engine on ``address``; stopped with SIGTERM (exit 0) on exit."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-u",
+        str(EXAMPLES / "engine_server.py"),
+        "--address",
+        address,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    assert process.stderr is not None
+    try:
+        async with asyncio.timeout(20):
+            line = (await process.stdout.readline()).decode()
+        assert line.startswith("tether engine listening on "), line
+        engine = ExampleEngine(process, line.rsplit(" ", 1)[-1].strip())
+
+        async def read(stdout: asyncio.StreamReader) -> None:
+            async for line in stdout:
+                engine.reports.append(json.loads(line))
+
+        reader = asyncio.create_task(read(process.stdout))
+        try:
+            yield engine
+        finally:
+            if process.returncode is None:
+                process.terminate()
+            async with asyncio.timeout(10):
+                await process.wait()
+                await reader
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

@@ -1,7 +1,7 @@
 """A test front worker in its own process: opens ``argv[2]`` endless requests (rids
 ``argv[3]`` + index when given) on the engine at ``argv[1]`` and reads them; prints
-``ready`` (with its incarnation), ``submitted``, and each request's ``failed``, as
-JSON lines, then stays up until killed."""
+``ready`` (with its incarnation), ``submitted``, ``outputs`` (the count so far, every
+1000 outputs) and each request's ``failed``, as JSON lines, then stays up until killed."""
 
 from __future__ import annotations
 
@@ -17,10 +17,15 @@ def say(**event: object) -> None:
     print(json.dumps(event), flush=True)
 
 
+received = [0]
+
+
 async def read(stream: tether.Stream) -> None:
     try:
         async for _ in stream:
-            pass
+            received[0] += 1
+            if received[0] % 1000 == 0:
+                say(outputs=received[0])
     except tether.TetherError as exc:
         say(failed=stream.rid, error=type(exc.__cause__ or exc).__name__)
 

@@ -13,8 +13,8 @@ def test_tether_zmq_exports_a_pinned_list() -> None:
     assert set(tether_zmq.__all__) == {
         "PROTOCOL_VERSION", "Cancellation", "Codec", "CurveClient", "CurveServer",
         "EngineClient", "EngineClientStats", "EngineLost", "EngineServer",
-        "EngineServerStats", "EngineUnavailable", "InsecureAddress", "MsgpackCodec",
-        "PayloadTooLarge", "RemoteFailure", "RequestKey", "Submission",
+        "EngineServerStats", "EngineUnavailable", "InsecureAddress", "LinkDown", "MsgpackCodec",
+        "PayloadTooLarge", "RemoteFailure", "RequestKey", "Submission", "UnencodableRequest",
     }  # fmt: skip
     for name in tether_zmq.__all__:
         assert getattr(tether_zmq, name) is not None

@@ -28,7 +28,6 @@ from tether_zmq import (
     EngineLost,
     EngineServer,
     EngineUnavailable,
-    RequestKey,
 )
 
 from .conftest import engine_process, eventually, fixed_address, spawned
@@ -228,7 +227,8 @@ async def test_a_killed_front_has_its_requests_cancelled_once_and_others_go_on(
         assert engine.cancelled(identity) == Counter(engine.submitted(identity))
         assert {e.reason for e in engine.events if isinstance(e, Cancellation)} == {"front_lost"}
         assert engine.server.in_flight == 1  # the survivor's request, untouched
-        key = RequestKey(survivor.incarnation.encode(), survivor_stream.rid)
+        (key,) = engine.server.live()
+        assert (key.front, key.rid) == (survivor.incarnation.encode(), survivor_stream.rid)
         engine.server.send([(key, {"i": 1}, False)])
         async with asyncio.timeout(10):
             await kept.wait()  # and it still gets its outputs
@@ -282,9 +282,10 @@ async def test_a_restarted_front_is_a_new_incarnation_whose_requests_never_mix(
                 "r0", "r1", "r2"
             ]  # fmt: skip
             live = engine.server.live()
-            assert live == {RequestKey(new, rid) for rid in ("r0", "r1", "r2")}
+            assert {(key.front, key.rid) for key in live} == {(new, r) for r in ("r0", "r1", "r2")}
             # An output the engine still had for the dead incarnation goes nowhere.
             late = engine.server.stats().late_outputs
-            engine.server.send([(RequestKey(old, "r0"), {"i": 1}, True)])
+            (dead,) = [e.key for e in engine.events if e.key.front == old and e.key.rid == "r0"][:1]
+            engine.server.send([(dead, {"i": 1}, True)])
             assert engine.server.stats().late_outputs == late + 1
             assert not second.find("failed")

@@ -47,6 +47,14 @@ async def answer(socket: zmq.asyncio.Socket) -> wire.Message:
     return wire.decode(frames[-1])
 
 
+async def say_hello(peer: zmq.asyncio.Socket, attempt: int = 1) -> wire.Welcome:
+    """Open a session from a raw peer; returns the engine's welcome."""
+    await peer.send(wire.encode(wire.Hello(0, PROTOCOL_VERSION, "raw", attempt, 1 << 20)))
+    welcome = await answer(peer)
+    assert isinstance(welcome, wire.Welcome)
+    return welcome
+
+
 async def welcome_every_hello(
     fake: zmq.asyncio.Socket, *, version: int = PROTOCOL_VERSION, before: list[bytes] = ()
 ) -> None:
@@ -82,7 +90,7 @@ async def assert_still_serves(server: EngineServer) -> None:
 
 async def test_a_hello_with_another_protocol_version_is_refused(address: str) -> None:
     async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
-        await peer.send(wire.encode(wire.Hello(0, PROTOCOL_VERSION + 1, "future", 1)))
+        await peer.send(wire.encode(wire.Hello(0, PROTOCOL_VERSION + 1, "future", 1, 1 << 20)))
         reply = await answer(peer)
         assert isinstance(reply, wire.Refuse)
         assert reply.version == PROTOCOL_VERSION
@@ -126,7 +134,7 @@ async def test_a_frame_past_max_message_never_reaches_the_engine_loop(address: s
         echo_engine(address, max_message=4096) as engine,
         raw_peer(zmq.DEALER, engine.server.address) as peer,
     ):
-        hello = wire.encode(wire.Hello(0, PROTOCOL_VERSION, "big", 1))
+        hello = wire.encode(wire.Hello(0, PROTOCOL_VERSION, "big", 1, 1 << 20))
         await peer.send(hello + b"\x00" * 8192)  # libzmq drops this peer's connection
         async with front(engine.server.address, max_message=4096) as client:
             async with asyncio.timeout(10):
@@ -138,7 +146,7 @@ async def test_a_frame_past_max_message_never_reaches_the_engine_loop(address: s
 
 async def test_a_message_without_a_session_is_answered_say_hello(address: str) -> None:
     async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
-        await peer.send(wire.encode(wire.Submit(5, [("r", b"\x80")])))
+        await peer.send(wire.encode(wire.Submit(5, [(1, "r", b"\x80")])))
         reply = await answer(peer)
         assert isinstance(reply, wire.Refuse)
         assert "hello" in reply.reason
@@ -150,10 +158,9 @@ async def test_a_sequence_gap_ends_the_session_and_cancels_its_requests_once(
     address: str,
 ) -> None:
     async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
-        await peer.send(wire.encode(wire.Hello(0, PROTOCOL_VERSION, "raw", 1)))
-        assert isinstance(await answer(peer), wire.Welcome)
+        await say_hello(peer)
         payload = msgspec.msgpack.encode({"n": 0})
-        await peer.send(wire.encode(wire.Submit(1, [("a", payload), ("b", payload)])))
+        await peer.send(wire.encode(wire.Submit(1, [(1, "a", payload), (2, "b", payload)])))
         await eventually(lambda: len(engine.submitted) == 2)
         await peer.send(wire.encode(wire.Ping(3, 0.0)))  # 2 never came
         reply = await answer(peer)
@@ -168,32 +175,28 @@ async def test_a_front_that_says_hello_again_has_its_old_requests_cancelled_once
     address: str,
 ) -> None:
     async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
-        await peer.send(wire.encode(wire.Hello(0, PROTOCOL_VERSION, "raw", 1)))
-        assert isinstance(await answer(peer), wire.Welcome)
+        await say_hello(peer)
         payload = msgspec.msgpack.encode({"n": 0})
-        await peer.send(wire.encode(wire.Submit(1, [("a", payload)])))
+        await peer.send(wire.encode(wire.Submit(1, [(1, "a", payload)])))
         await eventually(lambda: len(engine.submitted) == 1)
-        await peer.send(wire.encode(wire.Hello(0, PROTOCOL_VERSION, "raw", 2)))
-        welcome = await answer(peer)
-        assert isinstance(welcome, wire.Welcome)
+        welcome = await say_hello(peer, attempt=2)
         assert welcome.attempt == 2
         await eventually(lambda: len(engine.cancelled) == 1)
-        await peer.send(wire.encode(wire.Abort(1, ["a"])))  # the old rid: late, not twice
+        await peer.send(wire.encode(wire.Abort(1, [1])))  # the old submission: late, not twice
         await eventually(lambda: engine.server.stats().late_aborts == 1)
         assert len(engine.cancelled) == 1
 
 
 async def test_an_undecodable_request_fails_alone_with_400(address: str) -> None:
     async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
-        await peer.send(wire.encode(wire.Hello(0, PROTOCOL_VERSION, "raw", 1)))
-        assert isinstance(await answer(peer), wire.Welcome)
+        await say_hello(peer)
         good = msgspec.msgpack.encode({"n": 1})
-        await peer.send(wire.encode(wire.Submit(1, [("bad", b"\xc1"), ("good", good)])))
+        await peer.send(wire.encode(wire.Submit(1, [(1, "bad", b"\xc1"), (2, "good", good)])))
         replies = [await answer(peer), await answer(peer)]
         failures = [f for r in replies if isinstance(r, wire.Step) for f in r.failures]
         outputs = [o for r in replies if isinstance(r, wire.Step) for o in r.outputs]
-        assert [(rid, status) for rid, _, status in failures] == [("bad", 400)]
-        assert [(rid, finished) for rid, _, finished in outputs] == [("good", True)]
+        assert [(sid, status) for sid, _, status in failures] == [(1, 400)]
+        assert [(sid, finished) for sid, _, finished in outputs] == [(2, True)]
 
 
 async def test_a_front_drops_malformed_frames_from_the_engine(address: str) -> None:

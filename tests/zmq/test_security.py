@@ -1,16 +1,22 @@
 """Security defaults: an engine listens beyond this host only with CURVE keys or an
-explicit ``insecure=True``; CURVE keys work on the link."""
+explicit ``insecure=True``; CURVE keys work on the link; a front's session cannot be
+taken over by a peer that claims its routing id, and that id is never its logged name."""
 
 from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 import zmq
+import zmq.asyncio
 
+import tether_zmq._protocol as wire  # the hostile peers below speak the wire format itself
 from tether_zmq import CurveClient, CurveServer, EngineServer, InsecureAddress
 
+from .conftest import eventually
 from .linked import echo_engine, front
+from .test_protocol import answer, raw_peer, say_hello
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -65,3 +71,51 @@ async def test_a_front_without_the_engine_key_never_gets_a_session() -> None:
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(client.wait_ready(), 0.5)  # (absence: a bounded look)
         assert engine.server.stats().fronts == 0
+
+
+async def test_a_second_peer_claiming_a_connected_front_s_routing_id_never_reads_its_outputs(
+    address: str,
+) -> None:
+    routing_id = b"front-routing-id"  # (the worst case: the attacker learned it)
+    async with (
+        echo_engine(address) as engine,
+        raw_peer(zmq.DEALER, engine.server.address, identity=routing_id) as owner,
+    ):
+        await say_hello(owner)
+        await owner.send(
+            wire.encode(wire.Submit(1, [(1, "mine", msgspec.msgpack.encode({"n": 0}))]))
+        )
+        await eventually(lambda: len(engine.submitted) == 1)
+        thief = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        thief.setsockopt(zmq.ROUTING_ID, routing_id)
+        # Taken in, or turned away: either way the engine has seen the thief.
+        settled = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+        monitor = thief.get_monitor_socket(settled | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        try:
+            thief.connect(engine.server.address)  # (after the monitor: no event missed)
+            async with asyncio.timeout(10):
+                await monitor.recv_multipart()
+            engine.server.send([(engine.submitted[0], {"secret": 1}, True)])
+            step = await answer(owner)
+            assert isinstance(step, wire.Step)
+            assert [sid for sid, _, _ in step.outputs] == [1]
+            assert not await thief.poll(200)  # (absence: a bounded look, 0.2 s)
+        finally:
+            thief.disable_monitor()
+            monitor.close(linger=0)
+            thief.close(linger=0)
+
+
+async def test_a_front_s_routing_id_is_a_secret_apart_from_the_name_it_is_logged_by(
+    address: str,
+) -> None:
+    async with raw_peer(zmq.ROUTER, address) as fake:
+        bound = fake.getsockopt_string(zmq.LAST_ENDPOINT)
+        async with front(bound, ready=False):
+            async with asyncio.timeout(10):
+                identity, frame = await fake.recv_multipart()
+            hello = wire.decode(frame)
+            assert isinstance(hello, wire.Hello)
+            assert len(identity) >= 16
+            assert hello.front.encode() not in identity
+            assert identity.hex() not in hello.front

@@ -5,7 +5,7 @@ Sized for CI (about 20 s per server on two cores); run it longer by hand with
 ``TETHER_SOAK_REQUESTS`` (requests per round, default 1000) and ``TETHER_SOAK_ROUNDS``
 (default 2; the memory check compares the last round with the ones before)::
 
-    TETHER_SOAK_REQUESTS=20000 .venv/bin/python -m pytest tests/e2e/test_soak.py -s
+    TETHER_SOAK_REQUESTS=20000 .venv/bin/python -m pytest tests/examples/reliability/test_soak.py -s
 
 Memory: the last round runs under :mod:`tracemalloc`; what it allocated and is
 still alive once the round is over, gc run, the ledger cleared, is the growth of

@@ -1,11 +1,10 @@
-"""Review: an ``on_abort`` that re-enters the registry for *other* rids.
+"""An ``on_abort`` may re-enter the registry for *other* rids of the same batch.
 
 The registry promises that ``on_abort`` may re-enter it ("on_abort runs after the
-entry is freed"). That holds for the rid being reported, but ``Table._close`` calls
-a synchronous ``on_abort`` in the middle of its loop over a batch's states, then
-goes on releasing states it computed as live before the call: a callback that
-ended one of those (an engine aborting a whole sequence group, or answering an
-abort with the final output of a sibling) makes the loop release it twice.
+entry is freed"), for the rid being reported and for the others: closing a batch
+calls ``on_abort`` while it walks the batch's states, and a callback that ends one
+of those (an engine aborting a whole sequence group, or answering an abort with
+the final output of a sibling) must not make the walk release it twice.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ async def test_closing_a_batch_survives_an_on_abort_that_aborts_its_siblings() -
 
     registry = tether.Registry(on_abort)
     batch = registry.open_batch(3)
-    await batch.aclose()  # raises KeyError today
+    await batch.aclose()
     assert registry.in_flight == 0
     assert calls == dict.fromkeys(batch.rids, 1)
 
@@ -53,8 +52,8 @@ async def test_registry_close_aborts_everything_even_when_on_abort_reenters() ->
         groups[rid] = batch.rids
     groups[bystander.rid] = ()
     async with asyncio.timeout(10):
-        await registry.close(drain_timeout=0)  # KeyError escapes the shutdown today
-    # ...and what it had not reached yet stays in flight for ever
+        await registry.close(drain_timeout=0)
+    # ...and what it had not reached yet does not stay in flight
     assert registry.in_flight == 0
     assert bystander.finished
     assert calls == {**dict.fromkeys(batch.rids, 1), bystander.rid: 1}
@@ -69,7 +68,7 @@ async def test_cancelling_a_batch_survives_an_on_abort_that_finishes_a_sibling()
 
     registry = tether.Registry(on_abort)
     batch = registry.open_batch(2)
-    batch.cancel()  # raises KeyError today
+    batch.cancel()
     assert registry.in_flight == 0
 
 

@@ -1,13 +1,11 @@
-"""Review: the default byte budget does not see what most producers deliver.
+"""The default byte budget weighs what producers really deliver, whatever its shape.
 
-``max_pending_bytes`` (16 MiB by default) weighs outputs with
-``approximate_size``, which sums string lengths through dicts, lists and tuples
-only four levels down and otherwise trusts ``sys.getsizeof``, which is shallow.
-An OpenAI tool-call delta (``choices[0].delta.tool_calls[0].function.arguments``,
-five levels) or any object output (a dataclass, an engine's ``RequestOutput``)
-weighs a few dozen bytes whatever it holds: with ``merge`` (the advised setup,
-where the count bound is off) nothing bounds the backlog at all, and without it
-1,024 outputs of any size may wait (issue 17 point 2, by another door).
+``max_pending_bytes`` (16 MiB by default) must see a deeply nested output (an
+OpenAI tool-call delta, ``choices[0].delta.tool_calls[0].function.arguments``, five
+levels) and an object output (a dataclass, an engine's ``RequestOutput``): a weight
+that stopped a few levels down or trusted the shallow ``sys.getsizeof`` would let
+such outputs wait unbounded with ``merge`` (the advised setup, where the count
+bound is off), and 1,024 of any size without it.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from engine import expected_text
 
-from tests.stalled import stalled_client
+from tests._support.stalled import stalled_client
 
 from .client import events, http_post, long_stream, outcome, sse_payloads
 from .harness import BOUND, SERVERS, eventually, report, running, service

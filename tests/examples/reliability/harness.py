@@ -32,7 +32,8 @@ from aiohttp import web
 from engine import Engine, merge_outputs
 
 import tether
-from tests.ready_server import ReadyServer
+from tests._support.ready_server import ReadyServer
+from tests._support.waiting import eventually as eventually
 
 BOUND: Final = 10.0
 """A generous bound on any single wait in the suite."""
@@ -41,7 +42,7 @@ SERVERS: Final = ("starlette", "aiohttp", "aiohttp-cancel")
 """Starlette on uvicorn; aiohttp as ``web.run_app`` serves (no handler cancellation);
 aiohttp with ``handler_cancellation=True``."""
 
-logger = logging.getLogger("tests.e2e")
+logger = logging.getLogger("tests.examples.reliability")
 
 
 class Ledger(tether.Registry):
@@ -174,16 +175,6 @@ def report(config: pytest.Config, line: str) -> None:
     with capture.global_and_fixture_disabled():
         sys.stdout.write(f"\n{line}\n")
         sys.stdout.flush()
-
-
-async def eventually(predicate: Callable[[], bool], *, timeout: float = BOUND) -> None:
-    """Wait until ``predicate()`` holds, for conditions no event announces (the
-    engine's next step); polls every 5 ms, bounded by ``timeout``."""
-    async with asyncio.timeout(timeout):
-        while True:
-            if predicate():
-                return
-            await asyncio.sleep(0.005)
 
 
 def service(

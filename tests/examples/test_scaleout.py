@@ -3,16 +3,8 @@ server with ``--engine ADDRESS --workers 2`` (the demo's scale-out scene, shorte
 
 from __future__ import annotations
 
-import pathlib
-import sys
-
 import pytest
-
-EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
-if str(EXAMPLES) not in sys.path:
-    sys.path.insert(0, str(EXAMPLES))
-
-import scaleout  # noqa: E402  (an example module: importable once the path is set)
+import scaleout  # (an example module: tests/examples/conftest.py puts examples/ on the path)
 
 pytestmark = pytest.mark.timeout(120)
 

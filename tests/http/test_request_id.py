@@ -6,7 +6,10 @@ own rid stays the server's."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
+from types import ModuleType
 from typing import Any
 
 import aiohttp
@@ -14,13 +17,40 @@ import pytest
 
 import tether
 import tether.http
-from tests.e2e.harness import running, service
+from tests._support.observers import Recorder
+from tests._support.servers import ADAPTERS, serving
+from tests._support.waiting import eventually
 
-from .test_observer import Recorder
-
-pytestmark = pytest.mark.parametrize("name", ["starlette", "aiohttp"])
+pytestmark = pytest.mark.parametrize("name", ADAPTERS)
 
 HEADER = tether.http.REQUEST_ID_HEADER
+
+
+async def generate(verbs: ModuleType, request: Any) -> Any:
+    """``POST /generate``: ``max_tokens`` outputs for ``text`` (a list: a batch),
+    streamed when ``stream``; a ``text`` of another type is refused (422)."""
+    body = await request.json()
+    text, registry = body["text"], verbs.get_registry(request)
+    if not isinstance(text, str | list):
+        raise tether.InvalidRequest(f"text must be a string or a list, not {text!r}")
+    source = registry.open_batch(len(text)) if isinstance(text, list) else registry.open()
+    rids = source.rids if isinstance(source, tether.Batch) else (source.rid,)
+    for rid in rids:
+        for n in range(body["max_tokens"]):
+            registry.deliver(rid, {"text": f"{n}"}, finished=n == body["max_tokens"] - 1)
+    return await verbs.respond(request, source, streaming=body.get("stream", False))
+
+
+@contextlib.asynccontextmanager
+async def running(name: str, registry: tether.Registry) -> AsyncIterator[aiohttp.ClientSession]:
+    """A client of ``/generate`` served by adapter ``name``; on exit, every request
+    has ended."""
+    async with (
+        serving(name, registry, "POST", "/generate", generate) as url,
+        aiohttp.ClientSession(url) as http,
+    ):
+        yield http
+        await eventually(lambda: registry.in_flight == 0)
 
 
 async def post(
@@ -36,17 +66,16 @@ async def test_an_acceptable_request_id_is_echoed_and_labels_the_request(
     name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="tether.requests")
-    svc = service()
+    registry = tether.Registry()
     seen = Recorder()
-    svc.registry.add_observer(seen)
-    async with running(name, svc) as server, aiohttp.ClientSession(server.url) as http:
+    registry.add_observer(seen)
+    async with running(name, registry) as http:
         small = {"text": "hi", "max_tokens": 2}
         assert await post(http, small, "json-1") == (200, "json-1")
         assert await post(http, {**small, "stream": True}, "sse-1") == (200, "sse-1")
         assert await post(http, {**small, "text": ["a", "b"]}, "batch-1") == (200, "batch-1")
         assert await post(http, {"text": 3}, "bad-1") == (422, "bad-1")  # refused: echoed too
         assert await post(http, small, None) == (200, None)  # none given, none invented
-        await server.idle()
     labels = sorted(end.request_id or "-" for end in seen.ends.values())
     assert labels == ["-", "batch-1", "batch-1", "json-1", "sse-1"]
     assert not {end.rid for end in seen.ends.values()} & {"json-1", "sse-1", "batch-1"}
@@ -63,26 +92,24 @@ async def test_an_acceptable_request_id_is_echoed_and_labels_the_request(
     ],
 )
 async def test_an_unacceptable_request_id_is_ignored(name: str, offered: str) -> None:
-    svc = service()
+    registry = tether.Registry()
     seen = Recorder()
-    svc.registry.add_observer(seen)
-    async with running(name, svc) as server, aiohttp.ClientSession(server.url) as http:
+    registry.add_observer(seen)
+    async with running(name, registry) as http:
         assert await post(http, {"text": "hi", "max_tokens": 2}, offered) == (200, None)
-        await server.idle()
     assert [end.request_id for end in seen.ends.values()] == [None]
 
 
 async def test_a_request_id_never_becomes_the_rid_even_when_it_names_a_live_one(
     name: str,
 ) -> None:
-    svc = service()
-    async with running(name, svc) as server, aiohttp.ClientSession(server.url) as http:
-        victim = svc.registry.open()  # a live request of another client
+    registry = tether.Registry()
+    async with running(name, registry) as http:
+        victim = registry.open()  # a live request of another client
         status, echoed = await post(http, {"text": "hi", "max_tokens": 2}, victim.rid)
         assert (status, echoed) == (200, victim.rid)
-        assert victim.rid in svc.registry  # untouched
+        assert victim.rid in registry  # untouched
         await victim.aclose()
-        await server.idle()
 
 
 def test_accept_request_id_takes_printable_ascii_only(name: str) -> None:

@@ -1,12 +1,12 @@
-"""Review: with the default byte budget, a lagging consumer stalls the producer.
+"""With the default byte budget, a lagging consumer costs the producer no more than
+its outputs.
 
-With ``merge``, every output delivered while a backlog waits is weighed by calling
-``sizeof`` on the *merged* output, which ``approximate_size`` walks item by item:
-the cost of one ``deliver`` grows with the backlog, so the cost of a lag is
-quadratic. Outputs that carry a growing list (token ids, as SGLang and vLLM
-outputs do) merged in place cost milliseconds per ``deliver`` after a few thousand
-tokens, on the producer's own loop: one client that reads slowly stalls every
-request (measured: 5,000 lagging tokens took 20 s, 1 ms without the budget).
+With ``merge``, weighing the *merged* output on every ``deliver`` while a backlog
+waits would make one ``deliver`` cost as much as the backlog, and a lag quadratic:
+outputs that carry a growing list (token ids, as SGLang and vLLM outputs do) merged
+in place would cost milliseconds per ``deliver`` after a few thousand tokens, on
+the producer's own loop, so one client reading slowly would stall every request
+(measured once: 5,000 lagging tokens took 20 s, 1 ms without the budget).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """HTTP/1.1 over a raw TCP connection, for tests about what happens on one connection:
-pipelined requests, a body sent in parts, a client that leaves part-way. An HTTP
-client library would open a new connection or refuse to pipeline."""
+pipelined requests, a body sent in parts, a client that leaves part-way (or once the
+server has taken its request). An HTTP client library would open a new connection
+or refuse to pipeline."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Final
+
+import pytest
 
 BOUND: Final = 10.0
 """A generous bound on reading one response."""
@@ -62,3 +65,21 @@ async def leave(writer: asyncio.StreamWriter) -> float:
     with contextlib.suppress(OSError):
         await writer.wait_closed()
     return left_at
+
+
+async def send_then_leave(
+    url: str, request: bytes, taken: asyncio.Event, aborted: asyncio.Event
+) -> None:
+    """Send ``request`` to ``url``, wait for ``taken``, drop the connection, and fail
+    the test unless ``aborted`` is set within 2 s ("within milliseconds" is the promise)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    _reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(request)  # the kernel's buffers take it all
+    async with asyncio.timeout(10):
+        await taken.wait()
+    writer.transport.abort()  # the client is gone
+    try:
+        async with asyncio.timeout(2):
+            await aborted.wait()
+    except TimeoutError:
+        pytest.fail("the client left 2 s ago and its request is still in flight", pytrace=False)

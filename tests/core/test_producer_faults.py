@@ -1,4 +1,5 @@
-"""Review: what a producer's exception or a second ``result()`` can do to the core."""
+"""A producer's odd exception never raises back into the producer, and a result,
+once there, stays readable: asked twice, or after the wait that asked was cancelled."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ async def test_fail_never_raises_into_the_producer_whatever_the_cause(
 ) -> None:
     registry = tether.Registry()
     stream = registry.open()
-    assert registry.fail(stream.rid, cause) is True  # raises today
+    assert registry.fail(stream.rid, cause) is True
     with pytest.raises(tether.ProducerError):
         async with asyncio.timeout(10):
             await stream.result()
@@ -66,7 +67,7 @@ async def test_result_called_twice_returns_the_same_result_both_times() -> None:
     registry.deliver(stream.rid, "answer", finished=True)
     async with asyncio.timeout(10):
         assert await stream.result() == "answer"
-        assert await stream.result() == "answer"  # None today
+        assert await stream.result() == "answer"
 
 
 async def test_batch_result_called_twice_returns_the_same_results_both_times() -> None:
@@ -76,7 +77,7 @@ async def test_batch_result_called_twice_returns_the_same_results_both_times() -
         registry.deliver(rid, index, finished=True)
     async with asyncio.timeout(10):
         assert await batch.result() == [0, 1]
-        assert await batch.result() == [0, 1]  # [None, None] today
+        assert await batch.result() == [0, 1]
 
 
 async def test_a_result_cancelled_after_the_finish_leaves_the_output_readable() -> None:
@@ -94,4 +95,4 @@ async def test_a_result_cancelled_after_the_finish_leaves_the_output_readable() 
         registry.deliver(stream.rid, "answer", finished=True)
         reader.cancel()  # (a timeout that fires in the same turn as the finish)
         await asyncio.wait([reader])
-        assert [output async for output in stream] == ["answer"]  # [] today
+        assert [output async for output in stream] == ["answer"]

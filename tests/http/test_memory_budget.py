@@ -25,7 +25,8 @@ from starlette.responses import Response
 import tether
 import tether_aiohttp
 import tether_starlette
-from tests.ready_server import ReadyServer
+from tests._support.engine import Engine, Pause
+from tests._support.ready_server import ReadyServer
 
 MIB = 1024 * 1024
 BUDGET = 8 * MIB
@@ -36,36 +37,23 @@ would wait, 200 MB; the byte budget must end the request after about 8."""
 BOUND = 10.0
 
 
-class Producer:
-    """Delivers 1 MB outputs to the open request, one per loop turn, until it is gone."""
-
-    def __init__(self, registry: tether.Registry) -> None:
-        self.registry = registry
-        self.delivered = 0
-        self.opened = asyncio.Event()
-        self.task: asyncio.Task[None] | None = None
-
-    def start(self, rid: str) -> None:
-        self.opened.set()
-        self.task = asyncio.get_running_loop().create_task(self._run(rid))
-
-    async def _run(self, rid: str) -> None:
-        while self.delivered < MOST and self.registry.deliver(rid, {"text": OUTPUT}):
-            self.delivered += 1
-            await asyncio.sleep(0)  # one engine step per loop turn
-
-
 def _registry() -> tether.Registry:
     return tether.Registry(max_pending_bytes=BUDGET)
 
 
+def _engine(registry: tether.Registry) -> Engine:
+    """Delivers 1 MB outputs to the open request, one per loop turn (one engine step),
+    until it is gone or MOST were offered; it never finishes the request."""
+    engine = Engine(registry)
+    engine.script = [{"text": OUTPUT}, Pause()] * MOST
+    return engine
+
+
 @contextlib.asynccontextmanager
-async def _starlette(
-    registry: tether.Registry, producer: Producer, http: str
-) -> AsyncIterator[int]:
+async def _starlette(registry: tether.Registry, producer: Engine, http: str) -> AsyncIterator[int]:
     async def stream(request: Request) -> Response:
         source = registry.open()
-        producer.start(source.rid)
+        producer.submit(source)
         return await tether_starlette.respond(request, source, streaming=True, send_timeout=2)
 
     app = Starlette()
@@ -86,10 +74,10 @@ async def _starlette(
 
 
 @contextlib.asynccontextmanager
-async def _aiohttp(registry: tether.Registry, producer: Producer, http: str) -> AsyncIterator[int]:
+async def _aiohttp(registry: tether.Registry, producer: Engine, http: str) -> AsyncIterator[int]:
     async def stream(request: web.Request) -> web.StreamResponse:
         source = registry.open()
-        producer.start(source.rid)
+        producer.submit(source)
         return await tether_aiohttp.respond(request, source, streaming=True, send_timeout=2)
 
     app = web.Application()
@@ -105,7 +93,7 @@ async def _aiohttp(registry: tether.Registry, producer: Producer, http: str) -> 
         await runner.cleanup()
 
 
-Server = Callable[[tether.Registry, Producer, str], contextlib.AbstractAsyncContextManager[int]]
+Server = Callable[[tether.Registry, Engine, str], contextlib.AbstractAsyncContextManager[int]]
 
 SERVERS = [
     pytest.param(_starlette, "h11", id="starlette-h11"),
@@ -120,7 +108,7 @@ async def test_large_outputs_to_a_client_that_never_reads_stay_within_the_byte_b
     serve: Server, http: str
 ) -> None:
     registry = _registry()
-    producer = Producer(registry)
+    producer = _engine(registry)
     tracemalloc.start()
     try:
         async with serve(registry, producer, http) as port:
@@ -130,13 +118,11 @@ async def test_large_outputs_to_a_client_that_never_reads_stay_within_the_byte_b
             writer.write(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
             await writer.drain()
             tracemalloc.reset_peak()
-            async with asyncio.timeout(BOUND):
-                await producer.opened.wait()
-                assert producer.task is not None
-                await producer.task  # ends when the request is gone (or after MOST outputs)
+            # the engine's script ends when the request is gone (or after MOST outputs)
+            await producer.until(lambda: bool(producer.submitted) and not producer.running)
             # The client never read a byte: the request ended at the budget, with a clear
             # error (ConsumerTooSlow naming max_pending_bytes), long before MOST outputs.
-            assert producer.delivered < MOST // 4
+            assert sum(producer.delivered.values()) < MOST // 4
             assert registry.stats().aborted == {"consumer_too_slow": 1}
             assert registry.in_flight == 0
             _, peak = tracemalloc.get_traced_memory()

@@ -15,18 +15,11 @@ output sent to another. So a rid freed but not yet reported is refused
 from __future__ import annotations
 
 import asyncio
-import pathlib
-import sys
 
 import pytest
 
 import tether
-
-EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
-if str(EXAMPLES) not in sys.path:
-    sys.path.insert(0, str(EXAMPLES))
-
-from engine import Engine, expected_text, merge_outputs  # noqa: E402
+from tests._support.engine import Engine, expected_text, merge_outputs, tokens
 
 
 async def test_on_abort_never_names_a_rid_that_is_live_again() -> None:
@@ -50,8 +43,7 @@ async def test_on_abort_never_names_a_rid_that_is_live_again() -> None:
     await batch.aclose()
 
 
-async def test_a_retry_under_a_freed_rid_gets_its_own_tokens_on_the_example_engine() -> None:
-    engine = Engine(max_batch=8)
+async def test_a_retry_under_a_freed_rid_gets_its_own_tokens_from_the_engine() -> None:
     told = asyncio.Event()
 
     def on_abort(rid: str) -> None:
@@ -59,28 +51,30 @@ async def test_a_retry_under_a_freed_rid_gets_its_own_tokens_on_the_example_engi
         told.set()
 
     registry = tether.Registry(on_abort, merge=merge_outputs)
-    engine.bind(registry)
+    engine = Engine(registry)
+    failed, more = asyncio.Event(), asyncio.Event()
     batch = registry.open_batch(["s1", "s2"])
-    engine.submit("s1", "first prompt", 20, fail_after=2)
-    engine.submit("s2", "second prompt", 20)
-    engine.step()
-    engine.step()
-    engine.step()  # s1 fails at its third token: s2 is aborted as its sibling
-    assert "s2" not in registry
-    # A client whose request died with the batch retries at once, under its own id:
-    # refused until the engine heard of the abort, then its own.
-    with pytest.raises(tether.DuplicateRequest):
-        registry.open("s2")
-    async with asyncio.timeout(10):
-        await told.wait()  # the deferred on_abort('s2') ran: the engine dropped the old job
-        retry = registry.open("s2")
-        engine.submit("s2", "retry prompt", 3)
-        for _ in range(20):
-            engine.step()
-            if "s2" not in registry:
-                break
-        result = await retry.result()
-    assert result["text"] == expected_text("retry prompt", 3), (
-        f"the retry got another request's text: {result['text']!r}"
-    )
-    await batch.aclose()
+    # s1 fails at its third token (telling the test in that same engine step): s2 is
+    # aborted as its sibling while its job still has tokens to give.
+    engine.submit("s1", [*tokens("first prompt", 2), failed.set, RuntimeError("s1 broke")])
+    engine.submit("s2", [*tokens("second prompt", 2), more, *tokens("second prompt", 18)])
+    try:
+        async with asyncio.timeout(10):
+            await failed.wait()
+        assert "s2" not in registry
+        # A client whose request died with the batch retries at once, under its own id:
+        # refused until the engine heard of the abort, then its own.
+        with pytest.raises(tether.DuplicateRequest):
+            registry.open("s2")
+        async with asyncio.timeout(10):
+            await told.wait()  # the deferred on_abort('s2') ran: the engine dropped the old job
+            retry = registry.open("s2")
+            engine.submit(retry, tokens("retry prompt", 3))
+            more.set()  # an old job that still ran would deliver into the retry now
+            result = await retry.result()
+        assert result["text"] == expected_text("retry prompt", 3), (
+            f"the retry got another request's text: {result['text']!r}"
+        )
+    finally:
+        await engine.stop()
+        await batch.aclose()

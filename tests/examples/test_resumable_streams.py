@@ -10,24 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import pathlib
-import sys
 from typing import Any
 
 import aiohttp
 import pytest
+from engine import expected_text  # (examples/ is on the path: tests/examples/conftest.py)
+from launch import launched
 
-EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
-if str(EXAMPLES) not in sys.path:  # the examples import their siblings as top-level modules
-    sys.path.insert(0, str(EXAMPLES))
-
-from engine import expected_text  # noqa: E402
-from launch import launched  # noqa: E402
-
-from tests.e2e.harness import SERVERS, running, service  # noqa: E402
-from tether.http import TOKEN_HEADER  # noqa: E402
-
-from .conftest import BOUND, Reader, client  # noqa: E402
+from tests.examples.reliability.harness import SERVERS, running, service
+from tests.resume.conftest import BOUND, Reader, client
+from tether.http import TOKEN_HEADER
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,10 +1,10 @@
-"""Review: two tasks reading one stream: the first one hangs for ever.
+"""Two tasks reading one stream: neither is left hanging.
 
-A mailbox has one ``waiter`` slot; a second reader that parks overwrites the first
-one's future, which nobody resolves any more: when the request finishes, the
-first reader never wakes (anyio raises ``BusyResourceError`` for a second
-concurrent receiver instead). It takes only a handler that awaits ``result()``
-while another task (a progress watcher, a log tap) iterates the same stream.
+A mailbox with one waiter slot would let a second reader that parks overwrite the
+first one's future, and the first would never wake when the request finishes
+(anyio raises ``BusyResourceError`` for a second concurrent receiver instead). It
+takes only a handler that awaits ``result()`` while another task (a progress
+watcher, a log tap) iterates the same stream.
 """
 
 from __future__ import annotations

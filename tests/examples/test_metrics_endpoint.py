@@ -13,11 +13,10 @@ import aiohttp
 import pytest
 
 import tether
-from tests.e2e.client import events, long_stream
-from tests.e2e.harness import running, service
-
-from ._scrape import Scrape
-from .test_observer import Recorder
+from tests._support.observers import Recorder
+from tests._support.scrape import Scrape
+from tests.examples.reliability.client import events, long_stream
+from tests.examples.reliability.harness import running, service
 
 pytestmark = pytest.mark.parametrize("name", ["starlette", "aiohttp"])
 

@@ -102,12 +102,28 @@ def assert_json_error(status: int, body: Any, expected: int) -> None:
     assert error["message"]
 
 
-@pytest.mark.parametrize(("body", "status"), BAD_BODIES)
+BAD_ROUTED_BODIES: Final = [
+    *(pytest.param("/generate", *case.values, id=f"generate-{case.id}") for case in BAD_BODIES),
+    *(
+        pytest.param(
+            "/v1/completions", case.values[0].replace(b'"text"', b'"prompt"'), case.values[1],
+            id=f"completions-{case.id}",
+        )
+        for case in BAD_BODIES
+        # (OpenAI's completions route has no rid and no timeout to get wrong)
+        if b'"rid"' not in case.values[0] and b'"timeout"' not in case.values[0]
+    ),
+]  # fmt: skip
+""":data:`BAD_BODIES` on both generation routes of the example API (``/v1/completions``
+calls the prompt ``prompt``)."""
+
+
+@pytest.mark.parametrize(("path", "body", "status"), BAD_ROUTED_BODIES)
 async def test_a_bad_body_gets_a_clear_json_error_and_nothing_stays_in_flight(
-    server: Server, http: aiohttp.ClientSession, body: bytes, status: int
+    server: Server, http: aiohttp.ClientSession, path: str, body: bytes, status: int
 ) -> None:
     opened = server.ledger.stats().opened
-    got, reply = await answer(http, "POST", "/generate", body)
+    got, reply = await answer(http, "POST", path, body)
     assert_json_error(got, reply, status)
     assert server.ledger.stats().opened == opened
     assert server.ledger.in_flight == 0

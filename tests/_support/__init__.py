@@ -1,0 +1,1 @@
+"""Test doubles and helpers that several test folders share (one copy each)."""
