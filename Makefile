@@ -28,7 +28,8 @@ pytest: venv
 
 test: lint typecheck pytest
 
-# The main job: both example servers under load, checked, summarised (under a minute).
+# The main job: the example servers under load, checked, summarised (under a minute:
+# some twenty processes started in turn, each setting loaded for 2 s).
 demo: venv
 	$(PY) examples/demo.py
 

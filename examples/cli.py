@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import dataclasses
 import importlib.util
+import logging
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -37,9 +39,11 @@ __all__ = [
     "Options",
     "announce",
     "build_service",
+    "configure_logging",
     "loop_factory",
     "parse",
     "uvicorn_config",
+    "uvicorn_log_config",
 ]
 
 HOST = "127.0.0.1"
@@ -208,9 +212,47 @@ def uvicorn_config(app: Callable[..., Any], options: Options) -> uvicorn.Config:
         http=options.http,
         loop=options.loop,
         log_level="warning",
+        log_config=uvicorn_log_config("warning"),
         # (uvicorn takes whole seconds)
         timeout_graceful_shutdown=math.ceil(options.drain_timeout + SHUTDOWN_MARGIN),
     )
+
+
+LOG_FORMAT: Final = "%(asctime)s %(name)s: %(message)s"
+"""What a log line of an example server says after its level: when, which logger, what."""
+
+
+def uvicorn_log_config(level: str) -> dict[str, Any]:
+    """uvicorn's own logging configuration, plus the ``tether`` loggers on stderr
+    through uvicorn's formatter, with their level and name.
+
+    tether configures no logging (a library's records go where the application
+    sends them); without this, they would not be shown under uvicorn at all.
+    """
+    import uvicorn.config
+
+    config: dict[str, Any] = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["formatters"]["tether"] = {
+        "()": "uvicorn.logging.DefaultFormatter",
+        "fmt": "%(levelprefix)s " + LOG_FORMAT,
+    }
+    config["handlers"]["tether"] = {
+        "class": "logging.StreamHandler",
+        "formatter": "tether",
+        "stream": "ext://sys.stderr",
+    }
+    config["loggers"]["tether"] = {
+        "handlers": ["tether"],
+        "level": level.upper(),
+        "propagate": False,
+    }
+    return config
+
+
+def configure_logging(level: int) -> None:
+    """The aiohttp server's logging: aiohttp configures none either, so every logger
+    (``aiohttp.*``, ``tether.*``) goes to one stderr handler, with level and name."""
+    logging.basicConfig(level=level, format="%(levelname)s " + LOG_FORMAT)
 
 
 def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

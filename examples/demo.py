@@ -23,7 +23,7 @@ Exits 1 if any output was lost, repeated or out of order, any request got an
 unexpected status, any abandoned request was not aborted, or anything was left
 in flight (in the registry or in the engine) after the run.
 
-    python examples/demo.py [--seconds 4] [--clients 16] [--server starlette|aiohttp|fastapi]
+    python examples/demo.py [--seconds 2] [--clients 16] [--server starlette|aiohttp|fastapi]
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ async def run(servers: Sequence[str], *, seconds: float, clients: int) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; returns the exit status (0 when every check passed)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--seconds", type=float, default=4.0, help="load time per server")
+    parser.add_argument("--seconds", type=float, default=2.0, help="load time per server")
     parser.add_argument("--clients", type=int, default=16, help="concurrent clients per server")
     parser.add_argument("--server", choices=sorted(SERVERS), action="append", help="default: all")
     parser.add_argument(

@@ -40,6 +40,15 @@ def join(old: Any, new: Any) -> Any:  # what one JSON answer holds: every output
     return {"text": old["text"] + new["text"]}
 
 
+async def run_producer(app: web.Application) -> AsyncIterator[None]:
+    task = asyncio.create_task(producer.run(registry))
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.wait([task])
+
+
 producer = Producer()
 registry = tether.Registry(on_abort=producer.abort, merge=join)
 
@@ -49,15 +58,6 @@ async def generate(request: web.Request) -> web.StreamResponse:
     stream = registry.open()  # register first: from here on no output can be lost
     producer.submit(stream.rid, body["text"])
     return await tether_aiohttp.respond(request, stream, streaming=body.get("stream", False))
-
-
-async def run_producer(app: web.Application) -> AsyncIterator[None]:
-    task = asyncio.create_task(producer.run(registry))
-    try:
-        yield
-    finally:
-        task.cancel()
-        await asyncio.wait([task])
 
 
 app = web.Application()

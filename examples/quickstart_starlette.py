@@ -44,6 +44,16 @@ def join(old: Any, new: Any) -> Any:  # what one JSON answer holds: every output
     return {"text": old["text"] + new["text"]}
 
 
+@contextlib.asynccontextmanager
+async def run_producer(app: Starlette) -> AsyncIterator[None]:
+    task = asyncio.create_task(producer.run(registry))
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.wait([task])
+
+
 producer = Producer()
 registry = tether.Registry(on_abort=producer.abort, merge=join)
 
@@ -53,16 +63,6 @@ async def generate(request: Request) -> Response:
     stream = registry.open()  # register first: from here on no output can be lost
     producer.submit(stream.rid, body["text"])
     return await tether_starlette.respond(request, stream, streaming=body.get("stream", False))
-
-
-@contextlib.asynccontextmanager
-async def run_producer(app: Starlette) -> AsyncIterator[None]:
-    task = asyncio.create_task(producer.run(registry))
-    try:
-        yield
-    finally:
-        task.cancel()
-        await asyncio.wait([task])
 
 
 app = Starlette(lifespan=tether_starlette.lifespan(registry, inner=run_producer))

@@ -346,3 +346,39 @@ async def test_stop_on_a_resumable_stream_aborts_the_work_at_once(server: str) -
         metrics = await settled(http)
         assert (metrics["aborted"], metrics["finished"]) == ({"cancelled": 1}, 0)
         assert await page.js("document.getElementById('status').textContent") == "stopped"
+
+
+@pytest.mark.parametrize(
+    ("batch", "stream"),
+    [(3, True), (3, False), (1, True)],
+    ids=["batch-streamed", "batch-json", "resumable-stream"],
+)
+async def test_page_counts_nothing_in_flight_once_it_says_done(batch: int, stream: bool) -> None:
+    """The counter is read again as the status turns to done: never "done" beside a
+    stale "server in flight: 3"."""
+    async with asyncio.timeout(60), page_of("starlette") as (http, page):
+        await eventually(
+            lambda: page.js("document.getElementById('inflight')?.textContent === '0'")
+        )
+        # Whatever the status and the counter say at each change of the status.
+        await page.js("""
+            window.seen = [];
+            new MutationObserver(() => window.seen.push([
+                document.getElementById('status').textContent,
+                document.getElementById('inflight').textContent,
+            ])).observe(document.getElementById('status'), { childList: true, subtree: true });
+        """)
+        await page.js(f"""
+            document.getElementById('prompt').value = 'count me';
+            document.getElementById('batch').value = '{batch}';
+            document.getElementById('max-tokens').value = '200';
+            document.getElementById('stream').checked = {json.dumps(stream)};
+            document.getElementById('generate').click();
+        """)
+        await eventually(
+            lambda: page.js("document.getElementById('status').textContent === 'done'"),
+            timeout=30,
+        )
+        seen = await page.js("window.seen")
+        assert seen[-1] == ["done", "0"], seen
+        assert (await http.get("/stats")).json()["in_flight"] == 0

@@ -1,19 +1,28 @@
-"""Every code sample in README.md is exercised here.
+"""Every code sample in README.md, docs/batches.md and docs/sse.md is exercised here.
 
-The Python samples are the quick-start files under ``examples/`` (checked to be
-verbatim copies, then served on 127.0.0.1 and queried); the shell samples name
-Makefile targets and install extras that exist; the error table is checked
-against ``tether.http.error_response``; the links point at files of the repository.
+The README's Python samples are excerpts of the quick-start files under
+``examples/`` (checked to be verbatim, then served on 127.0.0.1 and queried); the
+shell samples name Makefile targets and install extras that exist; the error table
+is checked against ``tether.http.error_response``; the links point at files of the
+repository. The guides' scripts are run and their output compared with what the
+guide says they print; their apps are served and what they write is compared, byte
+for byte, with the wire the guide shows.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import socket
+import subprocess
+import sys
 import tomllib
+import types
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -28,10 +37,12 @@ from .conftest import EXAMPLES, eventually
 ROOT = EXAMPLES.parent
 README = (ROOT / "README.md").read_text()
 QUICKSTARTS = ["quickstart_starlette.py", "quickstart_aiohttp.py"]
+GUIDES = [ROOT / "docs" / "batches.md", ROOT / "docs" / "sse.md"]
+GUIDE_TEXTS = {guide: guide.read_text() for guide in GUIDES}
 
 
-def blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", README, re.DOTALL)
+def blocks(language: str, text: str = README) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", text, re.DOTALL | re.MULTILINE)
 
 
 def test_every_python_sample_is_a_tested_quickstart_file() -> None:
@@ -49,7 +60,7 @@ def test_shell_samples_name_real_make_targets_and_install_extras() -> None:
     ]
     commands = [line.split("#")[0].strip() for block in blocks("sh") for line in block.splitlines()]
     targets = [command.split()[1] for command in commands if command.startswith("make ")]
-    installs = re.findall(r'pip install "tether\[(\w+)\]"', "\n".join(commands))
+    installs = re.findall(r"pip install -e '\.\[(\w+)\]'", "\n".join(commands))
     assert targets == ["demo", "test"]
     assert installs == ["starlette", "aiohttp"]
     for target in targets:
@@ -84,12 +95,22 @@ def test_error_table_says_what_error_response_does() -> None:
         assert ("Retry-After" in note) == ("retry-after" in response.headers), label
 
 
-def test_links_point_at_files_of_the_repository() -> None:
-    links = re.findall(r"\]\(([^)#]+)\)", README)
+PAGES = [
+    ROOT / "README.md",
+    *GUIDES,
+    ROOT / "docs" / "architecture.md",
+    ROOT / "docs" / "monitoring.md",
+    EXAMPLES / "README.md",
+]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_links_point_at_files_of_the_repository(page: Path) -> None:
+    links = re.findall(r"\]\(([^)#]+)\)", page.read_text())
     assert links
     for link in links:
         if "://" not in link:
-            assert (ROOT / link).exists(), link
+            assert (page.parent / link).exists(), link
 
 
 async def generate_both_ways(url: str) -> None:
@@ -118,25 +139,35 @@ def test_the_quickstarts_import_nothing_from_the_examples() -> None:
 def test_the_readme_samples_say_the_same_thing_line_for_line() -> None:
     """The two quick starts differ only where the frameworks do."""
     starlette, aiohttp = blocks("python")
-    assert starlette.count("\n") - aiohttp.count("\n") < 12
-    producer = starlette[starlette.index("class Producer") : starlette.index("producer = ")]
-    assert producer in aiohttp
+    assert abs(starlette.count("\n") - aiohttp.count("\n")) < 4
+    for sample in (starlette, aiohttp):
+        assert sample.count("\n") <= 20  # a quick start a reader takes in at a glance
+    files = [(EXAMPLES / name).read_text() for name in QUICKSTARTS]
+    producers = [text[text.index("class Producer") : text.index("def join")] for text in files]
+    assert producers[0] == producers[1]  # the README's "the same stand-in producer"
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[str]:
+    """``app`` under a real uvicorn on 127.0.0.1 (an ephemeral port); yields its URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        await eventually(lambda: server.started or task.done())
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        async with asyncio.timeout(10):
+            await task
 
 
 async def test_starlette_quickstart_serves_generate() -> None:
     import quickstart_starlette
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(quickstart_starlette.app, log_level="warning"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        await eventually(lambda: server.started or task.done())
-        await generate_both_ways(f"http://127.0.0.1:{sock.getsockname()[1]}")
-    finally:
-        server.should_exit = True
-        async with asyncio.timeout(10):
-            await task
+    async with serving(quickstart_starlette.app) as url:
+        await generate_both_ways(url)
     assert quickstart_starlette.registry.in_flight == 0
 
 
@@ -159,3 +190,50 @@ async def test_aiohttp_quickstart_serves_generate(aiohttp_quickstart: str) -> No
 
     await generate_both_ways(aiohttp_quickstart)
     assert quickstart_aiohttp.registry.in_flight == 0
+
+
+def test_the_batch_guide_script_prints_what_the_guide_says() -> None:
+    guide = GUIDE_TEXTS[GUIDES[0]]
+    script, printed = blocks("python", guide)[0], blocks("text", guide)[0]
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == printed
+
+
+def wires(guide: str) -> list[str]:
+    """The wire samples of a guide: the text blocks under a ``<!-- the ... wire -->`` mark."""
+    return re.findall(r"^<!-- the .*? wire.*?-->\n```text\n(.*?)^```", guide, re.DOTALL | re.M)
+
+
+def same_but_rids(body: str) -> str:
+    """``body`` with its request ids (fresh, random) replaced by one placeholder."""
+    return re.sub(r"request '[^']+'", "request 'RID'", body)
+
+
+# For each guide: the requests whose answers its wire samples show (the curl lines).
+GUIDE_REQUESTS = {
+    "batches.md": [{"texts": ["a", "b"], "stream": True}],
+    "sse.md": [{"text": "hello sse"}, {"text": "hello sse", "fail": True}],
+}
+
+
+@pytest.mark.parametrize("guide", GUIDES, ids=lambda page: page.name)
+async def test_a_guide_app_writes_the_wire_the_guide_shows(guide: Path) -> None:
+    """Byte for byte, through a real uvicorn. When the framing changes on purpose, this
+    fails with the new bytes: paste them into the guide."""
+    text = GUIDE_TEXTS[guide]
+    source = blocks("python", text)[-1]  # the guide's app
+    module = types.ModuleType(f"guide_{guide.stem}")
+    exec(compile(source, str(guide), "exec"), vars(module))
+    samples, requests = wires(text), GUIDE_REQUESTS[guide.name]
+    assert len(samples) == len(requests)
+    async with serving(module.app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+        for sample, body in zip(samples, requests, strict=True):
+            answer = await client.post("/generate", json=body)
+            assert same_but_rids(answer.text) == same_but_rids(sample), answer.text
+        if guide.name == "batches.md":  # and the one JSON body the guide quotes
+            answer = await client.post("/generate", json={"texts": ["a", "b"]})
+            assert f"`{answer.text}`" in " ".join(text.split())
+    assert module.registry.in_flight == 0
