@@ -87,6 +87,7 @@ APPLICATION = {
     *CONTRACT,
     "AbortReason",
     "BatchTooLarge",
+    "ConcurrentRead",
     "DEFAULT_MAX_PENDING_BYTES",
     "Encoder",
     "InvalidRequest",
@@ -97,6 +98,7 @@ APPLICATION = {
     "RegistryStats",
     "RequestEnd",
     "Summary",
+    "WrongLoop",
     "approximate_size",
 }
 
