@@ -124,7 +124,11 @@ ADAPTER_AUTHORS = {
     "current_scope",
     "error_body",
     "error_response",
+    "event_stream_responses",
+    "http_error",
+    "Schema",
     "stop_tasks",
+    "validation_error",
 }
 
 STORE_AUTHORS = {
