@@ -28,7 +28,6 @@ def _http_error(request: Request, exc: Exception) -> ErrorResponse:
 
 
 def answer(error: ErrorResponse) -> Response:
-    """``error`` as a JSON response (without a ``detail`` that is not JSON)."""
     try:
         return JSONResponse(error.body, error.status, headers=error.headers)
     except (TypeError, ValueError):  # a detail that is not JSON: the message is enough
@@ -37,8 +36,6 @@ def answer(error: ErrorResponse) -> Response:
 
 
 def shaped(convert: Callable[[Request, Exception], ErrorResponse], shape: Shape) -> Handler:
-    """An exception handler answering ``shape(request, convert(request, exc))``."""
-
     async def handler(request: Request, exc: Exception) -> Response:
         return answer(shape(request, convert(request, exc)))
 
@@ -46,8 +43,7 @@ def shaped(convert: Callable[[Request, Exception], ErrorResponse], shape: Shape)
 
 
 async def http_exception_handler(request: Request, exc: Exception) -> Response:
-    """An ``HTTPException`` (404, 405, or raised by a handler) as tether's JSON error
-    body, with its headers (``Allow`` on a 405)."""
+    """An ``HTTPException`` as tether's JSON error, with its headers (``Allow`` on a 405)."""
     return answer(_http_error(request, exc))
 
 
