@@ -16,6 +16,7 @@ import collections
 import logging
 from typing import Final, TypeVar
 
+from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -125,6 +126,7 @@ class TetherMiddleware:
                 )
             await self.app(scope, receive, send)
             return
+        app = scope.get("app")  # (read now: a mounted Starlette app puts itself there)
         scope[REGISTRY_KEY] = self.registry
         channel = _ServerLink(receive, send)
         channel.request_id = request_id = _request_id(scope)
@@ -133,7 +135,7 @@ class TetherMiddleware:
         ) as request_scope:
             scope[SCOPE_KEY] = channel.scope = request_scope
             try:
-                await self._answer(scope, channel)
+                await self._answer(scope, channel, app)
             except OSError as exc:
                 if exc is not channel.send_error:
                     raise
@@ -141,7 +143,7 @@ class TetherMiddleware:
             finally:
                 await channel.stop()
 
-    async def _answer(self, scope: Scope, channel: _ServerLink) -> None:
+    async def _answer(self, scope: Scope, channel: _ServerLink, app: object) -> None:
         try:
             await self.app(scope, channel.receive, channel.send)
         except tether.TetherError as exc:
@@ -157,8 +159,8 @@ class TetherMiddleware:
             raise
         except Exception:
             # Starlette's ServerErrorMiddleware answers outside this one, without the
-            # request id: its 500 goes from here (unless the app answers 500s itself).
-            if not channel.started and not _handles_500(scope.get("app")):
+            # request id: its plain 500 goes from here instead, when it is the answer.
+            if not channel.started and _plain_500_outside(app, self):
                 await send_whole(channel.send, _INTERNAL_ERROR)
             raise
 
@@ -343,10 +345,19 @@ _INTERNAL_ERROR: Final = http.Head(
 """Starlette's own answer to an error that escaped the app (ServerErrorMiddleware's)."""
 
 
-def _handles_500(app: object) -> bool:
-    """Whether ``app`` answers escaped errors its own way (a 500 handler, debug)."""
-    handlers = getattr(app, "exception_handlers", None) or {}
-    return bool(getattr(app, "debug", False)) or 500 in handlers or Exception in handlers
+def _plain_500_outside(app: object, middleware: TetherMiddleware) -> bool:
+    """Whether Starlette's plain 500 is what answers an error escaping ``middleware``:
+    it is right inside ``app``'s ServerErrorMiddleware, which has no 500 handler and
+    no debug page. Anything else between them (a user middleware that catches errors
+    and answers its own way) keeps the error to answer: a response sent here first
+    would pre-empt its answer, or make it a second response."""
+    stack = getattr(app, "middleware_stack", None)
+    return (
+        isinstance(stack, ServerErrorMiddleware)
+        and stack.app is middleware
+        and stack.handler is None
+        and not stack.debug
+    )
 
 
 async def send_whole(send: Send, head: http.Head) -> None:
