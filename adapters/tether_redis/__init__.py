@@ -8,6 +8,7 @@ tail (``XREAD BLOCK``). See :class:`RedisStore`.
 
 from __future__ import annotations
 
+from ._ear import StoreUnreachable
 from ._store import RedisStore
 
-__all__ = ["RedisStore"]
+__all__ = ["RedisStore", "StoreUnreachable"]

@@ -1,13 +1,15 @@
 """One blocking read per store: the Redis streams that every resumable stream of this
 worker listens to (an owner's control stream, a mirror's log and control stream) are
-read by a single ``XREAD BLOCK``, and their periodic upkeep (leases, expiries) runs
-from the same task.
+read by a single ``XREAD BLOCK``, and their periodic upkeep (leases, expiries,
+re-publishing what Redis lost) runs from the same task.
 
-One blocked connection per stream would not scale: ``redis.asyncio``'s pool holds
-100 connections by default, and a worker with that many resumable streams would have
-its writers fail with ``MaxConnectionsError``. A listener that joins while the read
-is blocked pokes the worker's wake stream, so that its first entries are not held up
-for a whole block period.
+One blocked connection per stream would not scale: a worker with as many resumable
+streams as its client has connections would have its writers fail. Several listeners
+may follow one key (two reconnects racing on one worker), each from its own position:
+the read starts at the earliest, and each entry reaches only the listeners that have
+not had it. A listener that joins while the read is blocked pokes the worker's wake
+stream, so that its first entries are not held up for a whole block period. The read
+and the upkeep go on whatever Redis does (down, paused, restarted empty), each bounded.
 """
 
 from __future__ import annotations
@@ -15,17 +17,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-__all__ = ["Ear", "Fields", "Listener", "text"]
+__all__ = ["Ear", "Fields", "Listener", "StoreUnreachable", "text"]
 
 logger = logging.getLogger("tether.redis")
 
 Fields = dict[bytes, bytes]
+
+
+class StoreUnreachable(ConnectionError):
+    """Redis did not answer within the store's bound, refused, or lost the state this
+    answer depends on: the stream may exist (a 503 to retry, never a 404)."""
 
 
 class Listener(Protocol):
@@ -36,8 +43,16 @@ class Listener(Protocol):
         ...
 
     async def tick(self) -> bool:
-        """Upkeep, once per block period (leases, expiries); whether to go on."""
+        """Upkeep, once per block period (leases, expiries); whether to go on. Called
+        even while Redis fails, so that a lease that cannot be seen lapses."""
         ...
+
+
+def _order(entry_id: Any) -> tuple[int, int]:
+    """An entry id (``b"ms-seq"``) as something that compares as Redis orders them."""
+    raw = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+    ms, _, seq = raw.partition("-")
+    return int(ms), int(seq or 0)
 
 
 class Ear:
@@ -46,61 +61,99 @@ class Ear:
     :param client: the store's Redis client.
     :param wake_key: this worker's wake stream (poked when a listener joins).
     :param block_ms: how long one ``XREAD`` blocks; also the upkeep period.
+    :param timeout: seconds past ``block_ms`` after which a read counts as failed
+        (a paused Redis answers nothing: the read must not wait for it for ever).
     :param spawn: runs a task the store owns (and cancels when it closes).
+    :param upkeep: the store's own upkeep, run before the listeners' (bounded by it).
+    :param failed: tells the store that a read failed.
     """
 
-    __slots__ = ("_block_ms", "_client", "_keys", "_spawn", "_task", "_wake_id", "_wake_key")
+    __slots__ = (
+        "_block_ms",
+        "_client",
+        "_failed",
+        "_keys",
+        "_spawn",
+        "_task",
+        "_timeout",
+        "_upkeep_store",
+        "_wake_id",
+        "_wake_key",
+        "poke",
+    )
 
     def __init__(
         self,
         client: Redis,
         wake_key: str,
         block_ms: int,
+        timeout: float,
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
+        upkeep: Callable[[], Awaitable[None]],
+        failed: Callable[[], None],
     ) -> None:
         self._client = client
         self._wake_key = wake_key
         self._block_ms = block_ms
+        self._timeout = timeout
         self._spawn = spawn
-        self._keys: dict[str, tuple[Any, Listener]] = {}
+        self._upkeep_store = upkeep
+        self._failed = failed
+        self._keys: dict[str, dict[Listener, Any]] = {}
+        """Each key's listeners, each with the id of the last entry it had."""
         self._wake_id: Any = "0-0"
         self._task: asyncio.Task[None] | None = None
+        self.poke: Callable[[], Coroutine[Any, Any, None]] | None = None
+        """Pokes the wake stream (bounded by the store); set by the store."""
 
-    async def listen(self, listener: Listener, keys: dict[str, Any]) -> None:
-        """Deliver the entries of ``keys`` after the given ids to ``listener``."""
+    def listen(self, listener: Listener, keys: dict[str, Any]) -> None:
+        """Deliver the entries of ``keys`` after the given ids to ``listener`` (a key it
+        listens to already goes on from where it is)."""
         for key, last in keys.items():
-            self._keys[key] = (last, listener)
+            self._keys.setdefault(key, {}).setdefault(listener, last)
         if self._task is None or self._task.done():
             self._task = self._spawn(self._run())
-        else:  # the read in progress does not name these keys yet
-            await self._client.xadd(self._wake_key, {"w": "1"}, maxlen=16)
-            await self._client.pexpire(self._wake_key, 60_000)
+        elif self.poke is not None:  # the read in progress does not name these keys yet
+            self._spawn(self.poke())
 
     def drop(self, listener: Listener) -> None:
         """Deliver nothing more to ``listener``."""
-        for key in [key for key, (_, held) in self._keys.items() if held is listener]:
-            del self._keys[key]
+        for key in [key for key, held in self._keys.items() if listener in held]:
+            held = self._keys[key]
+            del held[listener]
+            if not held:
+                del self._keys[key]
+
+    def _listeners(self) -> list[Listener]:
+        return list({id(one): one for held in self._keys.values() for one in held}.values())
 
     async def _run(self) -> None:
         failing = False
-        upkept = time.monotonic()
+        upkept = -float("inf")  # (the first upkeep comes first)
+        period = self._block_ms / 1000
         while self._keys:
+            now = time.monotonic()
+            if now - upkept >= period:
+                upkept = now
+                await self._upkeep()
             try:
-                await self._read()
-                now = time.monotonic()
-                if now - upkept >= self._block_ms / 1000:
-                    upkept = now
-                    await self._upkeep()
+                async with asyncio.timeout(period + self._timeout):
+                    await self._read()
+                if failing:
+                    logger.warning("resumable streams: Redis answers again")
                 failing = False
-            except (RedisError, OSError) as exc:
+            except (RedisError, OSError, TimeoutError) as exc:
+                self._failed()
                 if not failing:
-                    logger.warning("resumable streams: Redis failed (%s); retrying", exc)
+                    logger.warning("resumable streams: Redis failed (%r); retrying", exc)
                 failing = True
-                await asyncio.sleep(self._block_ms / 1000)
+            if failing:  # (a Redis that refuses at once must not make this spin)
+                await asyncio.sleep(period)
 
     async def _read(self) -> None:
         streams = {self._wake_key: self._wake_id}
-        streams.update({key: last for key, (last, _) in self._keys.items()})
+        for key, held in self._keys.items():
+            streams[key] = min(held.values(), key=_order)
         answer: Any = await self._client.xread(streams, block=self._block_ms)  # type: ignore[arg-type]
         for raw, entries in answer or ():
             key = raw.decode() if isinstance(raw, bytes) else raw
@@ -108,18 +161,42 @@ class Ear:
                 self._wake_id = entries[-1][0]
                 continue
             for entry_id, fields in entries:
-                held = self._keys.get(key)
-                if held is None:
-                    break  # dropped, by itself or by an earlier entry
-                listener = held[1]
-                self._keys[key] = (entry_id, listener)
-                if not listener.heard(key, entry_id, fields):
-                    self.drop(listener)
+                order = _order(entry_id)
+                for listener, last in list(self._keys.get(key, {}).items()):
+                    now = self._keys.get(key)
+                    if now is None or listener not in now or _order(last) >= order:
+                        continue  # dropped meanwhile, or it had this one already
+                    now[listener] = entry_id
+                    try:
+                        going = listener.heard(key, entry_id, fields)
+                    except Exception:
+                        # One stream's bug must not end the reading of every other one.
+                        logger.exception("resumable streams: a listener failed; dropped")
+                        going = False
+                    if not going:
+                        self.drop(listener)
 
     async def _upkeep(self) -> None:
-        listeners = {id(listener): listener for _, listener in self._keys.values()}
-        for listener in listeners.values():
-            if not await listener.tick():
+        """The store's upkeep, then every listener's, at once (each bounded by the
+        store): one slow tick must not hold up the others' leases."""
+        try:
+            await self._upkeep_store()
+        except (RedisError, OSError, TimeoutError) as exc:
+            logger.debug("resumable streams: upkeep failed (%r)", exc)
+        listeners = self._listeners()
+        results = await asyncio.gather(
+            *(listener.tick() for listener in listeners), return_exceptions=True
+        )
+        for listener, result in zip(listeners, results, strict=True):
+            if isinstance(result, asyncio.CancelledError):
+                raise result
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result
+                if not isinstance(result, RedisError | OSError | TimeoutError):
+                    # A listener's bug must not end the reading of every other one.
+                    logger.error("resumable streams: an upkeep failed", exc_info=result)
+            elif not result:
                 self.drop(listener)
 
 

@@ -7,37 +7,41 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Coroutine
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol, TypeVar
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 import tether
 from tether.resume import Channel, Follower, new_token
 
-from ._ear import Ear, Fields, text
+from ._ear import Ear, Fields, StoreUnreachable, text
 
 __all__ = ["Host", "Mirror", "end_error"]
 
 logger = logging.getLogger("tether.redis")
+
+T = TypeVar("T")
 
 _NO_CAP = 1 << 62
 """The cap of a stream whose owner did not publish one."""
 
 _CATCH_UP = 2.0
 """Seconds a reconnect whose Last-Event-ID is ahead of the log in Redis waits for the
-owner's writes to land before the id counts as unknown (a 404)."""
+owner's writes to land before the id counts as unknown (a 404). The wait holds no
+connection: the store's one reader follows the log meanwhile."""
+
+_UNREACHABLE = "the store of resumable streams cannot be reached; retry"
 
 
 class Host(Protocol):
     """What a mirror needs of its store (a ``RedisStore``)."""
 
-    client: Redis
     block_ms: int
     worker: str
     ear: Ear
-    writes: asyncio.Semaphore
+    epoch: str
+    settling: str
 
     def key(self, token: str, kind: str) -> str:
         """The Redis key of ``token``'s ``log``, ``ctl``, ``meta`` or ``lease``."""
@@ -47,13 +51,33 @@ class Host(Protocol):
         """Run ``job`` as a task the store owns."""
         ...
 
+    async def command(self, job: Callable[[Redis], Awaitable[T]], *, upkeep: bool = False) -> T:
+        """Run ``job`` on the client, bounded in time and concurrency."""
+        ...
+
+    def lost(self, pipe_results: list[Any]) -> bool:
+        """Whether the last two answers (``EXISTS settling, epoch``) say Redis lost its
+        state lately."""
+        ...
+
 
 class Mirror:
     """A reconnect on a worker that does not own the stream: a local channel fed from
     Redis, and the control messages that keep the owner informed. It is the keeper
     of that channel (no store holds it)."""
 
-    __slots__ = ("__weakref__", "_after", "_channel", "_closing", "_fid", "_store", "_token")
+    __slots__ = (
+        "__weakref__",
+        "_after",
+        "_announce",
+        "_caught_up",
+        "_channel",
+        "_closing",
+        "_fid",
+        "_seen",
+        "_store",
+        "_token",
+    )
 
     def __init__(self, store: Host, token: str, after: int) -> None:
         self._store = store
@@ -62,47 +86,62 @@ class Mirror:
         self._fid = new_token()
         self._channel: Channel | None = None
         self._closing = False
+        self._caught_up: asyncio.Future[None] | None = None
+        self._seen = 0.0  # when Redis last answered this mirror's upkeep
+        self._announce = False  # this client must tell the owner again that it is here
 
     def _key(self, kind: str) -> str:
         return self._store.key(self._token, kind)
 
     async def start(self) -> Follower | None:
+        """The follower of this reconnect, or ``None`` (no such stream, or no such
+        event); each step bounded by the store.
+
+        :raises StoreUnreachable: Redis cannot be reached or lost its state lately.
+        """
         store, after = self._store, self._after
-        client = store.client
-        meta: Any = await client.hgetall(self._key("meta"))
+        log = self._key("log")
+
+        async def read(client: Redis) -> list[Any]:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.hgetall(self._key("meta"))
+                pipe.xrange(log)
+                pipe.exists(store.settling)
+                pipe.exists(store.epoch)
+                results: list[Any] = await pipe.execute()
+                return results
+
+        results = await store.command(read)
+        meta, entries = results[0], results[1]
         if not meta:
+            if store.lost(results):
+                raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
             return None
         rid = meta[b"rid"].decode()
         # The owner's cap: the most events this client may lag by, and keep.
         max_events = int(meta.get(b"m") or _NO_CAP)
         max_bytes = int(meta.get(b"b") or 0) or None
-        log = self._key("log")
-        entries: Any = await client.xrange(log)
         events: list[Any] = []
         first = count = 0
         end: Fields | None = None
         last_id: Any = "0-0"
-        deadline = asyncio.get_running_loop().time() + _CATCH_UP
-        while True:
-            for entry_id, fields in entries:
-                last_id = entry_id
-                if b"end" in fields:
-                    end = fields
-                    continue
-                count = int(fields[b"n"])
-                first = first or count
-                events.append(json.loads(fields[b"d"]))
-            # The client saw events the owner sent before its writes reached Redis:
-            # wait (bounded) for the log to catch up rather than call the id unknown.
-            left = deadline - asyncio.get_running_loop().time()
-            if end is not None or after <= count or left <= 0:
-                break
-            more: Any = await client.xread({log: last_id}, block=max(1, int(left * 1000)))
-            if not more:
-                break
-            entries = more[0][1]
+        for entry_id, fields in entries:
+            last_id = entry_id
+            if b"end" in fields:
+                end = fields
+                continue
+            number = int(fields[b"n"])
+            if number <= count:
+                continue
+            if count and number != count + 1:  # (a log published again in between)
+                events, first = [], 0
+            count = number
+            first = first or count
+            events.append(json.loads(fields[b"d"]))
         first = first or count + 1
-        if (end is not None and end[b"end"] == b"aborted") or not first - 1 <= after <= count:
+        if end is not None and (end[b"end"] == b"aborted" or after > count):
+            return None
+        if after < first - 1:
             return None
         channel = Channel(
             self,
@@ -115,30 +154,73 @@ class Mirror:
         )
         channel.preload(events, first)
         self._channel = channel
-        follower = Follower(channel, after)
-        # (NOMKSTREAM: a control stream that is gone is an owner that is gone; one
-        # made here would have no expiry)
-        ctl_id: Any = await client.xadd(
-            self._key("ctl"), {"op": "attach", "w": store.worker, "f": self._fid}, nomkstream=True
-        )
-        if ctl_id is None:  # the owner forgot it since
-            return None
-        await client.set(self._key("lease"), self._fid, px=3 * store.block_ms)
-        channel.attach(follower)
         if end is not None:
             channel.end(end_error(rid, end))
+        elif after > count:
+            # The client saw events the owner sent before its writes reached Redis:
+            # wait (bounded, holding no connection) for the log to catch up rather
+            # than call the id unknown.
+            # (what its client saw must not count as unread: it is where it reads from)
+            channel.sent = count
+            self._caught_up = asyncio.get_running_loop().create_future()
+            store.ear.listen(self, {log: last_id})
+            try:
+                async with asyncio.timeout(_CATCH_UP):
+                    await self._caught_up
+            except TimeoutError:
+                pass
+            finally:
+                self._caught_up = None
+            if channel.count < after:
+                store.ear.drop(self)
+                return None
+        follower = Follower(channel, after)
+
+        async def attach(client: Redis) -> Any:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.set(self._key("lease"), self._fid, px=3 * store.block_ms)
+                # (NOMKSTREAM: a control stream that is gone is an owner that is gone;
+                # one made here would have no expiry)
+                pipe.xadd(
+                    self._key("ctl"),
+                    {"op": "attach", "w": store.worker, "f": self._fid},
+                    nomkstream=True,
+                )
+                _, ctl_id = await pipe.execute()
+                return ctl_id
+
+        try:
+            ctl_id = await store.command(attach)
+        except BaseException:
+            store.ear.drop(self)
+            raise
+        if ctl_id is None:  # the owner forgot it since
+            store.ear.drop(self)
+            return None
+        self._seen = asyncio.get_running_loop().time()
+        channel.attach(follower)
+        if channel.ended:
+            store.ear.drop(self)
         else:
-            await store.ear.listen(self, {log: last_id, self._key("ctl"): ctl_id})
+            store.ear.listen(self, {log: last_id, self._key("ctl"): ctl_id})
         return follower
 
     def heard(self, key: str, entry_id: Any, fields: Fields) -> bool:
         """Follow the log and the control stream until the stream ends or this client
         is replaced, stopped or gone."""
         channel = self._channel
-        if channel is None or channel.follower is None:
+        if channel is None:
+            return False
+        waiting = self._caught_up is not None
+        if channel.follower is None and not waiting:
             return False
         if key == self._key("log"):
-            return self._record(channel, fields)
+            going = self._record(channel, fields)
+            if waiting and (channel.count >= self._after or channel.ended):
+                caught_up = self._caught_up
+                if caught_up is not None and not caught_up.done():
+                    caught_up.set_result(None)
+            return going or waiting
         op = text(fields, b"op")
         if op == "cancel":
             channel.end(tether.Aborted(channel.rid, tether.AbortReason.CANCELLED))
@@ -149,18 +231,45 @@ class Mirror:
         return True
 
     async def tick(self) -> bool:
-        """Hold this client's lease; end if the owner is gone."""
+        """Hold this client's lease (again, if Redis lost it: the owner is told once
+        more); end if the owner is gone, or Redis has not answered for a lease period."""
         channel, store = self._channel, self._store
         if channel is None or channel.follower is None:
-            return False
-        async with store.writes, store.client.pipeline(transaction=False) as pipe:
-            pipe.set(self._key("lease"), self._fid, px=3 * store.block_ms)
-            pipe.exists(self._key("meta"))
-            _, alive = await pipe.execute()
-        if not alive:  # the owner is gone (its keys expired): nobody will write more
+            return self._caught_up is not None
+        loop = asyncio.get_running_loop()
+        lease_ms = 3 * store.block_ms
+
+        async def renew(client: Redis) -> list[Any]:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.set(self._key("lease"), self._fid, px=lease_ms, get=True)
+                pipe.exists(self._key("meta"))
+                pipe.exists(store.settling)
+                pipe.exists(store.epoch)
+                results: list[Any] = await pipe.execute()
+                return results
+
+        try:
+            results = await store.command(renew, upkeep=True)
+        except StoreUnreachable:
+            if loop.time() - self._seen > lease_ms / 1000:
+                channel.end(tether.Aborted(channel.rid, tether.AbortReason.SERVER, _UNREACHABLE))
+                return False
+            return True
+        self._seen = loop.time()
+        held, alive = results[0], results[1]
+        if not alive:
+            if store.lost(results):
+                return True  # Redis restarted empty: the owner publishes it again
+            # The owner is gone (its keys expired): nobody will write more.
             gone = "the worker that ran this request is gone"
             channel.end(tether.Aborted(channel.rid, tether.AbortReason.SERVER, gone))
             return False
+        if held is None or self._announce:
+            # The lease was lost (Redis restarted) or lapsed: the owner may have parked
+            # the stream; tell it this client is still here (again at the next tick if
+            # its control stream is not back yet).
+            fields = {"op": "attach", "w": store.worker, "f": self._fid}
+            self._announce = not await self._send(fields)
         return True
 
     def close(self) -> Coroutine[Any, Any, None] | None:
@@ -181,14 +290,19 @@ class Mirror:
             down = "the server is shutting down"
             channel.end(tether.Aborted(channel.rid, tether.AbortReason.SERVER, down))
         fields = {"op": "detach", "w": self._store.worker, "f": self._fid, "pos": str(follower.pos)}
-        return self._send(fields)
+        return self._tell(fields)
 
     def _record(self, channel: Channel, fields: Fields) -> bool:
         """One entry of the log; whether the stream goes on."""
+        if channel.ended:
+            return False
         if b"end" in fields:
             channel.end(end_error(channel.rid, fields))
             return False
-        if int(fields[b"n"]) != channel.count + 1:  # trimmed before it was read
+        number = int(fields[b"n"])
+        if number <= channel.count:  # the owner published its log again: had already
+            return True
+        if number != channel.count + 1:  # trimmed before it was read
             channel.end(tether.ConsumerTooSlow(channel.rid, channel.max_events))
             return False
         channel.append([json.loads(fields[b"d"])])
@@ -203,17 +317,25 @@ class Mirror:
             if not channel.ended:
                 channel.end(tether.ConsumerTooSlow(channel.rid, channel.max_events))
             return False
-        self._store.spawn(self._send({"op": "cancel", "w": self._store.worker}))
+        self._store.spawn(self._tell({"op": "cancel", "w": self._store.worker}))
         return True
 
-    async def _send(self, fields: dict[str, str]) -> None:
-        """Tell the owner (a task of its own: a Redis that fails is logged, not raised
-        into nobody's hands); nothing once the owner's control stream is gone."""
+    async def _tell(self, fields: dict[str, str]) -> None:
+        """:meth:`_send`, as a task of the store's."""
+        await self._send(fields)
+
+    async def _send(self, fields: dict[str, str]) -> bool:
+        """Tell the owner (a Redis that fails is logged, not raised into nobody's
+        hands); nothing once the owner's control stream is gone. Whether it was posted."""
+
+        async def post(client: Redis) -> Any:
+            return await client.xadd(self._key("ctl"), fields, nomkstream=True)  # type: ignore[arg-type]
+
         try:
-            async with self._store.writes:  # (the store's bound on writes in flight)
-                await self._store.client.xadd(self._key("ctl"), fields, nomkstream=True)  # type: ignore[arg-type]
-        except (RedisError, OSError) as exc:
+            return await self._store.command(post, upkeep=True) is not None
+        except StoreUnreachable as exc:
             logger.warning("resumable request: the owner could not be told (%s)", exc)
+            return False
 
     # -- Keeper ------------------------------------------------------------------------
 
@@ -237,7 +359,7 @@ class Mirror:
         if self._closing:  # (close() told the owner)
             return
         fields = {"op": "detach", "w": self._store.worker, "f": self._fid, "pos": str(follower.pos)}
-        self._store.spawn(self._send(fields))
+        self._store.spawn(self._tell(fields))
 
 
 def end_error(rid: str, end: Fields) -> tether.TetherError | None:

@@ -3,35 +3,46 @@ on any front worker.
 
 The worker that owns a request (its producer delivers there) keeps the stream's
 :class:`~tether.resume.Channel` in process, as :class:`~tether.resume.MemoryStore` does, and
-copies every event to a Redis stream ``<prefix><token>:log`` (``XADD`` with
-``MAXLEN``), ending it with an end entry. A reconnect on that same worker is served
-from process; on another worker, from a local mirror channel (``_mirror``) fed with
-the backlog (``XRANGE``) and then the live tail (``XREAD BLOCK``).
+copies every event to a Redis stream ``<prefix><token>:log`` (``XADD`` with the
+event's number as its id, bounded by ``MAXLEN`` and by bytes), ending it with an end
+entry. A reconnect on that same worker is served from process; on another worker,
+from a local mirror channel (``_mirror``) fed with the backlog (``XRANGE``) and then
+the live tail (``XREAD BLOCK``).
 
 The workers speak through a second stream, ``<prefix><token>:ctl``: a client that
 attaches (the newest wins: every other one ends), a client that leaves (the owner
 parks the request and starts its grace period), and Stop (the owner aborts at once;
 its store's one reader is blocked on that stream, so it hears it within a round
 trip). However many streams a worker holds, it reads them all with one blocked
-connection (``_ear``), and writes through a bounded number at a time. Only the
-owner aborts, so ``on_abort`` runs exactly once. A worker whose client is attached
-holds a lease (``<prefix><token>:lease``) that it renews while it reads; a worker that
-dies lets it lapse, and the owner parks the request then.
+connection (``_ear``). Only the owner aborts, so ``on_abort`` runs exactly once. A
+worker whose client is attached holds a lease (``<prefix><token>:lease``) that it
+renews while it reads; a lease that lapses, or that cannot be seen for as long, is a
+client gone, and the owner parks the request then.
 
-Every key expires: while the stream runs, the owner renews them; once it ended, they
-live for the grace period. A stream that was aborted is resumable nowhere.
+Redis is never trusted to be up, fast or to keep what it was told: every command goes
+through :meth:`RedisStore.command`, bounded in time (``timeout``) and in concurrency
+(``connections``, half for what requests wait on, half for the copies and upkeep), so
+a down, paused or saturated Redis costs a request at most ``timeout`` and a 503. An
+owner whose copy failed, or whose keys Redis lost (a restart with no persistence),
+publishes its stream again from process once Redis answers; a Redis that came back
+empty is marked ``settling`` for a few block periods, during which a stream it does
+not know is a 503 to retry, not a 404. Every key expires.
+
 Departures from the in-process store: a failure reaches a client on another worker
 as a 503 with the failure's public message (the exception itself stays with the
-owner), and a client on another worker that reads too slowly for ``MAXLEN`` ends with
-an error instead of making the owner abort.
+owner), and a client on another worker that reads too slowly for the log's bounds
+ends with an error instead of making the owner abort.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import logging
 import weakref
-from typing import Any, Final
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeVar
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -41,13 +52,14 @@ import tether.resume
 from tether.http import error_response
 from tether.resume import Channel, Follower, new_token
 
-from ._ear import Ear, Fields, text
+from ._ear import Ear, Fields, StoreUnreachable, text
 from ._mirror import Mirror
 
-__all__ = ["RedisStore"]
+__all__ = ["RedisStore", "StoreUnreachable"]
 
 logger = logging.getLogger("tether.redis")
 
+T = TypeVar("T")
 
 _DUMPS: Final = tether.SSE().dumps
 _CLOSE_TIMEOUT: Final = 2.0
@@ -55,80 +67,209 @@ _CLOSE_TIMEOUT: Final = 2.0
 _GONE_MS: Final = 1000
 """How long the keys of a stream that is resumable no more linger (for clients
 elsewhere to read its end entry)."""
-_WRITES: Final = 8
-"""How many writes to Redis a store has in flight at most (each holds a connection)."""
+_EPOCH_MS: Final = 86_400_000
+"""The life of the key that says Redis holds this prefix's state (renewed by every
+store's upkeep): its absence is a Redis that lost everything."""
+_CTL_MAXLEN: Final = 256
+"""Entries a control stream keeps (each a few bytes; the owner reads them at once)."""
 
 
 class RedisStore(tether.resume.MemoryStore):
     """Resumable streams recorded in Redis Streams as well as in this process.
 
     :param client: a ``redis.asyncio.Redis`` client that returns bytes (the default,
-        ``decode_responses=False``); the store does not close it.
+        ``decode_responses=False``), whose pool holds more than ``connections``
+        connections (one more is the store's blocked read); the store does not close it.
     :param prefix: the prefix of every key the store writes.
     :param block: seconds one ``XREAD BLOCK`` waits; also how often leases and
-        expiries are renewed.
-    :raises ValueError: a non-positive ``block``.
+        expiries are renewed and lost state is re-published.
+    :param timeout: the most seconds one command may take, waiting for its turn
+        included, before Redis counts as unreachable (a 503 for a reconnect or a Stop;
+        a new stream is served resumable here only until Redis answers again).
+    :param connections: the most commands in flight at once: half for those a request
+        waits on (open, reconnect, Stop), half for the copies and the upkeep.
+    :raises ValueError: a non-positive ``block`` or ``timeout``, fewer than 2
+        ``connections``, or a client pool too small for them.
     """
 
-    __slots__ = ("_mirrors", "_writers", "block_ms", "client", "ear", "prefix", "worker", "writes")
+    __slots__ = (
+        "_failed_at",
+        "_known",
+        "_mirrors",
+        "_writers",
+        "block_ms",
+        "client",
+        "ear",
+        "epoch",
+        "prefix",
+        "request_slots",
+        "settle_ms",
+        "settling",
+        "timeout",
+        "upkeep_slots",
+        "worker",
+    )
 
     def __init__(
-        self, client: Redis, *, prefix: str = "tether:resume:", block: float = 1.0
+        self,
+        client: Redis,
+        *,
+        prefix: str = "tether:resume:",
+        block: float = 1.0,
+        timeout: float = 1.0,
+        connections: int = 8,
     ) -> None:
         super().__init__()
         if not block > 0:
             raise ValueError(f"block must be a positive number of seconds, got {block}")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
+        if isinstance(connections, bool) or not isinstance(connections, int) or connections < 2:
+            raise ValueError(f"connections must be an integer of at least 2, got {connections!r}")
+        pool_size = getattr(client.connection_pool, "max_connections", None)
+        if isinstance(pool_size, int) and pool_size <= connections:
+            raise ValueError(
+                f"the client's pool holds {pool_size} connections: it needs more than "
+                f"connections={connections} (one more for the store's blocked read); "
+                "pass a larger max_connections to Redis() or a smaller connections"
+            )
         self.client = client
         self.prefix = prefix
         self.block_ms = max(1, int(block * 1000))
+        self.timeout = timeout
+        self.settle_ms = 3 * self.block_ms + int(timeout * 1000)
+        """How long a Redis that came back empty is ``settling``: every owner has
+        re-published its streams by then."""
         self.worker = new_token()
         """This store's id in control messages."""
+        self.epoch = f"{prefix}epoch"
+        self.settling = f"{prefix}settling"
+        self._known = False  # whether this store saw Redis hold the epoch
+        self._failed_at = -float("inf")  # when Redis last failed this store
         self._writers: dict[str, _Writer] = {}
         self._mirrors: weakref.WeakSet[Mirror] = weakref.WeakSet()
         """The clients here of streams owned elsewhere (ended when this store closes)."""
-        self.writes = asyncio.Semaphore(_WRITES)
-        """Bounds the writes in flight (each holds one of the client's connections)."""
-        self.ear = Ear(client, f"{prefix}{self.worker}:wake", self.block_ms, self.spawn)
+        self.request_slots = asyncio.Semaphore(connections // 2)
+        self.upkeep_slots = asyncio.Semaphore(connections - connections // 2)
+        self.ear = Ear(
+            client,
+            f"{prefix}{self.worker}:wake",
+            self.block_ms,
+            timeout,
+            self.spawn,
+            self._upkeep,
+            self.failed,
+        )
         """The one reader of every control stream and mirrored log of this worker."""
+        self.ear.poke = self._poke
 
     def key(self, token: str, kind: str) -> str:
         """The Redis key of ``token``'s ``log``, ``ctl``, ``meta`` or ``lease``."""
         return f"{self.prefix}{token}:{kind}"
 
+    async def command(
+        self, job: Callable[[Redis], Awaitable[T]], *, upkeep: bool = False, own: bool = False
+    ) -> T:
+        """Run ``job`` (one command or one pipeline) on the client, bounded: it waits
+        for one of the store's slots and completes within ``timeout`` seconds in all.
+
+        :param upkeep: take a slot of the copies' and upkeep's half, not the requests'.
+        :param own: take no slot: the store's reader runs it between two reads, on the
+            connection it holds anyway (so that copies in numbers cannot delay it).
+        :raises StoreUnreachable: it failed, or the bound passed (the command is
+            cancelled; redis-py drops the connection it was on).
+        """
+        slots = (
+            contextlib.nullcontext() if own else self.upkeep_slots if upkeep else self.request_slots
+        )
+        try:
+            async with asyncio.timeout(self.timeout), slots:
+                return await job(self.client)
+        except TimeoutError as exc:
+            self.failed()
+            raise StoreUnreachable(f"Redis did not answer within {self.timeout:g} s") from exc
+        except (RedisError, OSError) as exc:
+            self.failed()
+            if isinstance(exc, StoreUnreachable):
+                raise
+            raise StoreUnreachable(f"Redis cannot be reached: {exc!r}") from exc
+
+    def lost(self, pipe_results: list[Any]) -> bool:
+        """Whether Redis may lack streams that live: the answers to ``EXISTS settling,
+        EXISTS epoch`` (the last two of a pipeline) say it lost its state lately, or
+        this worker saw it fail lately (streams opened meanwhile are being published)."""
+        settling, epoch = pipe_results[-2:]
+        recent = asyncio.get_running_loop().time() - self._failed_at < self.settle_ms / 1000
+        return bool(settling) or not epoch or recent
+
+    def failed(self) -> None:
+        """Redis failed a command of this store (see :meth:`lost`)."""
+        self._failed_at = asyncio.get_running_loop().time()
+
+    async def _poke(self) -> None:
+        async def poke(client: Redis) -> None:
+            await client.xadd(self.ear_wake, {"w": "1"}, maxlen=16)
+
+        try:
+            await self.command(poke, upkeep=True)
+        except StoreUnreachable:
+            pass  # (the read will name the new keys after its block period anyway)
+
+    @property
+    def ear_wake(self) -> str:
+        return f"{self.prefix}{self.worker}:wake"
+
+    async def _upkeep(self) -> None:
+        """Once per block period: say that Redis holds this prefix's state; a Redis
+        that did not (it restarted empty) is marked ``settling`` while every owner
+        publishes its streams again."""
+
+        async def mark(client: Redis) -> bool:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.pexpire(self.epoch, _EPOCH_MS)
+                pipe.pexpire(self.ear_wake, 60_000)
+                held, _ = await pipe.execute()
+            if held:
+                self._known = True
+                return False
+            lost = self._known  # (no epoch at first is a new Redis)
+            # Settling before the epoch: a reader sees one or the other, never neither.
+            async with client.pipeline(transaction=True) as pipe:
+                if lost:
+                    pipe.set(self.settling, "1", px=self.settle_ms)
+                pipe.set(self.epoch, "1", nx=True, px=_EPOCH_MS)
+                await pipe.execute()
+            self._known = True
+            return lost
+
+        if await self.command(mark, own=True):
+            for writer in self._writers.values():
+                writer.republish()
+        if any(writer.failing for writer in self._writers.values()):
+            # Streams this worker could not publish (Redis was down or paused): until
+            # they are, a stream Redis does not know may be one of them (a 503, not 404).
+            async def settle(client: Redis) -> None:
+                await client.set(self.settling, "1", px=self.settle_ms)
+
+            await self.command(settle, own=True)
+
     # -- the owner's side ------------------------------------------------------------
 
     async def opened(self, follower: Follower) -> None:
         """Publish the token before its client sees it: a reconnect or a Stop on any
-        worker finds it from then on."""
+        worker finds it from then on. Waits at most ``timeout`` (a Redis that does not
+        answer leaves the stream resumable here only until it does)."""
         channel = self.channel(follower.token)
         if channel is None:
             return
-        meta = self.key(channel.token, "meta")
-        ctl = self.key(channel.token, "ctl")
+        writer = self._writer(channel)
+        if writer is None:
+            return
         try:
-            async with self.client.pipeline(transaction=False) as pipe:
-                pipe.hset(
-                    meta,
-                    mapping={
-                        "rid": channel.rid,
-                        "w": self.worker,
-                        "m": channel.max_events,
-                        "b": channel.max_bytes or 0,
-                    },
-                )
-                # The control stream exists from now on (others post to it only if it does).
-                pipe.xadd(ctl, {"op": "open", "w": self.worker})
-                for key in (meta, ctl):
-                    pipe.pexpire(key, _keep_ms(channel))
-                await pipe.execute()
-        except (RedisError, OSError) as exc:
-            # Redis is an extra reach, not a dependency of the stream: it goes on,
-            # resumable on this worker only (its writer stops at its first write).
-            logger.warning(
-                "resumable request %r: Redis is unreachable (%s); it resumes on this worker only",
-                channel.rid,
-                exc,
-            )
+            async with asyncio.timeout(self.timeout):
+                await writer.tried.wait()
+        except TimeoutError:
+            pass  # (the writer logged why, or will, and publishes once Redis answers)
 
     def _writer(self, channel: Channel) -> _Writer | None:
         """The writer of ``channel``, started at its first event (which may come while
@@ -161,8 +302,7 @@ class RedisStore(tether.resume.MemoryStore):
             writer.forgotten()
 
     def done(self, writer: _Writer, token: str) -> None:
-        """``writer`` is over: a later event of its channel may start another (but a
-        writer that failed stays, inert, until its channel is forgotten)."""
+        """``writer`` is over (its channel was forgotten)."""
         if self._writers.get(token) is writer:
             del self._writers[token]
 
@@ -172,16 +312,13 @@ class RedisStore(tether.resume.MemoryStore):
         """A new client of the stream of ``token``: from this process if it owns it,
         else from Redis.
 
-        :raises ConnectionError: Redis cannot be reached (the stream may exist: the
-            answer is a 503, not a 404).
+        :raises StoreUnreachable: Redis cannot be reached, or lost its state lately
+            (the stream may exist: the answer is a 503, not a 404).
         """
         if self.channel(token) is not None or not _plain(token):
             return await super().follow(token, after)
         mirror = Mirror(self, token, after)
-        try:
-            follower = await mirror.start()
-        except (RedisError, OSError) as exc:
-            raise ConnectionError(f"Redis cannot be reached: {exc}") from exc
+        follower = await mirror.start()
         if follower is not None:
             self._mirrors.add(mirror)
         return follower
@@ -202,22 +339,29 @@ class RedisStore(tether.resume.MemoryStore):
     async def cancel(self, token: str) -> bool:
         """Stop the stream of ``token``, here or on the worker that owns it.
 
-        :raises ConnectionError: Redis cannot be reached.
+        :raises StoreUnreachable: Redis cannot be reached, or lost its state lately.
         """
         if self.channel(token) is not None or not _plain(token):
             return await super().cancel(token)
-        try:
-            if not await self.client.exists(self.key(token, "meta")):
-                return False
-            ctl = self.key(token, "ctl")  # (NOMKSTREAM: never one with no expiry)
-            posted: Any = await self.client.xadd(
-                ctl, {"op": "cancel", "w": self.worker}, nomkstream=True
-            )
-            if posted is None:  # the owner forgot it since
-                return False
-        except (RedisError, OSError) as exc:
-            raise ConnectionError(f"Redis cannot be reached: {exc}") from exc
-        return True
+
+        async def post(client: Redis) -> list[Any]:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.exists(self.key(token, "meta"))
+                # (NOMKSTREAM: never a control stream with no expiry)
+                pipe.xadd(
+                    self.key(token, "ctl"), {"op": "cancel", "w": self.worker}, nomkstream=True
+                )
+                pipe.exists(self.settling)
+                pipe.exists(self.epoch)
+                results: list[Any] = await pipe.execute()
+                return results
+
+        results = await self.command(post)
+        if not results[0]:
+            if self.lost(results):
+                raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
+            return False
+        return results[1] is not None  # (None: the owner forgot it since)
 
 
 def _keep_ms(channel: Channel) -> int:
@@ -232,47 +376,64 @@ def _plain(token: str) -> bool:
 
 
 class _Writer:
-    """The owner's copy of one channel to Redis, and its watch over the control stream."""
+    """The owner's copy of one channel to Redis, and its watch over the control stream.
+
+    All of one stream's Redis work runs in its task, one command at a time, so that its
+    entries land in order. A copy that fails, or keys that Redis lost, make the writer
+    *dirty*: it publishes the whole channel again (what this process holds) once Redis
+    answers, and goes on from there.
+    """
 
     __slots__ = (
         "_channel",
         "_ended",
         "_forgotten",
         "_keys",
+        "_lease_seen",
         "_outbox",
         "_remote",
+        "_sizes",
         "_store",
         "_wake",
-        "failed",
+        "dirty",
+        "failing",
         "task",
+        "tried",
     )
 
     def __init__(self, store: RedisStore, channel: Channel) -> None:
         self._store = store
         self._channel = channel
         self._keys = tuple(store.key(channel.token, kind) for kind in ("log", "ctl", "meta"))
-        self._outbox: list[dict[str, str]] = []
+        self._outbox: list[tuple[str, dict[str, str]]] = []
         self._wake = asyncio.Event()
         self._ended = False
         self._forgotten = False
+        self.failing = False
+        """Its last try failed: Redis lacks this stream (or may) until the next works."""
         self._remote: str | None = None  # the client attached on another worker, if any
-        self.failed = False
-        """Redis failed it: the channel stays resumable here only, and this writer
-        stays in its store's table (inert) so that no later event starts another."""
+        self._lease_seen = 0.0
+        self._sizes: collections.deque[tuple[int, int]] = collections.deque()
+        """The number and size in bytes of each event the log in Redis holds."""
+        self.dirty = True
+        """Redis may lack what this writer wrote (never published yet, a write failed,
+        or Redis lost it): the whole channel is published again at the next try."""
+        self.tried = asyncio.Event()
+        """Set once the first publication was tried (whatever came of it)."""
         self.task: asyncio.Task[None] | None = None
 
+    def _log_entry(self, n: int, output: Any) -> tuple[str, dict[str, str]]:
+        return f"{n}-0", {"n": str(n), "d": _DUMPS(output).decode()}
+
     def put(self, outputs: list[Any]) -> None:
-        if self.failed:
-            return
+        if self.dirty:
+            return  # (the next publication copies them from the channel)
         first = self._channel.count - len(outputs) + 1
-        self._outbox.extend(
-            {"n": str(n), "d": _DUMPS(output).decode()} for n, output in enumerate(outputs, first)
-        )
+        self._outbox.extend(self._log_entry(n, output) for n, output in enumerate(outputs, first))
         self._wake.set()
 
-    def end(self, error: tether.TetherError | None) -> None:
-        if self.failed:
-            return
+    def _end_entry(self) -> tuple[str, dict[str, str]]:
+        error = self._channel.error
         if error is None:
             entry = {"end": "ok"}
         elif isinstance(error, tether.Aborted):
@@ -280,81 +441,196 @@ class _Writer:
         else:
             body = error_response(error).body  # what a client may see of it
             entry = {"end": "failed", "m": str(body["error"]["message"])}
-        self._outbox.append(entry)
+        return f"{self._channel.count}-1", entry
+
+    def end(self, error: tether.TetherError | None) -> None:
         self._ended = True
+        if not self.dirty:
+            self._outbox.append(self._end_entry())
         self._wake.set()
 
     def attach_here(self) -> None:
-        if self.failed:
-            return
-        self._outbox.append({"ctl": "attach"})
-        self._wake.set()
+        if not self.dirty:
+            self._outbox.append(("ctl", {"op": "attach", "w": self._store.worker}))
+            self._wake.set()
 
     def forgotten(self) -> None:
         self._forgotten = True
         self._wake.set()
-        if self.failed:  # (its task is over: nothing else takes it out of the table)
-            self._store.done(self, self._channel.token)
+
+    def republish(self) -> None:
+        """Redis lost this stream's keys: publish it again."""
+        self.dirty = True
+        self._outbox = []
+        self._wake.set()
 
     async def run(self) -> None:
-        """Copy the events as they come, until the end entry is written; then keep the
-        keys for the grace period (or drop them, aborted); listen to the control stream.
-        If Redis fails, the stream goes on resumable in this process only."""
+        """Copy the events as they come and keep the keys alive; publish everything
+        again whenever Redis may have lost some; once the channel is forgotten, let
+        the keys go (soon, for clients elsewhere to read the end)."""
         store, channel = self._store, self._channel
-        keys = self._keys
+        store.ear.listen(self, {self._keys[1]: "0-0"})
         try:
-            await store.ear.listen(self, {keys[1]: "0-0"})
-            while True:
-                await self._flush(keys)
-                if self._outbox:
-                    continue  # (more came during that flush: the end entry, say)
-                if self._ended:
-                    break
-                self._wake.clear()
-                await self._wake.wait()
-            await self._expire(keys, _GONE_MS if self._forgotten else int(channel.grace * 1000))
             while not self._forgotten:
-                self._wake.clear()
-                await self._wake.wait()
-            await self._expire(keys, _GONE_MS)
-            await store.client.delete(keys[2])  # resumable nowhere from now on
-        except (RedisError, OSError) as exc:
-            self.failed = True
-            self._outbox = []
-            logger.error(
-                "resumable request %r: writing to Redis failed (%s); it resumes on this "
-                "worker only from now on",
-                channel.rid,
-                exc,
-            )
+                if self.dirty or self._outbox:
+                    await self._try(self._publish if self.dirty else self._flush)
+                    self.tried.set()
+                if self._forgotten or (self._outbox and not self.dirty):
+                    continue
+                await self._sleep()  # (an event, the end; a retry period while dirty)
+            # Let the keys go; retried at each tick while Redis fails, until they would
+            # have expired by themselves anyway.
+            deadline = asyncio.get_running_loop().time() + _keep_ms(channel) / 1000
+            while not await self._try(self._goodbye):
+                if asyncio.get_running_loop().time() > deadline:
+                    break
+                await self._sleep()
         finally:
-            if not self.failed or self._forgotten:
-                store.done(self, channel.token)
+            store.done(self, channel.token)
             store.ear.drop(self)
 
-    async def _expire(self, keys: tuple[str, ...], ms: int) -> None:
-        async with self._store.writes, self._store.client.pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.pexpire(key, ms)
-            await pipe.execute()
+    async def _sleep(self) -> None:
+        """Wait for something to copy; while Redis fails, for one block period at most
+        (the retry does not depend on anything else running)."""
+        self._wake.clear()
+        if not self.dirty and not self._forgotten:
+            await self._wake.wait()
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._store.block_ms / 1000):
+                await self._wake.wait()
 
-    async def _flush(self, keys: tuple[str, ...]) -> None:
+    async def _try(self, step: Callable[[Redis], Awaitable[None]]) -> bool:
+        """Run one step against Redis; whether it went through (a failure makes the
+        writer dirty and is logged once per outage)."""
+        try:
+            await self._store.command(step, upkeep=True)
+        except StoreUnreachable as exc:
+            self.dirty = True
+            self._outbox = []
+            if not self.failing:
+                logger.error(
+                    "resumable request %r: writing to Redis failed (%s); it resumes on "
+                    "this worker only until Redis answers again",
+                    self._channel.rid,
+                    exc,
+                )
+            self.failing = True
+            return False
+        if self.failing:
+            logger.warning("resumable request %r: Redis holds it again", self._channel.rid)
+        self.failing = False
+        return True
+
+    def _keep(self) -> int:
+        channel = self._channel
+        if not channel.ended:
+            return _keep_ms(channel)
+        # The owner holds an ended stream until a grace period after its last client
+        # left, however long that client stayed: so do the keys.
+        return int(channel.grace * 1000) + 2 * self._store.block_ms
+
+    async def _publish(self, client: Redis) -> None:
+        """Publish the whole channel (as this process holds it): first its meta and
+        control stream (a few bytes: a reconnect or a Stop finds it at once, and the
+        retry that follows a timeout costs little), then the log in one transaction,
+        so that a reader never sees half of it (one that came in between waits for it,
+        as for any log that lags the owner)."""
+        store, channel = self._store, self._channel
+        log, ctl, meta = self._keys
+        self._outbox = []
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.hset(
+                meta,
+                mapping={
+                    "rid": channel.rid,
+                    "w": store.worker,
+                    "m": channel.max_events,
+                    "b": channel.max_bytes or 0,
+                },
+            )
+            # The control stream exists from now on (others post to it only if it does).
+            pipe.xadd(ctl, {"op": "open", "w": store.worker}, maxlen=_CTL_MAXLEN)
+            if channel.follower is not None:  # (clients elsewhere end: this one is newer)
+                pipe.xadd(ctl, {"op": "attach", "w": store.worker}, maxlen=_CTL_MAXLEN)
+            self._expire(pipe, self._keep())
+            await pipe.execute()
+        # The log as it stands now, end included or not (no await until it is queued).
+        upto, ended = channel.count, channel.ended
+        entries = [
+            self._log_entry(n, output) for n, output in enumerate(channel.events, channel.first)
+        ]
+        self._sizes.clear()
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.delete(log)
+            self._add(pipe, entries)
+            if ended:
+                entry_id, fields = self._end_entry()
+                pipe.xadd(log, fields, id=entry_id)  # type: ignore[arg-type]
+            pipe.pexpire(log, self._keep())
+            await pipe.execute()
+        self.dirty = False
+        # What came while that transaction was in flight (put() ignored it: dirty).
+        for n in range(max(upto + 1, channel.first), channel.count + 1):
+            self._outbox.append(self._log_entry(n, channel.events[n - channel.first]))
+        if channel.ended and not ended:
+            self._outbox.append(self._end_entry())
+
+    def _add(self, pipe: Any, entries: list[tuple[str, dict[str, str]]]) -> None:
+        """Queue ``entries`` of the log on ``pipe``, trimmed to the channel's bounds:
+        ``max_events`` and, in bytes, ``max_bytes`` (what the in-process log keeps)."""
+        channel = self._channel
+        log = self._keys[0]
+        sizes = self._sizes
+        for entry_id, fields in entries:
+            pipe.xadd(log, fields, id=entry_id, maxlen=channel.max_events + 1, approximate=False)
+            sizes.append((int(fields["n"]), len(fields["d"])))
+        while len(sizes) > channel.max_events:
+            sizes.popleft()
+        budget = channel.max_bytes
+        if budget is not None and sizes:
+            total = sum(size for _, size in sizes)
+            trimmed = False
+            while total > budget and len(sizes) > 1:
+                total -= sizes.popleft()[1]
+                trimmed = True
+            if trimmed:
+                pipe.xtrim(log, minid=f"{sizes[0][0]}-0", approximate=False)
+
+    def _expire(self, pipe: Any, ms: int) -> None:
+        for key in self._keys:
+            pipe.pexpire(key, ms)
+
+    async def _flush(self, client: Redis) -> None:
         outbox, self._outbox = self._outbox, []
         if not outbox:
             return
-        store = self._store
-        maxlen = self._channel.max_events + 1  # (and the end entry)
-        async with store.writes, store.client.pipeline(transaction=False) as pipe:
-            for entry in outbox:
-                if "ctl" in entry:
-                    pipe.xadd(keys[1], {"op": "attach", "w": store.worker})
+        log, ctl, _ = self._keys
+        async with client.pipeline(transaction=False) as pipe:
+            events: list[tuple[str, dict[str, str]]] = []
+            for entry_id, fields in outbox:
+                if entry_id == "ctl":
+                    pipe.xadd(ctl, fields, maxlen=_CTL_MAXLEN)  # type: ignore[arg-type]
+                elif "end" in fields:
+                    self._add(pipe, events)
+                    events = []
+                    pipe.xadd(log, fields, id=entry_id)  # type: ignore[arg-type]
                 else:
-                    pipe.xadd(keys[0], entry, maxlen=maxlen, approximate=False)  # type: ignore[arg-type]
+                    events.append((entry_id, fields))
+            self._add(pipe, events)
             # A key that XADD just made has no expiry: set it in the same round trip, so
             # that an owner killed before its first upkeep leaves nothing for ever.
-            keep = _keep_ms(self._channel)
-            for key in keys[:2]:
-                pipe.pexpire(key, keep)
+            self._expire(pipe, self._keep())
+            await pipe.execute()
+
+    async def _goodbye(self, client: Redis) -> None:
+        """The stream is resumable no more: what is left to copy (its end entry, for
+        clients elsewhere), then its keys go soon, its meta at once."""
+        if not self.dirty:
+            await self._flush(client)
+        async with client.pipeline(transaction=False) as pipe:
+            self._expire(pipe, _GONE_MS)
+            pipe.delete(self._keys[2])  # resumable nowhere from now on
             await pipe.execute()
 
     def heard(self, key: str, entry_id: Any, fields: Fields) -> bool:
@@ -367,6 +643,7 @@ class _Writer:
             pass
         elif op == "attach":
             self._remote = text(fields, b"f")
+            self._lease_seen = asyncio.get_running_loop().time()
             channel.attach_remote()
         elif op == "detach" and self._remote is not None and text(fields, b"f") == self._remote:
             self._remote = None
@@ -374,19 +651,37 @@ class _Writer:
         return True
 
     async def tick(self) -> bool:
-        """A client elsewhere whose lease lapsed is gone; a stream's keys live on while
-        the owner holds it."""
+        """Renew the keys (and notice that Redis lost them: publish again); a client
+        elsewhere whose lease lapsed, or could not be seen for as long, is gone."""
         store, channel = self._store, self._channel
+        if self._forgotten or self.dirty:
+            self._wake.set()  # (the task retries its goodbye or its publication)
+            if self._forgotten:
+                return True
         lease = store.key(channel.token, "lease")
-        if self._remote is not None and not await store.client.exists(lease):
-            self._remote = None  # the worker of that client is gone
-            channel.detach_remote(channel.sent)
-        if not channel.ended:
-            await self._expire(self._keys, _keep_ms(channel))
-        elif not self._forgotten:
-            # The owner holds an ended stream until a grace period after its last client
-            # left, however long that client stayed: so do the keys.
-            await self._expire(self._keys, int(channel.grace * 1000) + 2 * store.block_ms)
+        remote = self._remote
+        loop = asyncio.get_running_loop()
+
+        async def renew(client: Redis) -> list[Any]:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.exists(lease)
+                self._expire(pipe, self._keep())
+                results: list[Any] = await pipe.execute()
+                return results
+
+        try:
+            results = await store.command(renew, upkeep=True)
+        except StoreUnreachable:
+            results = None
+        if results is not None and not self.dirty and not results[3]:
+            logger.warning("resumable request %r: Redis lost it; published again", channel.rid)
+            self.republish()  # (its meta is gone: Redis restarted empty, or evicted it)
+        if remote is not None and remote == self._remote:
+            if results is not None and results[0]:
+                self._lease_seen = loop.time()
+            elif results is not None or loop.time() - self._lease_seen > 3 * store.block_ms / 1000:
+                self._remote = None  # the worker of that client is gone, or cannot say
+                channel.detach_remote(channel.sent)
         return True
 
     def _stop(self) -> None:

@@ -48,6 +48,7 @@ class Front:
         self.registry = tether.Registry(self.on_abort)
         self.resume = tether.resume.Resume(grace=grace, max_events=max_events, store=store)
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.tags: dict[str, str] = {}  # the client's tag of each rid (``?tag=``)
 
     def on_abort(self, rid: str) -> None:
         self.aborts[rid] += 1
@@ -59,15 +60,19 @@ class Front:
         stream = self.registry.open()
         self.opened.append(stream.rid)
         count, every = int(query.get("n", "10")), float(query.get("every", "0.01"))
-        task = asyncio.create_task(self.produce(stream.rid, count, every))
+        tag = query.get("tag")
+        if tag is not None:
+            self.tags[stream.rid] = tag
+        task = asyncio.create_task(self.produce(stream.rid, count, every, tag))
         self.tasks[stream.rid] = task
         task.add_done_callback(lambda _: self.tasks.pop(stream.rid, None))
         return stream
 
-    async def produce(self, rid: str, count: int, every: float) -> None:
+    async def produce(self, rid: str, count: int, every: float, tag: str | None) -> None:
         for n in range(count):
             await asyncio.sleep(every)
-            self.registry.deliver(rid, {"n": n}, finished=n == count - 1)
+            output = {"n": n} if tag is None else {"n": n, "tag": tag}
+            self.registry.deliver(rid, output, finished=n == count - 1)
 
     def books(self) -> dict[str, Any]:
         return {
@@ -75,6 +80,7 @@ class Front:
             "in_flight": self.registry.in_flight,
             "opened": self.opened,
             "resumable": len(self.resume.store),  # type: ignore[arg-type]
+            "tags": self.tags,
         }
 
     async def close(self) -> None:
@@ -96,7 +102,11 @@ def starlette_app(front: Front) -> Starlette:
 
     async def stop(request: Request) -> Response:
         token = request.headers.get(TOKEN_HEADER, "")
-        return Response(status_code=204 if await front.resume.cancel(token) else 404)
+        try:
+            stopped = await front.resume.cancel(token)
+        except ConnectionError:
+            return Response(status_code=503, headers={"retry-after": "1"})
+        return Response(status_code=204 if stopped else 404)
 
     async def books(request: Request) -> Response:
         return JSONResponse(front.books())
@@ -119,7 +129,11 @@ def aiohttp_app(front: Front) -> web.Application:
 
     async def stop(request: web.Request) -> web.StreamResponse:
         token = request.headers.get(TOKEN_HEADER, "")
-        return web.Response(status=204 if await front.resume.cancel(token) else 404)
+        try:
+            stopped = await front.resume.cancel(token)
+        except ConnectionError:
+            return web.Response(status=503, headers={"retry-after": "1"})
+        return web.Response(status=204 if stopped else 404)
 
     async def books(request: web.Request) -> web.StreamResponse:
         return web.json_response(front.books())
@@ -134,7 +148,8 @@ def aiohttp_app(front: Front) -> web.Application:
 
 async def main(options: argparse.Namespace) -> None:
     client = Redis.from_url(options.redis)
-    front = Front(RedisStore(client, block=0.2), options.grace, options.max_events)
+    store = RedisStore(client, block=0.2, timeout=options.timeout)
+    front = Front(store, options.grace, options.max_events)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     stdin = asyncio.StreamReader()
@@ -171,4 +186,5 @@ if __name__ == "__main__":
     parser.add_argument("--redis", required=True)
     parser.add_argument("--grace", type=float, default=30.0)
     parser.add_argument("--max-events", type=int, default=1000)
+    parser.add_argument("--timeout", type=float, default=5.0)  # (a loaded test machine)
     asyncio.run(main(parser.parse_args()))

@@ -5,20 +5,17 @@ and the newest-client rule hold across them; only the owner aborts, once."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import pathlib
-import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import pytest
 
-from tests._support.processes import stop
 from tether.resume import TOKEN_HEADER
 
-from .conftest import BOUND, Reader, client, connect
+from .conftest import Reader, client, connect
+from .fronts import books, front, until
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -26,55 +23,9 @@ pytestmark = pytest.mark.timeout(90)
 
 
 @contextlib.asynccontextmanager
-async def front(adapter: str, redis: str, *options: str) -> AsyncIterator[str]:
-    """A front worker process (``redis_front``); its base URL. Stopped by closing its
-    standard input; its output is shown if it fails to start."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-u", "-m", "tests.resume.redis_front",
-        "--adapter", adapter, "--redis", redis, *options,
-        cwd=ROOT,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    assert process.stdout is not None
-    assert process.stdin is not None
-    seen: list[str] = []
-    try:
-        async with asyncio.timeout(30):
-            async for raw in process.stdout:
-                line = raw.decode().rstrip()
-                seen.append(line)
-                if "listening on " in line:
-                    break
-        assert seen, "the front printed nothing"
-        assert "listening on " in seen[-1], "\n".join(seen)
-        yield seen[-1].rsplit("listening on ", 1)[1]
-    finally:
-        process.stdin.close()
-        await stop(process, None, grace=BOUND)
-
-
-@contextlib.asynccontextmanager
 async def two_fronts(redis: str, *options: str) -> AsyncIterator[tuple[str, str]]:
     async with front("starlette", redis, *options) as a, front("aiohttp", redis, *options) as b:
         yield a, b
-
-
-async def books(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
-    async with session.get(f"{url}/books") as response:
-        result: dict[str, Any] = await response.json()
-        return result
-
-
-async def until(session: aiohttp.ClientSession, url: str, check: Any) -> dict[str, Any]:
-    """Poll a front's books (bounded) until ``check(books)`` holds; the books."""
-    async with asyncio.timeout(BOUND):
-        while True:
-            found = await books(session, url)
-            if check(found):
-                return found
-            await asyncio.sleep(0.02)
 
 
 async def test_a_client_that_drops_on_one_worker_continues_on_another(redis_url: str) -> None:

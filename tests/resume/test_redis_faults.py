@@ -1,0 +1,315 @@
+"""RedisStore against a Redis that fails: paused (SIGSTOP), restarted empty, capped
+with ``maxclients``, flooded. Two stores in one process stand for two workers sharing
+one ``redis-server`` that the test starts on a free loopback port. Every command is
+bounded, no failure is permanent while Redis can come back, and one request's Redis
+work never starves another's."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from tether_redis import RedisStore
+
+import tether
+import tether.resume
+from tether.resume import Follower, ResumePoint, resume_point
+
+from .conftest import eventually
+from .redis_process import RedisProcess, redis_process
+
+pytestmark = pytest.mark.timeout(60)
+
+BLOCK = 0.1
+"""The stores' block period: leases, upkeep and re-publication run this often."""
+
+
+def _point(token: str, last: int) -> ResumePoint:
+    point = resume_point(f"{token}.{last}", None)
+    assert point is not None
+    return point
+
+
+async def _drain(follower: Follower) -> list[Any]:
+    """Every output the follower hands out until its stream ends."""
+    seen: list[Any] = []
+    while (items := await follower.next_ready()) is not None:
+        seen += [output for _, output in items]
+    return seen
+
+
+async def _reach(other: tether.resume.Resume, token: str, last: int) -> Follower:
+    """A client on ``other``'s worker that read up to event ``last``, retried while
+    the owner's copy is not in Redis yet (a 404) or Redis cannot say (a 503)."""
+    while True:
+        try:
+            follower = await other.follow(_point(token, last))
+        except ConnectionError:
+            follower = None
+        if follower is not None:
+            return follower
+        await asyncio.sleep(0.02)
+
+
+async def _first_read(
+    registry: tether.Registry, owner: tether.resume.Resume, *, leave: bool = False
+) -> tuple[tether.Stream, Follower]:
+    """A resumable stream on ``owner``'s worker whose client read its first output
+    (and left, with ``leave``)."""
+    stream = registry.open()
+    first = await owner.open(stream)
+    registry.deliver(stream.rid, 0)
+    assert [output for _, output in await first.next_ready() or ()] == [0]
+    if leave:
+        await first.aclose()
+    return stream, first
+
+
+@contextlib.asynccontextmanager
+async def _workers(
+    url: str, *, grace: float = 30.0, **options: Any
+) -> AsyncIterator[
+    tuple[tether.Registry, collections.Counter[str], tether.resume.Resume, tether.resume.Resume]
+]:
+    """The owner's registry and its ``on_abort`` books, the owner's and another
+    worker's resumption (each its own client); both closed after."""
+    aborts: collections.Counter[str] = collections.Counter()
+    registry = tether.Registry(lambda rid: aborts.update([rid]))
+    clients = [Redis.from_url(url), Redis.from_url(url)]
+    owner, other = (
+        tether.resume.Resume(grace=grace, store=RedisStore(client, block=BLOCK), **options)
+        for client in clients
+    )
+    try:
+        yield registry, aborts, owner, other
+    finally:
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
+        for client in clients:
+            await client.aclose()
+
+
+async def test_a_burst_of_opens_beyond_redis_maxclients_is_resumable_everywhere() -> None:
+    # The client as the docs build it (a pool of 100); Redis takes 32 clients: the
+    # store's writes must stay within its own bound, and an open that could not be
+    # published at once must be published once Redis can take it.
+    async with (
+        redis_process(maxclients=32) as redis,
+        _workers(redis.url) as (registry, aborts, owner, other),
+        asyncio.timeout(30),
+    ):
+        streams = [registry.open() for _ in range(120)]
+        firsts = await asyncio.gather(*(owner.open(stream) for stream in streams))
+        for stream in streams:
+            registry.deliver(stream.rid, 0)
+        for first in firsts:
+            assert [output for _, output in await first.next_ready() or ()] == [0]
+            await first.aclose()  # parked
+        mirrors = [await _reach(other, first.token, 1) for first in firsts]
+        for stream in streams:
+            registry.deliver(stream.rid, 1, finished=True)
+        for mirror in mirrors:
+            assert await _drain(mirror) == [1]
+            await mirror.aclose()
+    assert registry.in_flight == 0
+    assert aborts == {}
+
+
+async def test_reconnects_waiting_for_future_events_hold_no_connection_from_other_streams(
+    redis_proc: RedisProcess,
+) -> None:
+    # 150 reconnects naming an event the log will not hold for a while each wait (up
+    # to 2 s) on the worker that serves them; a stream that worker owns meanwhile must
+    # still be copied, and resumable on the first worker.
+    async with _workers(redis_proc.url) as (registry, aborts, owner, other), asyncio.timeout(30):
+        _, first = await _first_read(registry, owner)
+        waits = [asyncio.create_task(other.follow(_point(first.token, 1000))) for _ in range(150)]
+        victim = registry.open()
+        own = await other.open(victim)
+        for n in range(5):
+            registry.deliver(victim.rid, n)
+        registry.deliver(victim.rid, 5, finished=True)
+        assert len(await _drain(own)) == 6
+        elsewhere = await _reach(owner, own.token, 6)  # the end came through: the copy did
+        assert await elsewhere.next_ready() is None
+        started = time.monotonic()
+        assert await asyncio.gather(*waits) == [None] * 150  # past every event: 404
+        assert time.monotonic() - started < 5
+        await elsewhere.aclose()
+        await first.aclose()
+    assert aborts.total() == 1  # the target, parked, aborted when the registry closed
+
+
+async def test_two_reconnects_racing_on_one_worker_leave_the_tail_to_the_newer(
+    redis_proc: RedisProcess,
+) -> None:
+    async with _workers(redis_proc.url) as (registry, aborts, owner, other), asyncio.timeout(20):
+        stream, first = await _first_read(registry, owner, leave=True)
+        await _reach(other, first.token, 1)  # (the copy is there)
+        for round_ in range(5):
+            a, b = await asyncio.gather(
+                other.follow(_point(first.token, 1)), other.follow(_point(first.token, 1))
+            )
+            assert a is not None
+            assert b is not None
+            registry.deliver(stream.rid, f"tail{round_}")
+            tail = [f"tail{r}" for r in range(round_ + 1)]
+            results = await asyncio.gather(_drain_until(a, tail[-1]), _drain_until(b, tail[-1]))
+            # One of them is the client now and gets the tail; the other ended quietly.
+            assert ["replaced: client_disconnected"] in results, results
+            assert tail in results, results
+            await a.aclose()
+            await b.aclose()
+        registry.deliver(stream.rid, "end", finished=True)
+        last = await _reach(other, first.token, 1)
+        assert await _drain(last) == [*(f"tail{r}" for r in range(5)), "end"]
+    assert registry.in_flight == 0
+    assert aborts == {}
+
+
+async def _drain_until(follower: Follower, last: str) -> list[Any]:
+    """What a client reads up to ``last``, or ``["replaced"]`` when a newer client
+    took the stream over."""
+    seen: list[Any] = []
+    try:
+        while (items := await follower.next_ready()) is not None:
+            seen += [output for _, output in items]
+            if seen and seen[-1] == last:
+                return seen
+    except tether.Aborted as exc:
+        return [f"replaced: {exc.reason.value}"]
+    return seen
+
+
+async def test_a_client_elsewhere_that_leaves_across_a_redis_restart_lets_the_owner_expire_it(
+    redis_proc: RedisProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with (
+        _workers(redis_proc.url, grace=0.5) as (registry, aborts, owner, other),
+        asyncio.timeout(30),
+    ):
+        stream, first = await _first_read(registry, owner)
+        mirror = await _reach(other, first.token, 1)
+        with pytest.raises(tether.Aborted):  # the owner heard of the client elsewhere
+            await first.next_ready()
+        await redis_proc.kill()
+        registry.deliver(stream.rid, 1)  # its copy fails: Redis is down
+        await eventually(lambda: "writing to Redis failed" in caplog.text)
+        await redis_proc.start()  # empty
+        await mirror.aclose()  # the client leaves; its worker may not be able to say so
+        # The owner parks it (the lease of that client is gone) and aborts it once its
+        # grace period passed: nobody can reach it any more.
+        await eventually(lambda: registry.in_flight == 0)
+    assert aborts == {stream.rid: 1}
+
+
+async def test_a_paused_redis_costs_a_request_its_timeout_and_a_503(
+    redis_proc: RedisProcess,
+) -> None:
+    async with _workers(redis_proc.url) as (registry, aborts, owner, other), asyncio.timeout(30):
+        _, first = await _first_read(registry, owner)
+        await (await _reach(other, first.token, 1)).aclose()  # (it is in Redis)
+        redis_proc.pause()
+        try:
+            started = time.monotonic()
+            async with asyncio.timeout(5):
+                answer = await other.reconnect({"last-event-id": f"{first.token}.1"}, {})
+            assert isinstance(answer, tether.http.ErrorResponse)
+            assert answer.status == 503
+            assert answer.headers == {"retry-after": "1"}
+            with pytest.raises(ConnectionError):
+                async with asyncio.timeout(5):
+                    await other.cancel(first.token)
+            # A new resumable stream is served, resumable here until Redis answers.
+            later = registry.open()
+            async with asyncio.timeout(5):
+                second = await owner.open(later)
+            registry.deliver(later.rid, "x", finished=True)
+            assert [output for _, output in await second.next_ready() or ()] == ["x"]
+            await second.aclose()
+            # A stream that needs no Redis is not even slowed down.
+            plain = registry.open()
+            registry.deliver(plain.rid, "y", finished=True)
+            async with asyncio.timeout(0.5):
+                assert await plain.result() == "y"
+            assert time.monotonic() - started < 4  # three requests, each one timeout
+        finally:
+            redis_proc.resume()
+        # Once Redis answers, the stream opened during the pause is resumable elsewhere.
+        mirror = await _reach(other, second.token, 0)
+        assert await _drain(mirror) == ["x"]
+        await mirror.aclose()
+    assert aborts.total() == 1  # the first stream, parked, aborted as the registry closed
+
+
+async def test_stop_and_reconnects_elsewhere_survive_a_redis_restarted_empty(
+    redis_proc: RedisProcess,
+) -> None:
+    async with _workers(redis_proc.url) as (registry, aborts, owner, other), asyncio.timeout(30):
+        stream, first = await _first_read(registry, owner)
+        await (await _reach(other, first.token, 1)).aclose()
+        await redis_proc.restart()
+        # Until the owner has published it again, a reconnect elsewhere is a 503 to
+        # retry; never a 404 (a client would give up on a stream that lives).
+        while True:
+            try:
+                again = await other.follow(_point(first.token, 1))
+                break
+            except ConnectionError:
+                await asyncio.sleep(0.02)
+        assert again is not None
+        registry.deliver(stream.rid, 1)
+        assert [output for _, output in await again.next_ready() or ()] == [1]
+        await again.aclose()
+        while True:  # Stop elsewhere reaches the owner
+            try:
+                stopped = await other.cancel(first.token)
+                break
+            except ConnectionError:
+                await asyncio.sleep(0.02)
+        assert stopped
+        await eventually(lambda: registry.in_flight == 0)
+    assert aborts == {stream.rid: 1}
+
+
+async def test_the_log_in_redis_holds_about_max_bytes_as_the_owners_does(
+    redis_proc: RedisProcess,
+) -> None:
+    async with (
+        _workers(redis_proc.url, max_events=1000, max_bytes=10_000) as (
+            registry,
+            aborts,
+            owner,
+            other,
+        ),
+        asyncio.timeout(30),
+    ):
+        stream = registry.open()
+        first = await owner.open(stream)
+        for n in range(1, 101):  # 100 outputs of about 1 kB, each read at once
+            registry.deliver(stream.rid, f"{n:04}" + "x" * 996)
+            await first.next_ready()
+        client = Redis.from_url(redis_proc.url)
+        log = f"tether:resume:{first.token}:log"
+        while True:  # (the owner's writer copies in its own time)
+            last = await client.xrevrange(log, count=1)
+            if last and last[0][1].get(b"n") == b"100":
+                break
+            await asyncio.sleep(0.01)
+        held = sum(len(fields[b"d"]) for _, fields in await client.xrange(log))
+        await client.aclose()
+        assert 9_000 <= held <= 11_000
+        assert await other.follow(_point(first.token, 50)) is None  # no longer held
+        tail = await _reach(other, first.token, 95)
+        assert [output[:4] for _, output in await tail.next_ready() or ()] == [
+            f"{n:04}" for n in range(96, 101)
+        ]
+        await tail.aclose()
+    assert aborts.total() == 1
