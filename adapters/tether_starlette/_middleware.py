@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.requests import HTTPConnection
@@ -159,8 +159,12 @@ class TetherMiddleware:
             raise
         except Exception:
             # Starlette's ServerErrorMiddleware answers outside this one, without the
-            # request id: its plain 500 goes from here instead, when it is the answer.
-            if not channel.started and _plain_500_outside(app, self):
+            # request id: its plain 500 goes from here instead, if nothing stands between
+            # them (a user middleware there may answer its own way: a 500 sent first would
+            # pre-empt it) and the app has no 500 handler and no debug page.
+            stack: Any = getattr(app, "middleware_stack", None)
+            plain = isinstance(stack, ServerErrorMiddleware) and stack.handler is None
+            if plain and stack.app is self and not stack.debug and not channel.started:
                 await send_whole(channel.send, _INTERNAL_ERROR)
             raise
 
@@ -343,21 +347,6 @@ _INTERNAL_ERROR: Final = http.Head(
     500, {"content-type": "text/plain; charset=utf-8"}, b"Internal Server Error"
 )
 """Starlette's own answer to an error that escaped the app (ServerErrorMiddleware's)."""
-
-
-def _plain_500_outside(app: object, middleware: TetherMiddleware) -> bool:
-    """Whether Starlette's plain 500 is what answers an error escaping ``middleware``:
-    it is right inside ``app``'s ServerErrorMiddleware, which has no 500 handler and
-    no debug page. Anything else between them (a user middleware that catches errors
-    and answers its own way) keeps the error to answer: a response sent here first
-    would pre-empt its answer, or make it a second response."""
-    stack = getattr(app, "middleware_stack", None)
-    return (
-        isinstance(stack, ServerErrorMiddleware)
-        and stack.app is middleware
-        and stack.handler is None
-        and not stack.debug
-    )
 
 
 async def send_whole(send: Send, head: http.Head) -> None:
