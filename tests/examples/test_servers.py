@@ -149,7 +149,7 @@ async def test_openai_client_gets_completions_streamed_and_not(url: str) -> None
         for choice in chunk.choices:
             texts[choice.index] += choice.text
     assert texts == {0: expected_text("a", 9), 1: expected_text("b", 9)}
-    with pytest.raises(openai.UnprocessableEntityError):
+    with pytest.raises(openai.BadRequestError):
         await client.completions.create(model="m", prompt="x", max_tokens=0)
     await client.close()
 
