@@ -1,5 +1,6 @@
 """The core's modules depend one way: no import cycle, not even under TYPE_CHECKING;
-and its namespaces too: the application's core below the HTTP exchange."""
+and its namespaces too: the application's core below the HTTP exchange; the adapters
+above it stay thin, the HTTP policy they share being the core's."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import ast
 import pathlib
 
 import tether
+import tether_aiohttp
+import tether_starlette
 
 PACKAGE = pathlib.Path(tether.__file__).parent
 
-HTTP = {"http", "_exchange", "_framing", "_responses", "_guard", "_responder", "_drain"}
+HTTP = {"http", "_exchange", "_framing", "_responses", "_guard", "_responder", "_drain", "_shapes"}
 """``tether.http``: one HTTP exchange and its one write loop, for adapter authors."""
 
 RESUME = {"resume", "_resume", "_channel", "_replay"}
@@ -87,3 +90,15 @@ def test_the_namespaces_hold_what_they_say() -> None:
     assert modules >= HTTP | RESUME
     assert _package("http") == "http"
     assert _package("resume") == "resume"
+
+
+ADAPTER_LINES = {tether_starlette: 600, tether_aiohttp: 400}
+"""The most lines (docstrings included) of each adapter package: past it, something both
+adapters need has probably grown in one of them instead of in ``tether.http``."""
+
+
+def test_adapters_stay_thin_the_shared_http_policy_living_in_the_core() -> None:
+    for adapter, most in ADAPTER_LINES.items():
+        folder = pathlib.Path(adapter.__file__).parent
+        lines = sum(len(path.read_text().splitlines()) for path in folder.glob("*.py"))
+        assert lines <= most, f"{adapter.__name__} has {lines} lines, more than {most}"

@@ -87,6 +87,7 @@ APPLICATION = {
     *CONTRACT,
     "AbortReason",
     "BatchTooLarge",
+    "ConcurrentRead",
     "DEFAULT_MAX_PENDING_BYTES",
     "Encoder",
     "InvalidRequest",
@@ -97,6 +98,7 @@ APPLICATION = {
     "RegistryStats",
     "RequestEnd",
     "Summary",
+    "WrongLoop",
     "approximate_size",
 }
 
@@ -124,7 +126,11 @@ ADAPTER_AUTHORS = {
     "current_scope",
     "error_body",
     "error_response",
+    "event_stream_responses",
+    "http_error",
+    "Schema",
     "stop_tasks",
+    "validation_error",
 }
 
 STORE_AUTHORS = {
@@ -178,7 +184,7 @@ def test_both_adapters_export_the_same_verbs_and_their_own_install_call() -> Non
 
 
 def test_both_adapters_verbs_take_the_same_arguments() -> None:
-    for verb in ("respond", "resume"):
+    for verb in ("respond", "resume", "json_errors"):
         signatures = [
             inspect.signature(getattr(adapter, verb))
             for adapter in (tether_starlette, tether_aiohttp)
@@ -187,8 +193,9 @@ def test_both_adapters_verbs_take_the_same_arguments() -> None:
             [(p.name, p.kind, p.default) for p in sig.parameters.values()] for sig in signatures
         ]
         assert names[0] == names[1], verb
-        assert [p.name for p in signatures[0].parameters.values()][:2] == (
-            ["request", "source"] if verb == "respond" else ["request", "resume"]
+        first = {"respond": ["request", "source"], "resume": ["request", "resume"]}
+        assert [p.name for p in signatures[0].parameters.values()][:2] == first.get(
+            verb, ["app", "shape"]
         )
     assert "transform" in inspect.signature(tether_aiohttp.respond).parameters
 

@@ -1,10 +1,6 @@
-"""tether for aiohttp: ``setup(app, registry)`` and ``await respond(request, stream, ...)``.
-
-``setup`` installs the plugin (registry under :data:`REGISTRY_KEY`, one middleware
-that opens a :class:`tether.RequestScope` per request and notices clients that
-leave, a shutdown drain); ``respond`` turns a :class:`tether.Stream` or
-:class:`tether.Batch` into a JSON or streamed response; ``json_errors`` answers
-aiohttp's own errors (404, 405, 413) as JSON too. See ``docs/aiohttp.md``.
+"""tether for aiohttp: ``setup(app, registry)`` installs the plugin, ``await
+respond(request, stream_or_batch, ...)`` answers; :func:`json_errors` answers aiohttp's
+own errors as JSON. See ``docs/aiohttp.md``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""json_errors(): aiohttp's own errors in tether's JSON error shape, as on Starlette.
-
-aiohttp answers an unknown route (404), a wrong method (405), a body past
-``client_max_size`` (413) and any ``web.HTTPException`` a handler raises with a
-text body, where tether's errors are JSON. ``tether_starlette.json_errors`` makes the
-same offer to Starlette and FastAPI apps, with the same bodies.
-"""
+"""json_errors(): aiohttp's own errors (404, 405, 413 past ``client_max_size``, any
+``web.HTTPException``) in tether's JSON error shape, the bodies
+``tether_starlette.json_errors`` sends (see :func:`tether.http.http_error`)."""
 
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ from typing import Final
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from tether.http import ErrorResponse
+from tether.http import ErrorResponse, http_error
 
 __all__ = ["json_errors"]
 
@@ -25,7 +21,6 @@ _OWN_HEADERS: Final = frozenset({"content-type", "content-length"})
 
 def json_errors(app: web.Application, *, shape: Shape | None = None) -> None:
     """Answer aiohttp's HTTP errors (status 400 and above) with tether's JSON error body,
-    ``{"error": {"message": <reason>, "type": "HTTPException", "code": <status>}}``,
     keeping their headers (``Allow`` on a 405).
 
     :param shape: rewrites each error before it is sent, given the request (another
@@ -43,8 +38,7 @@ def json_errors(app: web.Application, *, shape: Shape | None = None) -> None:
             if exc.status < 400:
                 raise  # redirects and successes raised as exceptions stay what they are
             headers = {k: v for k, v in exc.headers.items() if k.lower() not in _OWN_HEADERS}
-            body = {"error": {"message": exc.reason, "type": "HTTPException", "code": exc.status}}
-            error = ErrorResponse(exc.status, body, headers)
+            error = http_error(exc.status, exc.reason, headers)
             if shape is not None:
                 error = shape(request, error)
             return web.json_response(error.body, status=error.status, headers=error.headers)

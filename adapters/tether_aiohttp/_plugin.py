@@ -1,18 +1,9 @@
-"""setup(): the aiohttp plugin that gives every request a RequestScope and drains on shutdown.
-
-``setup(app, registry)`` follows the aio-libs convention: the registry goes under a
-``Final`` :class:`aiohttp.web.AppKey`, one middleware opens a
-:class:`tether.RequestScope` per request (kept under a :class:`aiohttp.web.RequestKey`),
-and ``on_shutdown`` drains the registry so that ``web.run_app`` stops promptly.
-
-Disconnect detection. With ``handler_cancellation=False`` (the default of ``run_app``
-and ``AppRunner``) aiohttp neither cancels the handler nor offers a public callback
-when the client leaves: only the connection's transport closes. So one watcher task
-per app, owned by its ``cleanup_ctx``, checks the transports of the requests in
-flight every ``poll_interval`` seconds and disconnects the scopes whose transport
-closed; it sleeps while no request is in flight. With ``handler_cancellation=True``
-aiohttp cancels the handler: a stream's wait turns that cancellation into an abort,
-and the middleware tells the scope the client left.
+"""setup(): the aiohttp plugin (aio-libs' convention: ``Final`` :class:`~aiohttp.web.AppKey`,
+``cleanup_ctx``) that gives every request a :class:`tether.RequestScope` and drains on
+shutdown. With ``handler_cancellation=False`` (``run_app``'s default) aiohttp tells no
+one that a client left, only its transport closes: one watcher task per app checks
+the transports of the requests in flight every ``poll_interval`` (and sleeps while
+there are none). With ``handler_cancellation=True`` the cancelled handler is the sign.
 """
 
 from __future__ import annotations
@@ -26,14 +17,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 import tether
-from tether.http import (
-    FAREWELL_TIMEOUT,
-    REQUEST_ID_HEADER,
-    Head,
-    accept_request_id,
-    error_head,
-    server_ended,
-)
+from tether import http
 
 __all__ = ["REGISTRY_KEY", "SCOPE_KEY", "get_registry", "request_scope", "setup"]
 
@@ -138,10 +122,10 @@ async def _echo_request_id(request: web.Request, response: web.StreamResponse) -
     request[_STARTED] = True
     scope = request.get(SCOPE_KEY)
     if scope is not None and scope.request_id is not None:
-        response.headers[REQUEST_ID_HEADER] = scope.request_id
+        response.headers[http.REQUEST_ID_HEADER] = scope.request_id
 
 
-def _whole(head: Head) -> web.Response:
+def _whole(head: http.Head) -> web.Response:
     return web.Response(status=head.status, body=head.body, headers=head.headers)
 
 
@@ -149,8 +133,8 @@ async def _farewell(request: web.Request) -> None:
     """A JSON 503 for a request whose handler the server cancelled before it answered,
     best effort, bounded."""
     try:
-        async with asyncio.timeout(FAREWELL_TIMEOUT):
-            response = _whole(server_ended())
+        async with asyncio.timeout(http.FAREWELL_TIMEOUT):
+            response = _whole(http.server_ended())
             await response.prepare(request)
             await response.write_eof()
     except Exception as exc:  # best effort: the cancellation is what goes on
@@ -164,23 +148,15 @@ def setup(
     drain_timeout: float = 5.0,
     poll_interval: float = 0.02,
 ) -> None:
-    """Install tether on an aiohttp application (once per application).
-
-    Installed twice, one installation serves each request (one scope, one
-    watcher): ``setup()`` again on the same app is refused, and on a sub-application
-    of an app that has it, the sub-app's middleware passes the request through
-    (with another registry, it refuses: handlers would see only one of the two).
-
-    Stores ``registry`` under :data:`REGISTRY_KEY`, appends the middleware that opens a
-    :class:`tether.RequestScope` per request and turns a client disconnect into
-    ``RequestScope.disconnect()``, and registers the shutdown drain. A
-    :class:`tether.TetherError` raised by a handler (``Overloaded`` from
-    ``registry.open()``, say) becomes its HTTP status with a JSON error body.
+    """Install tether on an aiohttp application: the registry under :data:`REGISTRY_KEY`,
+    the middleware that opens a :class:`tether.RequestScope` per request (turning a
+    client that left into ``disconnect()``, a :class:`tether.TetherError` from a handler
+    into its status and JSON body), and the shutdown drain. On a sub-application of an
+    app that has it, the sub-app passes the request through (another registry: refused).
 
     :param app: the application; sub-applications see it through ``request.config_dict``.
     :param registry: the registry the handlers open streams on.
-    :param drain_timeout: seconds that requests in flight at shutdown may take to
-        finish; the rest are aborted and their streams end with an error event.
+    :param drain_timeout: seconds requests in flight at shutdown may take to finish.
     :param poll_interval: seconds between two checks for clients that left.
     :raises RuntimeError: ``setup`` was already called on this application.
     :raises ValueError: a negative ``drain_timeout`` or a non-positive ``poll_interval``.
@@ -208,7 +184,7 @@ def setup(
         # (no transport: the watcher disconnects the scope at once)
         scope = tether.RequestScope(
             client_gone=None if transport is None else transport.is_closing,
-            request_id=accept_request_id(request.headers.get(REQUEST_ID_HEADER)),
+            request_id=http.accept_request_id(request.headers.get(http.REQUEST_ID_HEADER)),
         )
         request[SCOPE_KEY] = scope
         request[_SERVED_BY] = registry
@@ -217,7 +193,7 @@ def setup(
             try:
                 return await handler(request)
             except tether.TetherError as exc:
-                return _whole(error_head(exc))
+                return _whole(http.error_head(exc))
             except asyncio.CancelledError:
                 # handler_cancellation=True: aiohttp cancels the handler when the client
                 # leaves; else the server ended it (shutdown): a client still there is told.

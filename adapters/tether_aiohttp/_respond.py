@@ -1,17 +1,8 @@
-"""respond() and resume() for aiohttp: tether's one write loop behind a StreamResponse.
-
-Every HTTP decision is :class:`tether.http.Exchange`'s and both verbs are
-:class:`tether.http.Responder`'s; this module gives them aiohttp's few pieces: a
-complete answer is a plain :class:`~aiohttp.web.Response`, a stream is a
-:class:`~aiohttp.web.StreamResponse` written by the exchange through aiohttp's
-``write()`` (which waits for flow control) or, when the transport holds no bytes,
-straight to the transport (:class:`_Direct`): then the producer's step writes each
-output it delivers itself, with no wake-up of the handler's task.
-
-A write that fails means the client left; a client that stopped reading for the
-send timeout has its connection dropped at once, so that aiohttp does not wait on
-it again. aiohttp writes before it waits for flow control, so a write cut by
-cancellation went out: a farewell does not send it again.
+"""respond() and resume() for aiohttp: :class:`tether.http.Responder`'s, writing a stream
+through aiohttp's ``write()`` (which waits for flow control) or, when the transport
+holds no bytes, straight to it (:class:`_Direct`, from the producer's step). A client
+that stopped reading for the send timeout has its connection dropped at once; a write
+cut by cancellation went out (aiohttp writes before it waits): no farewell resends it.
 """
 
 from __future__ import annotations
@@ -28,9 +19,7 @@ from ._plugin import request_scope
 __all__ = ["respond", "resume"]
 
 
-class _Aiohttp:
-    """What :class:`tether.http.Responder` needs of aiohttp."""
-
+class _Aiohttp:  # what tether.http.Responder needs of aiohttp
     __slots__ = ()
 
     scope = staticmethod(request_scope)

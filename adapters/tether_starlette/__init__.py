@@ -1,9 +1,6 @@
-"""tether for Starlette and FastAPI: ``TetherMiddleware`` and ``await respond(request, stream)``.
-
-Install :class:`TetherMiddleware`, find the registry with :func:`get_registry`,
-answer with ``await respond(request, stream_or_batch, streaming=...)``, close the
-registry at shutdown with :func:`lifespan`; :func:`json_errors` answers Starlette's
-own errors (404, 405...) as JSON. asyncio only. See ``docs/starlette.md``.
+"""tether for Starlette and FastAPI: install :class:`TetherMiddleware`, answer with
+``await respond(request, stream_or_batch, streaming=...)``; :func:`json_errors` answers
+Starlette's own errors as JSON. asyncio only. See ``docs/starlette.md``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""Installing tether in a Starlette (or FastAPI) app: :class:`TetherMiddleware`.
-
-Pure ASGI, on purpose: no ``BaseHTTPMiddleware`` (the app behind it never sees
-disconnects) and no ``Request.is_disconnected()`` polling. Per HTTP request a
-:class:`tether.RequestScope`, marked in the ASGI scope (:data:`SCOPE_KEY`, never
-judged by the context: uvicorn starts a pipelined request from inside the previous
-one's ``send()``), the only reader of ``receive`` once the request has work to abort
-(:class:`_ServerLink`), and, for errors that escape the app before its response
-started, an answer sent here, where the request id is echoed.
-"""
+"""Installing tether in a Starlette (or FastAPI) app: :class:`TetherMiddleware`, pure ASGI
+on purpose (``BaseHTTPMiddleware`` hides disconnects). Per HTTP request a
+:class:`tether.RequestScope` marked in the ASGI scope (:data:`SCOPE_KEY`, not judged by
+the context: uvicorn starts a pipelined request inside the previous one's ``send()``),
+the one reader of ``receive`` (:class:`_ServerLink`), the answer to escaped errors."""
 
 from __future__ import annotations
 
@@ -64,6 +59,17 @@ def _installed(request: HTTPConnection, key: str, kind: type[T]) -> T:
     return found
 
 
+def _on_asyncio() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError(
+            "TetherMiddleware needs an asyncio event loop, and this app runs on another "
+            "(trio?): run the server on asyncio (uvicorn's loop, or hypercorn -k asyncio)"
+        ) from None
+    return True
+
+
 def _repeat(item: Message | Exception) -> Message:
     if isinstance(item, Exception):
         raise item
@@ -72,17 +78,14 @@ def _repeat(item: Message | Exception) -> Message:
 
 class TetherMiddleware:
     """Gives every HTTP request a :class:`tether.RequestScope` and client-disconnect
-    detection: ``app.add_middleware(TetherMiddleware, registry=...)``.
-
-    Websockets pass through; the lifespan too, with the server's SIGINT and SIGTERM
-    handlers chained to a drain (:class:`tether.http.DrainOnSignal`). Installed twice,
-    the inner one passes the request through: one scope, one reader.
+    detection: ``app.add_middleware(TetherMiddleware, registry=...)``. Websockets pass
+    through; the lifespan too, with the server's shutdown signals chained to a drain
+    (:class:`tether.http.DrainOnSignal`). Installed twice, the inner one passes through.
 
     :param app: the ASGI app to wrap.
     :param registry: the app's registry; handlers find it with :func:`get_registry`.
-    :param drain_timeout: seconds requests in flight get, once the server's shutdown
-        signal arrived, before they are aborted; ``None`` leaves the server's signals
-        alone (the registry is then closed by :func:`lifespan`, or by you).
+    :param drain_timeout: seconds requests in flight get after the server's shutdown
+        signal; ``None`` leaves the signals alone (then close with :func:`lifespan`).
     :raises RuntimeError: (when called) not on asyncio; installed twice, two registries.
     """
 
@@ -98,15 +101,7 @@ class TetherMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self._on_asyncio:  # checked until it holds once: a server keeps its loop kind
-            try:
-                asyncio.get_running_loop()
-            except RuntimeError:
-                raise RuntimeError(
-                    "TetherMiddleware needs an asyncio event loop, and this app runs on "
-                    "another (trio?): tether's core is asyncio-only. Run the server on "
-                    "asyncio (uvicorn's default loop, or hypercorn -k asyncio)."
-                ) from None
-            self._on_asyncio = True
+            self._on_asyncio = _on_asyncio()
         # Not the current scope: the task may have inherited a finished request's.
         kind, drain = scope["type"], self.drain_timeout
         if kind == "lifespan" and drain is not None and DRAIN_KEY not in scope:
@@ -164,9 +159,8 @@ class TetherMiddleware:
 
 
 class _ServerLink:
-    """One request's link to the server: it watches ``send``, and once the scope adopts
-    a stream an owned task reads ``receive`` ahead (:data:`READ_AHEAD`), to see the
-    disconnect at once; a request with nothing to abort (a health check) costs none."""
+    """One request's link to the server: it watches ``send`` and, once the scope adopts a
+    stream, reads ``receive`` ahead in an owned task to see the disconnect at once."""
 
     __slots__ = (
         "_arrived",
@@ -194,9 +188,9 @@ class _ServerLink:
         self._reader: asyncio.Task[None] | None = None
         self._body: collections.deque[Message] = collections.deque()  # read, not yet taken
         self._buffered = 0  # bytes in _body
-        # Made when first waited on (a GET whose app never waits for its body needs neither):
-        self._arrived: asyncio.Event | None = None  # set by the reader: a message or the end
-        self._room: asyncio.Event | None = None  # set by the app: it took a message
+        # Made when first waited on (a GET that never waits for its body needs neither):
+        self._arrived: asyncio.Event | None = None  # the reader's: a message or the end
+        self._room: asyncio.Event | None = None  # the app's: it took a message
         self._last: Message | Exception | None = None
         self._in_receive = False  # the app is in a direct receive() now
         self._wanted = False
@@ -204,8 +198,7 @@ class _ServerLink:
         self.complete = False
         self.send_error: OSError | None = None
 
-    def watch(self) -> None:
-        """Start reading ``receive`` (the scope adopted its first stream)."""
+    def watch(self) -> None:  # the scope adopted its first stream
         self._wanted = True
         if not self._in_receive:  # else the app's receive() starts it when it returns
             self._start()
@@ -216,8 +209,7 @@ class _ServerLink:
                 self._read(), name="tether-receive"
             )
 
-    def _arrive(self) -> None:
-        """A message or the end is there: wake the app if it waits in ``receive()``."""
+    def _arrive(self) -> None:  # a message or the end is there: wake a waiting app
         arrived = self._arrived
         if arrived is not None:
             arrived.set()
@@ -226,14 +218,11 @@ class _ServerLink:
         if not self.complete and self.scope is not None:
             self.scope.disconnect()
 
-    async def _read(self) -> None:
-        """The reader task: read the body ahead of the app, then wait for the disconnect."""
+    async def _read(self) -> None:  # the body ahead of the app, then the disconnect
         receive, body = self._receive, self._body
         while True:
             while self._buffered >= READ_AHEAD:  # the app is behind: let the server hold on
-                room = self._room
-                if room is None:
-                    room = self._room = asyncio.Event()
+                self._room = room = self._room or asyncio.Event()
                 room.clear()
                 await room.wait()
             try:
@@ -254,13 +243,11 @@ class _ServerLink:
         self._last = last
         self._arrive()
 
-    async def stop(self) -> None:
-        """End the reader, if it started (the request is over)."""
+    async def stop(self) -> None:  # the request is over
         if self._reader is not None:
             await http.stop_tasks((self._reader,))
 
-    async def receive(self) -> Message:
-        """The app's ``receive``: body messages in order, then the disconnect, forever."""
+    async def receive(self) -> Message:  # body messages in order, then the disconnect
         if self._reader is None:
             last = self._last
             if last is not None:
@@ -281,20 +268,16 @@ class _ServerLink:
             last = self._last
             if last is not None:
                 return _repeat(last)
-            arrived = self._arrived
-            if arrived is None:
-                arrived = self._arrived = asyncio.Event()
+            self._arrived = arrived = self._arrived or asyncio.Event()
             arrived.clear()
             await arrived.wait()
         message = body.popleft()
         self._buffered -= len(message.get("body", b""))
-        room = self._room
-        if room is not None:
-            room.set()
+        if self._room is not None:
+            self._room.set()
         return message
 
-    async def send(self, message: Message) -> None:
-        """The app's ``send``: tracks the response, and turns ``OSError`` into a disconnect."""
+    async def send(self, message: Message) -> None:  # ``OSError`` means a disconnect
         kind = message["type"]
         if kind == "http.response.start":
             self.started = True
@@ -322,29 +305,24 @@ class _ServerLink:
 _REQUEST_ID_NAME: Final = http.REQUEST_ID_HEADER.lower().encode("latin-1")
 
 
-def _request_id(scope: Scope) -> str | None:
-    """The client's ``X-Request-Id`` (the first one), if it is an acceptable label."""
+def _request_id(scope: Scope) -> str | None:  # the first one, if acceptable
     for name, value in scope.get("headers", ()):
         if name == _REQUEST_ID_NAME:
             return http.accept_request_id(value)
     return None
 
 
-def _with_request_id(message: Message, request_id: str) -> Message:
-    """The response start ``message`` with the request id echoed (replacing the app's)."""
+def _with_request_id(message: Message, request_id: str) -> Message:  # (replacing the app's)
     headers = [pair for pair in message.get("headers", ()) if pair[0].lower() != _REQUEST_ID_NAME]
     headers.append((_REQUEST_ID_NAME, request_id.encode("ascii")))
     return {**message, "headers": headers}
 
 
-_INTERNAL_ERROR: Final = http.Head(
-    500, {"content-type": "text/plain; charset=utf-8"}, b"Internal Server Error"
-)
-"""Starlette's own answer to an error that escaped the app (ServerErrorMiddleware's)."""
+_TEXT: Final = {"content-type": "text/plain; charset=utf-8"}
+_INTERNAL_ERROR: Final = http.Head(500, _TEXT, b"Internal Server Error")  # Starlette's own
 
 
-def _handles_500(app: object) -> bool:
-    """Whether ``app`` answers escaped errors its own way (a 500 handler, debug)."""
+def _handles_500(app: object) -> bool:  # its own way: a 500 handler, debug
     handlers = getattr(app, "exception_handlers", None) or {}
     return bool(getattr(app, "debug", False)) or 500 in handlers or Exception in handlers
 

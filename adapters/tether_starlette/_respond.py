@@ -1,8 +1,6 @@
-"""respond() and resume() for Starlette: :class:`tether.http.Responder`'s, given a
-``Response`` for a whole answer and, for a stream, an :class:`ExchangeResponse`
-whose ``send`` is the exchange's writer (uvicorn writes nothing of a write cut by
-cancellation, and closes the connection of a response that ends unfinished).
-"""
+"""respond() and resume() for Starlette: :class:`tether.http.Responder`'s, writing a
+stream through an :class:`ExchangeResponse` (uvicorn writes nothing of a write cut by
+cancellation, and closes the connection of a response that ends unfinished)."""
 
 from __future__ import annotations
 
@@ -19,9 +17,7 @@ from ._middleware import request_scope, send_whole
 __all__ = ["ExchangeResponse", "respond", "resume"]
 
 
-class _Starlette:
-    """What :class:`tether.http.Responder` needs of Starlette."""
-
+class _Starlette:  # what tether.http.Responder needs of Starlette
     __slots__ = ()
 
     scope = staticmethod(request_scope)
@@ -66,7 +62,6 @@ class ExchangeResponse(Response):
         await self.exchange.run(self, self._first)
 
     # The writer of Exchange.run: an ASGI send.
-
     def start(self) -> Awaitable[None]:
         return self._send(self._start)
 
@@ -76,8 +71,8 @@ class ExchangeResponse(Response):
     async def answer(self, head: Head) -> None:
         await send_whole(self._send, head)
 
-    def drop(self) -> None:
-        """Nothing to do: uvicorn closes a connection whose response ends unfinished."""
+    def drop(self) -> None:  # uvicorn closes a connection whose response ends unfinished
+        return None
 
     def direct(self) -> None:
         return None

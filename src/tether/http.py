@@ -21,6 +21,9 @@ and headers); a handler the server cancelled before it answered gets
 :func:`server_ended`. A client's :data:`REQUEST_ID_HEADER` goes through
 :func:`accept_request_id` into the scope and back on the response.
 :class:`DrainOnSignal` starts the registry's drain on the server's shutdown signal.
+A framework's own errors take tether's shape through :func:`http_error` and
+:func:`validation_error`; :func:`event_stream_responses` documents a streaming
+endpoint in OpenAPI.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from ._responses import (
     error_response,
 )
 from ._scope import MAX_REQUEST_ID_LENGTH, REQUEST_ID_HEADER, accept_request_id, current_scope
+from ._shapes import Schema, event_stream_responses, http_error, validation_error
 from ._tasks import stop_tasks
 
 __all__ = [
@@ -64,13 +68,17 @@ __all__ = [
     "Numbered",
     "Responder",
     "Resumable",
+    "Schema",
     "Writer",
     "accept_request_id",
     "current_scope",
     "error_body",
     "error_head",
     "error_response",
+    "event_stream_responses",
+    "http_error",
     "lifespan",
     "server_ended",
     "stop_tasks",
+    "validation_error",
 ]

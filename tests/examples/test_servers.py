@@ -86,7 +86,7 @@ async def test_generate_batch_stream_events_carry_their_index(http: httpx.AsyncC
     assert events[-1] == "[DONE]"
     texts = ["", ""]
     for event in events[:-1]:
-        texts[event["index"]] += event["text"]
+        texts[event["index"]] += event["output"]["text"]
     assert texts == [expected_text(p, 5) for p in prompts]
 
 
