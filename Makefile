@@ -28,8 +28,9 @@ pytest: venv
 
 test: lint typecheck pytest
 
-# The main job: the example servers under load, checked, summarised (under a minute:
-# some twenty processes started in turn, each setting loaded for 2 s).
+# The main job: the example servers under load, checked, summarised (35 to 75 s on 2
+# cores, more while other work shares them: some twenty processes started in turn,
+# each setting loaded for 2 s; README.md's "Try it" has the measured figures).
 demo: venv
 	$(PY) examples/demo.py
 

@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing for tether: ``pip install tether[otel]`` (the API only).
+"""OpenTelemetry tracing for tether: ``pip install -e '.[otel]'`` from a checkout (the API only).
 
 ::
 

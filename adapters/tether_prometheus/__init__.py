@@ -1,4 +1,4 @@
-"""Prometheus metrics for tether: ``pip install tether[prometheus]``.
+"""Prometheus metrics for tether: ``pip install -e '.[prometheus]'`` from a checkout.
 
 One process::
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
+from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -120,6 +121,7 @@ class TetherMiddleware:
                 )
             await self.app(scope, receive, send)
             return
+        app = scope.get("app")  # (read now: a mounted Starlette app puts itself there)
         scope[REGISTRY_KEY] = self.registry
         channel = _ServerLink(receive, send)
         channel.request_id = request_id = _request_id(scope)
@@ -128,7 +130,7 @@ class TetherMiddleware:
         ) as request_scope:
             scope[SCOPE_KEY] = channel.scope = request_scope
             try:
-                await self._answer(scope, channel)
+                await self._answer(scope, channel, app)
             except OSError as exc:
                 if exc is not channel.send_error:
                     raise
@@ -136,7 +138,7 @@ class TetherMiddleware:
             finally:
                 await channel.stop()
 
-    async def _answer(self, scope: Scope, channel: _ServerLink) -> None:
+    async def _answer(self, scope: Scope, channel: _ServerLink, app: object) -> None:
         try:
             await self.app(scope, channel.receive, channel.send)
         except tether.TetherError as exc:
@@ -152,8 +154,12 @@ class TetherMiddleware:
             raise
         except Exception:
             # Starlette's ServerErrorMiddleware answers outside this one, without the
-            # request id: its 500 goes from here (unless the app answers 500s itself).
-            if not channel.started and not _handles_500(scope.get("app")):
+            # request id: its plain 500 goes from here instead, if nothing stands between
+            # them (a user middleware there may answer its own way: a 500 sent first would
+            # pre-empt it) and the app has no 500 handler and no debug page.
+            stack: Any = getattr(app, "middleware_stack", None)
+            plain = isinstance(stack, ServerErrorMiddleware) and stack.handler is None
+            if plain and stack.app is self and not stack.debug and not channel.started:
                 await send_whole(channel.send, _INTERNAL_ERROR)
             raise
 
@@ -320,11 +326,6 @@ def _with_request_id(message: Message, request_id: str) -> Message:  # (replacin
 
 _TEXT: Final = {"content-type": "text/plain; charset=utf-8"}
 _INTERNAL_ERROR: Final = http.Head(500, _TEXT, b"Internal Server Error")  # Starlette's own
-
-
-def _handles_500(app: object) -> bool:  # its own way: a 500 handler, debug
-    handlers = getattr(app, "exception_handlers", None) or {}
-    return bool(getattr(app, "debug", False)) or 500 in handlers or Exception in handlers
 
 
 async def send_whole(send: Send, head: http.Head) -> None:

@@ -4,7 +4,7 @@ The engine binds one ROUTER (:class:`EngineServer`); every front worker process
 connects one DEALER per engine (:class:`EngineClient`), created after the fork,
 that submits requests, feeds the outputs into its ``tether.Registry`` and turns
 the registry's aborts into abort messages. ``docs/zmq.md`` has the topology, the
-protocol and the failure handling. Needs ``pip install 'tether[zmq]'``.
+protocol and the failure handling. Needs ``pip install -e '.[zmq]'`` from a checkout.
 """
 
 from __future__ import annotations

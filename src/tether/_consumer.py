@@ -100,6 +100,12 @@ class Consumer:
         return not any(state.live for state in self._states)
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` was called (a response ends with it): a later read
+        ends at once, so nothing is left to answer with."""
+        return self._closed
+
+    @property
     def exhausted(self) -> bool:
         """Whether everything was read and it all ended cleanly: the next read ends
         the iteration (adapters use it to send the terminal frame with the last outputs)."""

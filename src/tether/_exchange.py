@@ -185,6 +185,7 @@ class Exchange:
     :param scope: the request's scope, told when the client is found gone.
     :raises ValueError: a non-positive ``ping_interval`` or ``send_timeout`` (the
         source is aborted: the exchange owns it from the start).
+    :raises RuntimeError: ``source`` was closed (answered already).
     """
 
     __slots__ = (
@@ -215,6 +216,12 @@ class Exchange:
     ) -> None:
         if not isinstance(source, Stream | Batch | Numbered):
             raise TypeError(f"expected a tether Stream or Batch, got {type(source).__name__}")
+        if not isinstance(source, Numbered) and source.closed:
+            # (it would answer an empty success: its outputs went to the first response)
+            raise RuntimeError(
+                f"{source!r} was already answered or closed; a response takes a stream "
+                "once: open another stream for another response"
+            )
         if encoder is None:
             encoder = _SSE
         elif isinstance(encoder, type):

@@ -109,7 +109,8 @@ class Responder(Generic[Req, Resp]):
             round trip through JSON: ``streaming=False``, the result (a batch's: the
             list of results, in order); ``streaming=True``, each output. Its errors
             fail the request as an unencodable output does (500, or an error event).
-        :raises RuntimeError: the adapter is not installed (``source`` is closed).
+        :raises RuntimeError: the adapter is not installed (``source`` is closed);
+            ``source`` was closed already (answered by an earlier response).
         :raises TypeError: ``source`` is not a tether Stream or Batch.
         :raises ValueError: ``ping_interval`` or ``send_timeout`` is not positive;
             ``resume`` without ``streaming`` or with an encoder that has no event ids.

@@ -52,6 +52,15 @@ class App:
             registry.deliver(stream.rid, {"n": 1})
             registry.deliver(stream.rid, {"n": 2}, finished=True)
             return await respond(request, stream, streaming=True, transform=lambda o: o["n"])
+        if name == "answered-twice":
+            registry.deliver(stream.rid, {"n": 1}, finished=True)
+            await respond(request, stream, streaming=False)  # (its response, dropped)
+            try:
+                return await respond(request, stream, streaming=True)
+            except RuntimeError as exc:  # refused at once, not an empty success
+                refusal = registry.open("r2")
+                registry.deliver(refusal.rid, {"refused": str(exc)}, finished=True)
+                return await respond(request, refusal, streaming=False)
         if name == "fails-first":
             registry.fail(stream.rid, RuntimeError("secret detail"))
             return await respond(request, stream, streaming=True)
@@ -71,6 +80,7 @@ NAMES: Final = (
     "json",
     "transform",
     "transform-stream",
+    "answered-twice",
     "fails-first",
     "fails-later",
     "hangs",
@@ -140,6 +150,17 @@ CASES: Final[dict[str, tuple[str, dict[str, str], dict[str, Any]]]] = {
         "/transform-stream",
         {},
         {"status": 200, "content-type": SSE, "body": b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"},
+    ),
+    "stream-answered-twice": (
+        "/answered-twice",
+        {},
+        {
+            "status": 200,
+            "body": {
+                "refused": "<Stream 'r1' live=False> was already answered or closed; a "
+                "response takes a stream once: open another stream for another response"
+            },
+        },
     ),
     "error-before-first-output": (
         "/fails-first",

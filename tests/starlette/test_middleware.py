@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.types import Message, Receive, Scope, Send
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tether
 import tether.http
@@ -341,3 +346,81 @@ async def test_installed_twice_with_two_registries_is_refused(engine: Engine) ->
     with pytest.raises(RuntimeError, match="installed twice with two registries"):
         await FakeServer().run(TetherMiddleware(inner, registry=engine.registry))
     assert engine.registry.in_flight == 0
+
+
+class _CatchingBase(BaseHTTPMiddleware):
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        try:
+            return await call_next(request)
+        except ValueError:
+            return JSONResponse({"caught": True}, status_code=418)
+
+
+class _CatchingASGI:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except ValueError:
+            await JSONResponse({"caught": True}, status_code=418)(scope, receive, send)
+
+
+def _raising_app(registry: tether.Registry, **options: Any) -> Starlette:
+    async def raises(request: Request) -> Response:
+        registry.open()
+        raise ValueError("a bug in the handler, after open()")
+
+    app = Starlette(routes=[Route("/", raises)], **options)
+    app.add_middleware(TetherMiddleware, registry=registry)
+    return app
+
+
+async def _get(app: ASGIApp) -> httpx.Response:
+    transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+    async with asyncio.timeout(10), httpx.AsyncClient(transport=transport) as client:
+        return await client.get("http://app/", headers={"x-request-id": "job-7"})
+
+
+@pytest.mark.parametrize("outer", [_CatchingBase, _CatchingASGI], ids=["base-http", "pure-asgi"])
+async def test_a_user_middleware_outside_answers_the_errors_it_catches(outer: type) -> None:
+    registry = tether.Registry()
+    app = _raising_app(registry)
+    app.add_middleware(outer)
+    response = await _get(app)
+    assert (response.status_code, response.json()) == (418, {"caught": True})
+    assert registry.in_flight == 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param({"exception_handlers": {Exception: None}}, id="exception-handler"),
+        pytest.param({"exception_handlers": {500: None}}, id="500-handler"),
+        pytest.param({"debug": True}, id="debug"),
+    ],
+)
+async def test_the_apps_own_500_answers_an_escaped_error(options: dict[str, Any]) -> None:
+    async def handler(request: Request, exc: Exception) -> Response:
+        return JSONResponse({"handled": type(exc).__name__}, status_code=500)
+
+    handlers = options.get("exception_handlers")
+    if handlers is not None:
+        options = {"exception_handlers": dict.fromkeys(handlers, handler)}
+    registry = tether.Registry()
+    response = await _get(_raising_app(registry, **options))
+    assert response.status_code == 500
+    if handlers is not None:
+        assert response.json() == {"handled": "ValueError"}
+    else:  # Starlette's debug page, a traceback
+        assert "ValueError" in response.text
+    assert registry.in_flight == 0
+
+
+async def test_an_escaped_error_gets_starlettes_plain_500_with_the_request_id() -> None:
+    registry = tether.Registry()
+    response = await _get(_raising_app(registry))
+    assert (response.status_code, response.text) == (500, "Internal Server Error")
+    assert response.headers["x-request-id"] == "job-7"
+    assert registry.in_flight == 0
