@@ -43,6 +43,7 @@ from redis.asyncio import Redis
 from tether_redis import RedisStore
 
 import tether
+import tether.resume
 from tether.http import Exchange
 
 from .report import rewrite_readme
@@ -132,16 +133,13 @@ async def _read(exchange: Exchange) -> int:
     size = len((await exchange.start()).body)
     try:
         while not exchange.done:
-            chunk = exchange.ready_chunk()
-            if chunk is None:
-                chunk = await exchange.wait_chunk()
-            size += len(chunk)
+            size += len(await exchange.next_chunk())
     finally:
         await exchange.aclose()
     return size
 
 
-async def _events(streams: int, outputs: int, resume: tether.Resume | None) -> float:
+async def _events(streams: int, outputs: int, resume: tether.resume.Resume | None) -> float:
     """Seconds to deliver and frame ``streams`` x ``outputs`` outputs (and, with
     ``resume``, to record them and close its store)."""
     registry = tether.Registry()
@@ -168,10 +166,10 @@ async def _events(streams: int, outputs: int, resume: tether.Resume | None) -> f
 async def event_cost(streams: int, outputs: int, rounds: int, redis: str) -> dict[str, list[float]]:
     """Microseconds per event: resumption off, on in process, on through Redis."""
     client = Redis.from_url(redis)
-    setups: dict[str, Callable[[], tether.Resume | None]] = {
+    setups: dict[str, Callable[[], tether.resume.Resume | None]] = {
         "off": lambda: None,
-        "memory": lambda: tether.Resume(max_events=outputs + 1),
-        "redis": lambda: tether.Resume(max_events=outputs + 1, store=RedisStore(client)),
+        "memory": lambda: tether.resume.Resume(max_events=outputs + 1),
+        "redis": lambda: tether.resume.Resume(max_events=outputs + 1, store=RedisStore(client)),
     }
     found: dict[str, list[float]] = {name: [] for name in setups}
     try:

@@ -34,6 +34,7 @@ from aiohttp.typedefs import Handler
 
 import tether
 import tether.http
+import tether.resume
 import tether_aiohttp
 from tether_aiohttp import respond, resume
 
@@ -119,7 +120,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def stop(request: web.Request) -> web.Response:
-    refusal = await request.app[SERVICE].stop(request.headers.get(tether.http.TOKEN_HEADER, ""))
+    refusal = await request.app[SERVICE].stop(request.headers.get(tether.resume.TOKEN_HEADER, ""))
     return web.Response(status=204) if refusal is None else refuse_with(refusal)
 
 

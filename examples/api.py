@@ -46,6 +46,7 @@ from engine import Engine
 
 import tether
 import tether.http
+import tether.resume
 import tether_prometheus
 
 __all__ = [
@@ -404,7 +405,7 @@ class Service:
     ) -> None:
         self.engine = engine
         self.registry = registry
-        store: tether.MemoryStore | None = None
+        store: tether.resume.MemoryStore | None = None
         self._redis: Any = None  # (a redis.asyncio.Redis: the store does not close it)
         if redis is not None:
             # (needs tether[redis]: imported only when asked)
@@ -413,7 +414,7 @@ class Service:
 
             self._redis = Redis.from_url(redis)
             store = RedisStore(self._redis, block=0.2)
-        self.resume = tether.Resume(grace=30.0, store=store)
+        self.resume = tether.resume.Resume(grace=30.0, store=store)
         """Resumable streams (``"resume": true``); see :meth:`resuming`."""
         # A collector registry of its own: two services in one process (the tests)
         # must not clash in prometheus_client's process-wide default one.
@@ -458,8 +459,8 @@ class Service:
         try:
             stopped = await self.resume.cancel(token)
         except ConnectionError:
-            return tether.http.RESUME_UNAVAILABLE
-        return None if stopped else tether.http.NOT_RESUMABLE
+            return tether.resume.RESUME_UNAVAILABLE
+        return None if stopped else tether.resume.NOT_RESUMABLE
 
     def metrics(self) -> tuple[bytes, str]:
         """``GET /metrics``: the Prometheus exposition (body, content type), scraped

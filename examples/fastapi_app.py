@@ -38,6 +38,7 @@ from starlette.requests import ClientDisconnect
 
 import tether
 import tether.http
+import tether.resume
 from tether_starlette import TetherMiddleware, lifespan, respond, resume
 from tether_starlette.fastapi import (
     RegistryDep,
@@ -136,7 +137,7 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> FastAPI:
 
     @app.post("/generate/stop")
     async def stop(request: Request) -> Response:
-        refusal = await service.stop(request.headers.get(tether.http.TOKEN_HEADER, ""))
+        refusal = await service.stop(request.headers.get(tether.resume.TOKEN_HEADER, ""))
         if refusal is None:
             return Response(status_code=204)
         return JSONResponse(refusal.body, refusal.status, headers=refusal.headers)

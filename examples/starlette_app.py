@@ -40,6 +40,7 @@ from starlette.routing import Route
 
 import tether
 import tether.http
+import tether.resume
 from tether_starlette import TetherMiddleware, lifespan, respond, resume
 
 
@@ -117,7 +118,7 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
         return JSONResponse(api.completion(generation, json.loads(bytes(response.body)), cid))
 
     async def stop(request: Request) -> Response:
-        refusal = await service.stop(request.headers.get(tether.http.TOKEN_HEADER, ""))
+        refusal = await service.stop(request.headers.get(tether.resume.TOKEN_HEADER, ""))
         return Response(status_code=204) if refusal is None else refuse_with(refusal)
 
     async def metrics(request: Request) -> Response:

@@ -1,5 +1,5 @@
-"""The core's modules depend one way: no import cycle, not even under TYPE_CHECKING,
-and no module of ``src/tether`` grows past what a reader holds in their head."""
+"""The core's modules depend one way: no import cycle, not even under TYPE_CHECKING;
+and its namespaces too: the application's core below the HTTP exchange."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ import pathlib
 import tether
 
 PACKAGE = pathlib.Path(tether.__file__).parent
-MAX_LINES = 400
+
+HTTP = {"http", "_exchange", "_framing", "_responses", "_guard", "_responder", "_drain"}
+"""``tether.http``: one HTTP exchange and its one write loop, for adapter authors."""
+
+RESUME = {"resume", "_resume", "_channel", "_replay"}
+"""Resumable streams, for store authors: above the core and the exchange."""
 
 
 def _imports(path: pathlib.Path) -> set[str]:
@@ -53,6 +58,32 @@ def test_no_module_of_the_core_imports_another_that_imports_it_back() -> None:
     assert not graph["_limits"] & {"_state", "_table", "_registry", "_consumer"}
 
 
-def test_no_module_of_the_core_is_over_about_four_hundred_lines() -> None:
-    sizes = {path.name: len(path.read_text().splitlines()) for path in PACKAGE.glob("*.py")}
-    assert {name: n for name, n in sizes.items() if n > MAX_LINES} == {}
+def _package(module: str) -> str:
+    return "http" if module in HTTP else "resume" if module in RESUME else "core"
+
+
+ALLOWED = {"core": {"core"}, "http": {"core", "http"}, "resume": {"core", "http", "resume"}}
+"""Three audiences, three namespaces, depending down: the core (``tether``), the HTTP
+exchange on it (``tether.http``), resumable streams on both (``tether.resume``)."""
+
+
+def test_each_namespace_imports_only_the_ones_below_it() -> None:
+    graph = _graph()
+    wrong = {
+        f"{name} -> {imported}"
+        for name, imports in graph.items()
+        if name != "__init__"
+        for imported in imports
+        if _package(imported) not in ALLOWED[_package(name)]
+    }
+    assert wrong == set()
+    # the top level imports neither tether.http nor tether.resume
+    assert {_package(name) for name in graph["__init__"]} <= {"core"}
+    assert {"http", "resume"} & graph["__init__"] == set()
+
+
+def test_the_namespaces_hold_what_they_say() -> None:
+    modules = set(_graph())
+    assert modules >= HTTP | RESUME
+    assert _package("http") == "http"
+    assert _package("resume") == "resume"

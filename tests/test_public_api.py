@@ -1,14 +1,19 @@
 """The public namespaces: ``tether`` for application authors, ``tether.http`` for adapter
-authors, each adapter the same verbs; sorted ``__all__`` lists, pinned; no framework."""
+authors, ``tether.resume`` for store authors, each adapter the same verbs (and the same
+signatures); sorted ``__all__`` lists, pinned; no framework."""
 
 from __future__ import annotations
 
+import inspect
+import pathlib
+import re
 import subprocess
 import sys
 import types
 
 import tether
 import tether.http
+import tether.resume
 import tether_aiohttp
 import tether_starlette
 
@@ -69,7 +74,7 @@ def test_every_error_derives_from_tether_error() -> None:
 
 def test_importing_tether_loads_no_web_framework() -> None:
     probe = (
-        "import sys, tether, tether.http; "
+        "import sys, tether, tether.http, tether.resume; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('starlette', 'aiohttp')))"
     )
     out = subprocess.run(
@@ -87,8 +92,6 @@ APPLICATION = {
     "InvalidRequest",
     "InvalidRequestId",
     "MAX_RID_LENGTH",
-    "MemoryStore",
-    "Resume",
     "Observer",
     "Outcome",
     "RegistryStats",
@@ -102,24 +105,40 @@ ADAPTER_AUTHORS = {
     "DEFAULT_SEND_TIMEOUT",
     "FAREWELL_TIMEOUT",
     "MAX_REQUEST_ID_LENGTH",
+    "NOBODY_READS",
     "REQUEST_ID_HEADER",
     "ErrorResponse",
     "Exchange",
-    "Channel",
-    "Follower",
+    "Direct",
+    "DrainOnSignal",
+    "Framework",
+    "Numbered",
+    "Resumable",
+    "Responder",
+    "Writer",
+    "error_head",
+    "lifespan",
+    "server_ended",
     "Head",
-    "Keeper",
-    "NOT_RESUMABLE",
-    "RESUME_UNAVAILABLE",
-    "ResumePoint",
-    "TOKEN_HEADER",
     "accept_request_id",
     "current_scope",
     "error_body",
     "error_response",
+    "stop_tasks",
+}
+
+STORE_AUTHORS = {
+    "Channel",
+    "Follower",
+    "Keeper",
+    "MemoryStore",
+    "NOT_RESUMABLE",
+    "RESUME_UNAVAILABLE",
+    "Resume",
+    "ResumePoint",
+    "TOKEN_HEADER",
     "new_token",
     "resume_point",
-    "stop_tasks",
 }
 
 
@@ -128,6 +147,7 @@ def test_star_import_gives_application_authors_names_only() -> None:
     exec("from tether import *", namespace)
     assert set(namespace) - {"__builtins__"} == APPLICATION
     assert not APPLICATION & ADAPTER_AUTHORS
+    assert not APPLICATION & STORE_AUTHORS
 
 
 def test_adapter_authors_find_their_names_in_tether_http() -> None:
@@ -135,6 +155,16 @@ def test_adapter_authors_find_their_names_in_tether_http() -> None:
     assert set(tether.http.__all__) == ADAPTER_AUTHORS
     for name in tether.http.__all__:
         assert getattr(tether.http, name) is not None
+
+
+def test_store_authors_find_their_names_in_tether_resume() -> None:
+    assert tether.resume.__all__ == sorted(tether.resume.__all__, key=_isort_key)
+    assert set(tether.resume.__all__) == STORE_AUTHORS
+    assert not STORE_AUTHORS & ADAPTER_AUTHORS
+    for name in tether.resume.__all__:
+        value = getattr(tether.resume, name)
+        if callable(value):
+            assert value.__doc__, f"tether.resume.{name} has no docstring"
 
 
 def test_both_adapters_export_the_same_verbs_and_their_own_install_call() -> None:
@@ -145,3 +175,46 @@ def test_both_adapters_export_the_same_verbs_and_their_own_install_call() -> Non
         assert adapter.__all__ == sorted(adapter.__all__, key=_isort_key)
         for name in adapter.__all__:
             assert getattr(adapter, name).__doc__ or name.isupper(), name
+
+
+def test_both_adapters_verbs_take_the_same_arguments() -> None:
+    for verb in ("respond", "resume"):
+        signatures = [
+            inspect.signature(getattr(adapter, verb))
+            for adapter in (tether_starlette, tether_aiohttp)
+        ]
+        names = [
+            [(p.name, p.kind, p.default) for p in sig.parameters.values()] for sig in signatures
+        ]
+        assert names[0] == names[1], verb
+        assert [p.name for p in signatures[0].parameters.values()][:2] == (
+            ["request", "source"] if verb == "respond" else ["request", "resume"]
+        )
+    assert "transform" in inspect.signature(tether_aiohttp.respond).parameters
+
+
+EXCHANGE_METHODS = {"start", "next_chunk", "run", "aclose"}
+
+
+def test_an_exchange_offers_adapters_a_handful_of_methods() -> None:
+    """One verb per meaning: start it, write it (``run``, or ``next_chunk`` for a writer
+    that pulls), close it; everything else is the exchange's own business."""
+    methods = {
+        name
+        for name, value in vars(tether.http.Exchange).items()
+        if not name.startswith("_") and callable(value)
+    }
+    assert methods == EXCHANGE_METHODS
+    assert len(methods) <= 8
+
+
+def test_both_adapters_drive_an_exchange_through_the_same_methods() -> None:
+    """Every adapter moves bytes the one way: the responder starts the exchange, the
+    adapter's response hands ``run`` its writer; nothing else of the exchange."""
+    used = {}
+    for adapter in (tether_starlette, tether_aiohttp):
+        folder = pathlib.Path(adapter.__file__).parent
+        text = "".join(path.read_text() for path in folder.glob("_*.py"))
+        used[adapter.__name__] = set(re.findall(r"\bexchange\.(\w+)", text))
+    methods = {name: found - {"done"} for name, found in used.items()}  # (done: a property)
+    assert methods["tether_starlette"] == methods["tether_aiohttp"] == {"run"}

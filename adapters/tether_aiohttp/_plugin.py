@@ -18,6 +18,7 @@ and the middleware tells the scope the client left.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Final
 
@@ -25,7 +26,14 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 import tether
-from tether.http import REQUEST_ID_HEADER, accept_request_id, error_response
+from tether.http import (
+    FAREWELL_TIMEOUT,
+    REQUEST_ID_HEADER,
+    Head,
+    accept_request_id,
+    error_head,
+    server_ended,
+)
 
 __all__ = ["REGISTRY_KEY", "SCOPE_KEY", "get_registry", "request_scope", "setup"]
 
@@ -37,6 +45,11 @@ SCOPE_KEY: Final = web.RequestKey("scope", tether.RequestScope)
 
 _SERVED_BY: Final = web.RequestKey("tether_registry", tether.Registry)
 """The registry of the installation that serves the request (the outermost one)."""
+
+_STARTED: Final = web.RequestKey("tether_started", bool)
+"""Set once the request's response is being prepared (its head goes out)."""
+
+logger = logging.getLogger("tether.aiohttp")
 
 _NOT_SET_UP: Final = "tether is not set up for this app: call tether_aiohttp.setup(app, ...) first"
 
@@ -122,9 +135,26 @@ class _Watcher:
 
 async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
     """Echo the client's accepted ``X-Request-Id`` (the response is about to start)."""
+    request[_STARTED] = True
     scope = request.get(SCOPE_KEY)
     if scope is not None and scope.request_id is not None:
         response.headers[REQUEST_ID_HEADER] = scope.request_id
+
+
+def _whole(head: Head) -> web.Response:
+    return web.Response(status=head.status, body=head.body, headers=head.headers)
+
+
+async def _farewell(request: web.Request) -> None:
+    """A JSON 503 for a request whose handler the server cancelled before it answered,
+    best effort, bounded."""
+    try:
+        async with asyncio.timeout(FAREWELL_TIMEOUT):
+            response = _whole(server_ended())
+            await response.prepare(request)
+            await response.write_eof()
+    except Exception as exc:  # best effort: the cancellation is what goes on
+        logger.debug("the answer to a cancelled request was not sent: %r", exc)
 
 
 def setup(
@@ -187,12 +217,15 @@ def setup(
             try:
                 return await handler(request)
             except tether.TetherError as exc:
-                error = error_response(exc)
-                return web.json_response(error.body, status=error.status, headers=error.headers)
+                return _whole(error_head(exc))
             except asyncio.CancelledError:
-                # handler_cancellation=True: aiohttp cancels the handler when the client leaves
+                # handler_cancellation=True: aiohttp cancels the handler when the client
+                # leaves; else the server ended it (shutdown): a client still there is told.
                 if transport is None or transport.is_closing():
                     scope.disconnect()
+                elif not request.get(_STARTED):
+                    scope.close()
+                    await _farewell(request)
                 raise
             finally:
                 watcher.forget(scope)

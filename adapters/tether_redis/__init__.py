@@ -1,6 +1,6 @@
 """tether on Redis Streams: resumable streams that a reconnect continues on any worker.
 
-``tether.Resume(store=RedisStore(client))`` records each resumable stream's events
+``tether.resume.Resume(store=RedisStore(client))`` records each resumable stream's events
 in a Redis stream (``XADD`` bounded by ``MAXLEN``) as well as in process; a
 reconnect that lands on another worker reads the backlog there and follows the live
 tail (``XREAD BLOCK``). See :class:`RedisStore`.

@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 from redis.asyncio import Redis
 
 import tether
-from tether.http import Channel, Follower, new_token
+from tether.resume import Channel, Follower, new_token
 
 from ._ear import Ear, Fields, StoreUnreachable, text
 

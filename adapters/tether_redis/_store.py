@@ -2,7 +2,7 @@
 on any front worker.
 
 The worker that owns a request (its producer delivers there) keeps the stream's
-:class:`~tether.http.Channel` in process, as :class:`~tether.MemoryStore` does, and
+:class:`~tether.resume.Channel` in process, as :class:`~tether.resume.MemoryStore` does, and
 copies every event to a Redis stream ``<prefix><token>:log`` (``XADD`` with the
 event's number as its id, bounded by ``MAXLEN`` and by bytes), ending it with an end
 entry. A reconnect on that same worker is served from process; on another worker,
@@ -48,7 +48,9 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 import tether
-from tether.http import Channel, Follower, error_response, new_token
+import tether.resume
+from tether.http import error_response
+from tether.resume import Channel, Follower, new_token
 
 from ._ear import Ear, Fields, StoreUnreachable, text
 from ._mirror import Mirror
@@ -72,7 +74,7 @@ _CTL_MAXLEN: Final = 256
 """Entries a control stream keeps (each a few bytes; the owner reads them at once)."""
 
 
-class RedisStore(tether.MemoryStore):
+class RedisStore(tether.resume.MemoryStore):
     """Resumable streams recorded in Redis Streams as well as in this process.
 
     :param client: a ``redis.asyncio.Redis`` client that returns bytes (the default,
@@ -690,4 +692,4 @@ class _Writer:
             channel.abort(tether.AbortReason.CANCELLED)
         follower = channel.follower
         if follower is not None:
-            follower.cancel(tether.AbortReason.CANCELLED)
+            follower.detach(tether.AbortReason.CANCELLED)

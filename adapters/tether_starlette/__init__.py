@@ -1,15 +1,15 @@
 """tether for Starlette and FastAPI: ``TetherMiddleware`` and ``await respond(request, stream)``.
 
-Install :class:`TetherMiddleware` (it gives each request a
-:class:`tether.RequestScope` and turns client disconnects into aborts), find the
-registry with :func:`get_registry`, answer with ``await respond(request,
-stream_or_batch, streaming=...)``, and close the registry at shutdown with
-:func:`lifespan`. asyncio only. See ``docs/starlette.md``.
+Install :class:`TetherMiddleware`, find the registry with :func:`get_registry`,
+answer with ``await respond(request, stream_or_batch, streaming=...)``, close the
+registry at shutdown with :func:`lifespan`. asyncio only. See ``docs/starlette.md``.
 """
 
 from __future__ import annotations
 
-from ._middleware import REGISTRY_KEY, TetherMiddleware, get_registry, lifespan
+from tether.http import lifespan
+
+from ._middleware import REGISTRY_KEY, TetherMiddleware, get_registry
 from ._respond import respond, resume
 
 __all__ = ["REGISTRY_KEY", "TetherMiddleware", "get_registry", "lifespan", "respond", "resume"]

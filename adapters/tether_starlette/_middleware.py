@@ -1,103 +1,45 @@
-"""Installing tether in a Starlette (or FastAPI) app: the middleware and the lifespan.
+"""Installing tether in a Starlette (or FastAPI) app: :class:`TetherMiddleware`.
 
-:class:`TetherMiddleware` is pure ASGI. Around each HTTP request it opens a
-:class:`tether.RequestScope` and becomes the only reader of ``receive``: an owned
-reader task reads the body ahead of the app into a small bounded buffer
-(:data:`READ_AHEAD` bytes, so a large body keeps the server's backpressure) and
-keeps reading once the body is complete, so that an ``http.disconnect`` is seen the
-moment the server reports it, whether or not the app has read its body. A
-disconnect before the response is complete cancels the request's streams at once,
-whether the endpoint streams or waits for one JSON result; a disconnect after it
-(uvicorn sends one as soon as the response ends) is not the client leaving. On
-ASGI 2.4 servers, ``send`` raising :class:`OSError` is a disconnect too.
-
-Each request gets its own scope, marked in its ASGI scope under :data:`SCOPE_KEY`,
-never judged by the context. Installed twice (two entries in the middleware list,
-or an app mounted under another that has it), the inner copy finds the mark and
-passes the request through: one scope, one reader; with another registry, it
-refuses (``RuntimeError``), since handlers would see only one of the two. The
-context is not a sign of anything: uvicorn starts a connection's next request from inside
-the previous one's ``send()`` (pipelining), or from a reader callback carrying the
-context of the request that last resumed reading (asyncio's loop, bodies over
-64 KiB), so a task can inherit another request's :class:`tether.RequestScope`.
-
-Departures from Starlette habits, on purpose: no ``BaseHTTPMiddleware`` (the app
-behind it never sees disconnects) and no ``Request.is_disconnected()`` polling
-(slow, and it eats the body when called early). A :class:`tether.TetherError` that
-escapes the app before its response started (``Overloaded`` or ``RegistryClosed``
-from ``registry.open()``) is answered with the status and JSON body of
-:func:`tether.http.error_response`, so handlers need no ``try`` of their own. A
-handler the server cancels before its response started (a shutdown whose grace
-period ran out) gets a JSON 503 (bounded by ``FAREWELL_TIMEOUT``) before the
-cancellation goes on.
-
-:func:`lifespan` closes the registry when the app shuts down, inside the app's own
-lifespan so the producer still runs while requests drain. But uvicorn runs the
-lifespan shutdown only after every connection has closed, and a stream keeps its
-connection open: the drain has to start when the server's shutdown starts. The
-middleware does that: during the lifespan it chains the server's SIGINT and SIGTERM
-handlers (:mod:`._shutdown` says what it relies on), so installing it is enough under
-``uvicorn app:app``, ``fastapi run`` and gunicorn's uvicorn workers.
+Pure ASGI, on purpose: no ``BaseHTTPMiddleware`` (the app behind it never sees
+disconnects) and no ``Request.is_disconnected()`` polling. Per HTTP request a
+:class:`tether.RequestScope`, marked in the ASGI scope (:data:`SCOPE_KEY`, never
+judged by the context: uvicorn starts a pipelined request from inside the previous
+one's ``send()``), the only reader of ``receive`` once the request has work to abort
+(:class:`_ServerLink`), and, for errors that escape the app before its response
+started, an answer sent here, where the request id is echoed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 
 from starlette.requests import HTTPConnection
-from starlette.responses import JSONResponse
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tether
-from tether.http import (
-    FAREWELL_TIMEOUT,
-    REQUEST_ID_HEADER,
-    accept_request_id,
-    error_response,
-    stop_tasks,
-)
+from tether import http
 
-from ._shutdown import DrainOnSignal
-
-__all__ = [
-    "DRAIN_KEY",
-    "READ_AHEAD",
-    "REGISTRY_KEY",
-    "SCOPE_KEY",
-    "TetherMiddleware",
-    "get_registry",
-    "lifespan",
-    "request_scope",
-]
+__all__ = ["DRAIN_KEY", "READ_AHEAD", "REGISTRY_KEY", "SCOPE_KEY", "TetherMiddleware"]
 
 REGISTRY_KEY: Final = "tether.registry"
-"""The ASGI scope key under which the middleware puts its registry for handlers."""
+"""The ASGI scope key of the middleware's registry, for handlers."""
 
 SCOPE_KEY: Final = "tether.scope"
-"""The ASGI scope key under which the middleware puts the request's
-:class:`tether.RequestScope`; its presence marks a request that already has one."""
+"""The ASGI scope key of the request's :class:`tether.RequestScope`."""
 
 DRAIN_KEY: Final = "tether.drain"
-"""The lifespan scope key under which the middleware puts its
-:class:`~tether_starlette._shutdown.DrainOnSignal`; its presence marks a lifespan
-whose shutdown signals are already chained."""
+"""The lifespan scope key of its :class:`tether.http.DrainOnSignal`, once chained."""
 
 READ_AHEAD: Final = 64 * 1024
-"""Bytes of body the reader holds for an app that has not read them yet: reading
-ahead is how a disconnect (reported only by ``receive``, after the body) is seen
-while the app is busy elsewhere. Past it the reader waits for the app and the
-server's flow control holds the rest back, so an app that never reads a larger body
-learns that its client left only when it answers. uvicorn buffers as much itself."""
-
-AppT = TypeVar("AppT")
+"""Bytes of body read ahead for the app; past it the server's flow control holds on."""
 
 logger = logging.getLogger("tether.starlette")
+
+T = TypeVar("T")
 
 _NOT_INSTALLED: Final = (
     "tether needs TetherMiddleware, which notices client disconnects and closes each "
@@ -106,26 +48,20 @@ _NOT_INSTALLED: Final = (
 
 
 def get_registry(request: HTTPConnection) -> tether.Registry:
-    """The registry given to :class:`TetherMiddleware`, for a handler.
-
-    :param request: the request (or any connection) being handled.
-    :raises RuntimeError: the middleware is not installed.
-    """
-    registry = request.scope.get(REGISTRY_KEY)
-    if not isinstance(registry, tether.Registry):
-        raise RuntimeError(_NOT_INSTALLED)
-    return registry
+    """The registry given to :class:`TetherMiddleware` (``RuntimeError`` if none)."""
+    return _installed(request, REGISTRY_KEY, tether.Registry)
 
 
 def request_scope(request: HTTPConnection) -> tether.RequestScope:
-    """The :class:`tether.RequestScope` the middleware opened for ``request``.
+    """The scope the middleware opened for ``request`` (``RuntimeError`` if none)."""
+    return _installed(request, SCOPE_KEY, tether.RequestScope)
 
-    :raises RuntimeError: the middleware is not installed.
-    """
-    scope = request.scope.get(SCOPE_KEY)
-    if not isinstance(scope, tether.RequestScope):
+
+def _installed(request: HTTPConnection, key: str, kind: type[T]) -> T:
+    found = request.scope.get(key)
+    if not isinstance(found, kind):
         raise RuntimeError(_NOT_INSTALLED)
-    return scope
+    return found
 
 
 def _repeat(item: Message | Exception) -> Message:
@@ -134,40 +70,20 @@ def _repeat(item: Message | Exception) -> Message:
     return item
 
 
-def _require_asyncio() -> None:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        raise RuntimeError(
-            "TetherMiddleware needs an asyncio event loop, and this app runs on another "
-            "(trio?): tether's core is asyncio-only. Run the server on asyncio "
-            "(uvicorn's default loop, or hypercorn -k asyncio)."
-        ) from None
-
-
 class TetherMiddleware:
     """Gives every HTTP request a :class:`tether.RequestScope` and client-disconnect
-    detection; install it with ``Middleware(TetherMiddleware, registry=...)`` or
-    ``app.add_middleware(TetherMiddleware, registry=...)``.
+    detection: ``app.add_middleware(TetherMiddleware, registry=...)``.
 
-    Other scope types (lifespan, websocket) pass straight through. Installed twice,
-    the inner one finds the outer one's mark in the request's ASGI scope
-    (:data:`SCOPE_KEY`) and passes the request through: one scope, one reader.
-
-    The lifespan passes through too, with one addition: from its start-up to its
-    shutdown, the server's SIGINT and SIGTERM handlers are chained so that the
-    server's shutdown starts ``registry.close(drain_timeout=...)`` at once (see
-    :mod:`tether_starlette._shutdown` and ``docs/starlette.md``): under
-    ``uvicorn app:app``, ``fastapi run``, gunicorn's uvicorn workers, open streams end
-    with their error event within the drain timeout instead of holding the server.
+    Websockets pass through; the lifespan too, with the server's SIGINT and SIGTERM
+    handlers chained to a drain (:class:`tether.http.DrainOnSignal`). Installed twice,
+    the inner one passes the request through: one scope, one reader.
 
     :param app: the ASGI app to wrap.
     :param registry: the app's registry; handlers find it with :func:`get_registry`.
     :param drain_timeout: seconds requests in flight get, once the server's shutdown
         signal arrived, before they are aborted; ``None`` leaves the server's signals
         alone (the registry is then closed by :func:`lifespan`, or by you).
-    :raises RuntimeError: (when called) the server does not run on asyncio, or the
-        middleware is installed twice with two registries.
+    :raises RuntimeError: (when called) not on asyncio; installed twice, two registries.
     """
 
     __slots__ = ("_on_asyncio", "app", "drain_timeout", "registry")
@@ -182,13 +98,23 @@ class TetherMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self._on_asyncio:  # checked until it holds once: a server keeps its loop kind
-            _require_asyncio()
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                raise RuntimeError(
+                    "TetherMiddleware needs an asyncio event loop, and this app runs on "
+                    "another (trio?): tether's core is asyncio-only. Run the server on "
+                    "asyncio (uvicorn's default loop, or hypercorn -k asyncio)."
+                ) from None
             self._on_asyncio = True
         # Not the current scope: the task may have inherited a finished request's.
-        if scope["type"] == "lifespan":
-            await self._lifespan(scope, receive, send)
+        kind, drain = scope["type"], self.drain_timeout
+        if kind == "lifespan" and drain is not None and DRAIN_KEY not in scope:
+            # (once, if installed twice) the server's shutdown signal starts the drain
+            hook = scope[DRAIN_KEY] = http.DrainOnSignal(self.registry, drain_timeout=drain)
+            await hook.around(self.app, scope, receive, send)
             return
-        if scope["type"] != "http":
+        if kind != "http":
             await self.app(scope, receive, send)
             return
         if SCOPE_KEY in scope:  # installed twice: the outer copy serves this request
@@ -200,7 +126,7 @@ class TetherMiddleware:
             await self.app(scope, receive, send)
             return
         scope[REGISTRY_KEY] = self.registry
-        channel = _Channel(receive, send)
+        channel = _ServerLink(receive, send)
         channel.request_id = request_id = _request_id(scope)
         with tether.RequestScope(
             on_first_track=channel.watch, request_id=request_id
@@ -215,56 +141,32 @@ class TetherMiddleware:
             finally:
                 await channel.stop()
 
-    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The app's lifespan, with the server's shutdown signals chained to a drain
-        from its start-up to its shutdown (once, if the middleware is installed twice)."""
-        if self.drain_timeout is None or DRAIN_KEY in scope:
-            await self.app(scope, receive, send)
-            return
-        hook = scope[DRAIN_KEY] = DrainOnSignal(self.registry, drain_timeout=self.drain_timeout)
-
-        async def hooked_receive() -> Message:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                hook.install()
-            elif message["type"] == "lifespan.shutdown":
-                # Before the app's own shutdown: its producer still runs for the drain.
-                await hook.aclose()
-            return message
-
-        try:
-            await self.app(scope, hooked_receive, send)
-        finally:
-            await hook.aclose()
-
-    async def _answer(self, scope: Scope, channel: _Channel) -> None:
+    async def _answer(self, scope: Scope, channel: _ServerLink) -> None:
         try:
             await self.app(scope, channel.receive, channel.send)
         except tether.TetherError as exc:
             if channel.started:
                 raise
-            error = error_response(exc)
-            answer = JSONResponse(error.body, error.status, headers=error.headers)
-            await answer(scope, channel.receive, channel.send)
+            await send_whole(channel.send, http.error_head(exc))
         except asyncio.CancelledError:
             # The server cancelled the handler (a shutdown whose grace period ran out)
             # while it waited for its answer: the client is still there and is told.
-            if not channel.started:
-                await _farewell(scope, channel)
+            if not channel.started and channel.scope is not None:
+                channel.scope.close()
+                await send_whole(channel.send, http.server_ended())
+            raise
+        except Exception:
+            # Starlette's ServerErrorMiddleware answers outside this one, without the
+            # request id: its 500 goes from here (unless the app answers 500s itself).
+            if not channel.started and not _handles_500(scope.get("app")):
+                await send_whole(channel.send, _INTERNAL_ERROR)
             raise
 
 
-class _Channel:
-    """One request's link to the server: the watcher of ``send``, which knows whether
-    the response started and completed, and, once the request has work to abort,
-    the only reader of ``receive``.
-
-    Until the request's scope adopts its first stream, the app's ``receive`` goes
-    straight to the server: a request with nothing to abort (a health check) costs
-    no task. From then on an owned reader task reads ``receive``, keeping up to
-    :data:`READ_AHEAD` bytes of body for the app (in order) and catching the
-    ``http.disconnect`` the moment the server reports it.
-    """
+class _ServerLink:
+    """One request's link to the server: it watches ``send``, and once the scope adopts
+    a stream an owned task reads ``receive`` ahead (:data:`READ_AHEAD`), to see the
+    disconnect at once; a request with nothing to abort (a health check) costs none."""
 
     __slots__ = (
         "_arrived",
@@ -354,10 +256,8 @@ class _Channel:
 
     async def stop(self) -> None:
         """End the reader, if it started (the request is over)."""
-        reader = self._reader
-        if reader is None:
-            return
-        await stop_tasks((reader,))
+        if self._reader is not None:
+            await http.stop_tasks((self._reader,))
 
     async def receive(self) -> Message:
         """The app's ``receive``: body messages in order, then the disconnect, forever."""
@@ -419,14 +319,14 @@ class _Channel:
             raise
 
 
-_REQUEST_ID_NAME: Final = REQUEST_ID_HEADER.lower().encode("latin-1")
+_REQUEST_ID_NAME: Final = http.REQUEST_ID_HEADER.lower().encode("latin-1")
 
 
 def _request_id(scope: Scope) -> str | None:
     """The client's ``X-Request-Id`` (the first one), if it is an acceptable label."""
     for name, value in scope.get("headers", ()):
         if name == _REQUEST_ID_NAME:
-            return accept_request_id(value)
+            return http.accept_request_id(value)
     return None
 
 
@@ -437,51 +337,24 @@ def _with_request_id(message: Message, request_id: str) -> Message:
     return {**message, "headers": headers}
 
 
-async def _farewell(scope: Scope, channel: _Channel) -> None:
-    """A JSON 503 for a request whose handler the server cancelled before it answered:
-    its work is aborted now, and the answer is best effort, bounded."""
-    if channel.scope is not None:
-        channel.scope.close()
-    error = error_response(
-        tether.Aborted("-", tether.AbortReason.SERVER, "the server ended the request")
-    )
-    answer = JSONResponse(error.body, error.status, headers=error.headers)
+_INTERNAL_ERROR: Final = http.Head(
+    500, {"content-type": "text/plain; charset=utf-8"}, b"Internal Server Error"
+)
+"""Starlette's own answer to an error that escaped the app (ServerErrorMiddleware's)."""
+
+
+def _handles_500(app: object) -> bool:
+    """Whether ``app`` answers escaped errors its own way (a 500 handler, debug)."""
+    handlers = getattr(app, "exception_handlers", None) or {}
+    return bool(getattr(app, "debug", False)) or 500 in handlers or Exception in handlers
+
+
+async def send_whole(send: Send, head: http.Head) -> None:
+    """Send ``head`` as a whole response, best effort, within ``FAREWELL_TIMEOUT``."""
+    headers = Response(head.body, head.status, headers=head.headers).raw_headers
     try:
-        async with asyncio.timeout(FAREWELL_TIMEOUT):
-            await answer(scope, channel.receive, channel.send)
-    except Exception as exc:  # best effort: the cancellation is what goes on
-        logger.debug("the answer to a cancelled request was not sent: %r", exc)
-
-
-def lifespan(
-    registry: tether.Registry,
-    *,
-    drain_timeout: float = 5.0,
-    inner: Callable[[AppT], AbstractAsyncContextManager[Any]] | None = None,
-) -> Callable[[AppT], AbstractAsyncContextManager[Any]]:
-    """A Starlette lifespan that closes ``registry`` at shutdown, around ``inner``'s.
-
-    ``registry.close(drain_timeout=...)`` runs *inside* ``inner``'s context, so the
-    producer ``inner`` starts is still running while requests in flight drain; what is
-    left then ends with a final error event. Use ``Starlette(lifespan=lifespan(reg,
-    inner=app_lifespan))``; the state ``inner`` yields is passed on.
-
-    When the server stops on a signal, :class:`TetherMiddleware` has already drained
-    the registry (with *its* ``drain_timeout``) by the time this runs: the lifespan's
-    close is for servers stopped without a signal.
-
-    :param registry: the registry to close.
-    :param drain_timeout: seconds requests in flight get to finish before being aborted.
-    :param inner: the app's own lifespan (starts and stops the producer), if any.
-    """
-
-    @contextlib.asynccontextmanager
-    async def run(app: AppT) -> AsyncIterator[Any]:
-        async with contextlib.AsyncExitStack() as stack:
-            state = None if inner is None else await stack.enter_async_context(inner(app))
-            try:
-                yield state
-            finally:
-                await registry.close(drain_timeout=drain_timeout)
-
-    return run
+        async with asyncio.timeout(http.FAREWELL_TIMEOUT):
+            await send({"type": "http.response.start", "status": head.status, "headers": headers})
+            await send({"type": "http.response.body", "body": head.body})
+    except Exception as exc:  # best effort: what goes on is the error or the cancellation
+        logger.debug("the answer to a failed request was not sent: %r", exc)

@@ -40,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 import tether
-from tether.http import error_response
+from tether.http import NOBODY_READS, error_response
 
 from ._middleware import get_registry
 
@@ -135,8 +135,7 @@ async def events(stream: tether.Stream, *, done: bool = True) -> AsyncIterator[A
             async for output in stream:
                 yield output
         except tether.TetherError as exc:
-            gone = tether.AbortReason.CLIENT_DISCONNECTED
-            if isinstance(exc, tether.Aborted) and exc.reason is gone:
+            if isinstance(exc, tether.Aborted) and exc.reason in NOBODY_READS:
                 return  # nobody to tell
             yield ServerSentEvent(data=error_response(exc).body)
     if done:

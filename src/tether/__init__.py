@@ -6,13 +6,9 @@ adapter (``tether_starlette``, ``tether_aiohttp``) turns streams into HTTP
 responses and client disconnects into aborts. This package imports no web
 framework.
 
-These names are for application authors. Adapter authors find the HTTP exchange
-and the error mapping in :mod:`tether.http`. Where each concept lives:
-``_registry`` (the public front), ``_table`` (admission, the one end-of-request
-path, ``on_abort``, counters), ``_state`` (mailboxes), ``_consumer`` (the reading
-loop of ``_stream`` and ``_batch``), ``_scope``, ``_errors``, ``_encoders``,
-``_stats``, ``_observe`` (hooks for metrics, traces, logs), ``_resume`` (resumable
-streams); and for adapters ``_exchange``, ``_framing``, ``_responses``, ``_guard``.
+These names are for application authors; adapter authors find the HTTP exchange
+and its write loop in :mod:`tether.http`, store authors resumable streams in
+:mod:`tether.resume` (``Resume``, ``MemoryStore``). This module imports neither.
 """
 
 from __future__ import annotations
@@ -40,8 +36,6 @@ from ._errors import (
 from ._limits import DEFAULT_MAX_PENDING_BYTES, approximate_size
 from ._observe import Observer, Outcome, RequestEnd
 from ._registry import Registry
-from ._replay import MemoryStore
-from ._resume import Resume
 from ._scope import RequestScope
 from ._stats import RegistryStats, Summary
 from ._stream import Stream
@@ -66,7 +60,6 @@ __all__ = [
     "Encoder",
     "InvalidRequest",
     "InvalidRequestId",
-    "MemoryStore",
     "Observer",
     "Outcome",
     "Overloaded",
@@ -77,7 +70,6 @@ __all__ = [
     "RequestEnd",
     "RequestScope",
     "RequestTimeout",
-    "Resume",
     "Stream",
     "Summary",
     "TetherError",

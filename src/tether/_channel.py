@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
-from ._errors import Aborted, AbortReason, TetherError
+from ._errors import NOBODY_READS, Aborted, AbortReason, TetherError
+from ._exchange import Numbered
 from ._idle import IdleDeadline
 from ._scope import waiter_cancelled
 from ._weights import Weights
@@ -23,9 +24,6 @@ from ._weights import Weights
 __all__ = ["Channel", "Follower", "Keeper"]
 
 logger = logging.getLogger("tether")
-
-_PARKED: Final = (AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED)
-"""What a follower's cancel means when it only detaches its client."""
 
 
 class Keeper(Protocol):
@@ -245,7 +243,7 @@ class Channel:
                 waiter.set_result(None)
 
 
-class Follower:
+class Follower(Numbered):
     """One client's view of a resumable stream: what an :class:`~tether.http.Exchange`
     reads instead of the stream. Its outputs come as ``(event id, output)`` pairs.
 
@@ -299,13 +297,20 @@ class Follower:
             self._idle.clear()  # (its timer would keep it until the next ping time)
 
     def cancel(self, reason: AbortReason = AbortReason.CANCELLED) -> bool:
+        """Abort the request followed, as a stream's ``cancel`` does.
+
+        :returns: whether it was live.
+        """
+        return self._channel.abort(reason)
+
+    def detach(self, reason: AbortReason = AbortReason.CLIENT_DISCONNECTED) -> bool:
         """Detach this client (``client_disconnected``, ``cancelled``: the stream is
         parked); any other reason aborts the request.
 
         :returns: whether a request was aborted.
         """
         channel = self._channel
-        if reason not in _PARKED:
+        if reason not in NOBODY_READS:
             return channel.abort(reason)
         if self._gone is None:
             self._gone = Aborted(self.rid, reason)
@@ -328,7 +333,7 @@ class Follower:
         """Detach this client; the stream goes on (parked) for the grace period."""
         self._closed = True
         self._idle.clear()
-        self.cancel(AbortReason.CANCELLED)
+        self.detach(AbortReason.CANCELLED)
 
     def ready(self) -> list[tuple[str, Any]] | None:
         """Every event not handed out yet, as ``(event id, output)`` pairs.
@@ -373,7 +378,7 @@ class Follower:
             if channel.waiter is waiter:
                 channel.waiter = None
             waiter_cancelled()
-            self.cancel(AbortReason.CANCELLED)
+            self.detach(AbortReason.CANCELLED)
             raise
 
     def _on_idle(self) -> None:

@@ -32,6 +32,7 @@ from typing import Final
 
 __all__ = [
     "MAX_RID_LENGTH",
+    "NOBODY_READS",
     "AbortReason",
     "Aborted",
     "BatchTooLarge",
@@ -66,6 +67,11 @@ class AbortReason(enum.StrEnum):
     """``Registry.abort()`` was called, or ``Registry.close()`` drained out."""
     FAILED_SIBLING = "failed_sibling"
     """Another sub-request of the same batch failed."""
+
+
+NOBODY_READS: Final = frozenset({AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED})
+"""The abort reasons that mean nobody reads the request any more (its client left, or
+its reader stopped): nothing more is written, a resumable stream is parked."""
 
 
 class TetherError(Exception):

@@ -1,74 +1,202 @@
-"""Exchange: drives one HTTP response from a ``Stream`` or ``Batch``, with no web
-framework in sight.
+"""Exchange: one HTTP response from a ``Stream`` or ``Batch``, and its one write loop.
 
-It decides the status line (which waits for the first output, so that a failure
-before it gets a real status rather than a 200 followed by an error event), frames
-every ready output into one chunk, pings when idle, and ends with one error event
-and the terminal frame when the request fails after the stream has started. An
-adapter only moves the bytes it gives: ``start()``, then ``next_chunk()`` until
-:attr:`Exchange.done`, each write through :meth:`Exchange.bounded`; and
-``aclose()`` in a ``finally``. A handler cancelled by its server (shutdown) still
-ends its response: :meth:`Exchange.farewell` gives the last bytes. An adapter that
-can write without waiting may also write from the producer's step, through the
-stream's sink (``Stream.set_sink``), framing with :meth:`Exchange.sink_chunk`.
+The exchange decides the status line (which waits for the first output, so that a
+failure before it gets a real status rather than a 200 followed by an error event),
+frames every ready output into one chunk, pings when idle, and ends with one error
+event and the terminal frame when the request fails after the stream has started.
+:meth:`Exchange.run` writes the response through a :class:`Writer`, the few writes
+an adapter's framework offers: each write is bounded by the send timeout (a client
+that stopped reading counts as gone), a handler cancelled by its server still ends
+its response (the farewell), and where the framework can write without waiting
+(:meth:`Writer.direct`) the producer's step writes what it delivers itself.
+
+Departure, on purpose: the write loop is not the framework's. Adapters hand their
+writes in; they keep no loop, no framing and no error mapping of their own.
 """
 
 from __future__ import annotations
 
+import abc
+import asyncio
+import copy
 import logging
-from collections.abc import Awaitable
-from typing import Any, Final
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Protocol
 
 from ._batch import Batch
-from ._channel import Follower
 from ._encoders import SSE, Encoder, default_dumps
-from ._errors import Aborted, AbortReason, TetherError
+from ._errors import NOBODY_READS, Aborted, AbortReason, TetherError
 from ._framing import Framer, jsonable
 from ._guard import SendGuard
-from ._responses import DEFAULT_SEND_TIMEOUT, JSON_HEADERS, Head, error_response
-from ._resume import TOKEN_HEADER
-from ._scope import current_scope
+from ._responses import DEFAULT_SEND_TIMEOUT, JSON_HEADERS, TOKEN_HEADER, Head, error_response
+from ._scope import RequestScope
 from ._stream import Stream
 
-__all__ = ["FAREWELL_TIMEOUT", "Exchange"]
+__all__ = [
+    "FAREWELL_TIMEOUT",
+    "Direct",
+    "Exchange",
+    "Numbered",
+    "Writer",
+    "error_head",
+    "server_ended",
+]
 
 logger = logging.getLogger("tether")
 
 FAREWELL_TIMEOUT: Final = 1.0
-"""Seconds an adapter gives the last write of a response whose handler the server
-cancelled (:meth:`Exchange.farewell`): enough for a client that reads, short for one
-that stopped."""
-
-_CLIENT_GONE: Final = (AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED)
-"""Why a stream may end with nothing more written: nobody reads it."""
+"""Seconds the last write of a response whose handler the server cancelled may take:
+enough for a client that reads, short for one that stopped."""
 
 _SSE: Final = SSE()
 """The default framing, shared: an encoder holds no state of its own response."""
 
 
+def error_head(exc: BaseException) -> Head:
+    """The whole answer to a failure before the status line: its status and JSON body
+    (:func:`error_response`), for an adapter to send as it is."""
+    response = error_response(exc)
+    return Head(response.status, {**JSON_HEADERS, **response.headers}, default_dumps(response.body))
+
+
+def _ended_by_server(rid: str) -> Aborted:
+    return Aborted(rid, AbortReason.SERVER, "the server ended the request")
+
+
+def server_ended(rid: str = "-") -> Head:
+    """The whole answer to a request whose handler the server cancelled before its
+    status line went out (a shutdown whose grace period ran out): a JSON 503."""
+    return error_head(_ended_by_server(rid))
+
+
+class Numbered(abc.ABC):
+    """A source whose outputs come as ``(event id, output)`` pairs: a resumable stream's
+    follower (:class:`tether.resume.Follower`). The exchange streams it with event ids,
+    names its error event ``error`` and sends its token (:data:`TOKEN_HEADER`).
+
+    Its ``cancel`` aborts the request, as a stream's does; :meth:`detach` is how its
+    client leaves without ending it (the stream is parked for a reconnect).
+    """
+
+    __slots__ = ()
+
+    @property
+    @abc.abstractmethod
+    def rid(self) -> str:
+        """The request id of the stream followed."""
+
+    @property
+    @abc.abstractmethod
+    def token(self) -> str:
+        """The stream's resume token."""
+
+    @property
+    @abc.abstractmethod
+    def finished(self) -> bool:
+        """Whether this client is done with the stream (nothing for a scope to end)."""
+
+    @property
+    @abc.abstractmethod
+    def exhausted(self) -> bool:
+        """Whether everything was handed out and the stream ended cleanly."""
+
+    @abc.abstractmethod
+    def ready(self) -> list[Any] | None:
+        """Every event ready now; ``[]`` if none yet; ``None`` at the end."""
+
+    @abc.abstractmethod
+    async def wait_ready(self, *, timeout: float | None = None) -> None:
+        """Wait until an event or the end is ready, or ``timeout`` passed."""
+
+    @abc.abstractmethod
+    async def next_ready(self, *, timeout: float | None = None) -> list[Any] | None:
+        """:meth:`ready`, waiting (up to ``timeout``: then ``[]``) for one if none is."""
+
+    @abc.abstractmethod
+    async def result(self) -> Any:
+        """A resumable stream is only streamed: :class:`TypeError`."""
+
+    @abc.abstractmethod
+    def cancel(self, reason: AbortReason = AbortReason.CANCELLED) -> bool:
+        """Abort the request followed; whether it was live."""
+
+    @abc.abstractmethod
+    def detach(self, reason: AbortReason = AbortReason.CLIENT_DISCONNECTED) -> bool:
+        """This client leaves (the stream is parked); a reason outside
+        :data:`~tether.NOBODY_READS` aborts instead. Whether a request was aborted."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Detach this client (idempotent)."""
+
+
+class Direct(Protocol):
+    """A write that never waits, where a framework offers one (aiohttp's transport)."""
+
+    def writable(self) -> bool:
+        """Whether a write now goes out at once (nothing queued, the connection open)."""
+
+    def write(self, chunk: bytes) -> bool:
+        """Write ``chunk`` now if :meth:`writable`; ``False`` (nothing written) if not."""
+
+
+class Writer(Protocol):
+    """The writes of one response, as its framework offers them, for :meth:`Exchange.run`.
+
+    ``start`` and ``write`` return the framework's awaitable (no coroutine of their
+    own on the hot path); the exchange bounds each one by the send timeout.
+    """
+
+    lost_when_cut: bool
+    """Whether a write cut by cancellation wrote nothing (uvicorn cancels in the wait
+    for flow control, before writing): the farewell then sends its bytes again."""
+
+    def start(self) -> Awaitable[object]:
+        """Send the status line and headers the response was built with."""
+
+    def write(self, chunk: bytes, last: bool) -> Awaitable[object]:
+        """Send ``chunk``; ``last``: it ends the body."""
+
+    async def answer(self, head: Head) -> None:
+        """Send ``head`` as the whole response instead (nothing was started)."""
+
+    def drop(self) -> None:
+        """The client stopped reading: drop its connection where the framework can."""
+
+    def direct(self) -> Direct | None:
+        """The write that never waits, once started, if the framework has one."""
+
+
 class Exchange:
     """Drives one HTTP response from a :class:`~tether.Stream` or :class:`~tether.Batch`.
 
-    :param source: what to answer with (a :class:`~tether.Follower` for a resumable
-        stream: its outputs carry event ids, its error event is named ``error``).
+    :param source: what to answer with (a resumable stream's follower: its outputs
+        carry event ids, its error event is named ``error``).
     :param streaming: stream every output (``True``) or answer with one JSON body.
     :param encoder: the streaming framing; :class:`~tether.SSE` by default.
     :param ping_interval: seconds of silence after which a keep-alive is sent.
     :param send_timeout: seconds one write of the response may wait for a client
         that stopped reading (the server's writes blocked by flow control); past it,
-        the adapter treats the client as gone: the request is aborted and freed, the
-        connection closed where the framework allows. ``None`` waits for ever.
+        the client counts as gone: the request is aborted and freed, the
+        connection dropped where the framework allows. ``None`` waits for ever.
+    :param transform: turns what is answered into the value written: the result
+        (``streaming=False``; a batch's: the list of results) or each output. Its
+        errors fail the request as an unencodable output does.
+    :param scope: the request's scope, told when the client is found gone.
     :raises ValueError: a non-positive ``ping_interval`` or ``send_timeout`` (the
         source is aborted: the exchange owns it from the start).
     """
 
     __slots__ = (
+        "_direct",
         "_done",
         "_framer",
         "_guard",
         "_numbered",
+        "_sunk_at",
         "encoder",
         "ping_interval",
+        "scope",
         "send_timeout",
         "source",
         "streaming",
@@ -76,20 +204,22 @@ class Exchange:
 
     def __init__(
         self,
-        source: Stream | Batch | Follower,
+        source: Stream | Batch | Numbered,
         *,
         streaming: bool,
         encoder: Encoder | type[Encoder] | None = None,
         ping_interval: float = 15.0,
         send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
+        transform: Callable[[Any], Any] | None = None,
+        scope: RequestScope | None = None,
     ) -> None:
-        if not isinstance(source, Stream | Batch | Follower):
+        if not isinstance(source, Stream | Batch | Numbered):
             raise TypeError(f"expected a tether Stream or Batch, got {type(source).__name__}")
         if encoder is None:
             encoder = _SSE
         elif isinstance(encoder, type):
             encoder = encoder()
-        numbered = isinstance(source, Follower)
+        numbered = isinstance(source, Numbered)
         bad = None
         if numbered and not (streaming and encoder.has_event_ids):
             bad = "a resumable stream is streamed with event ids: streaming=True and SSE"
@@ -99,27 +229,27 @@ class Exchange:
             bad = f"send_timeout must be positive or None, got {send_timeout}"
         if bad is not None:
             # the exchange owned the source all the same: nothing is left open
-            (source.abort if isinstance(source, Follower) else source.cancel)()
+            source.cancel()
             raise ValueError(bad)
+        if transform is not None:
+            encoder = _shaped(encoder, transform, streaming=streaming)
         self.source = source
         self.streaming = streaming
         self.encoder: Encoder = encoder
         self.ping_interval = ping_interval
         self.send_timeout = send_timeout
+        self.scope = scope
+        """The request's scope, told when the client is found gone."""
         # A resumable stream's outputs come with their event ids (see _resume).
         self._numbered = numbered
         # (a one-shot JSON answer writes once: no send timeout's guard unless asked for)
         self._guard: SendGuard | None = SendGuard(send_timeout) if streaming else None
-        inline = isinstance(source, Batch) and source.keep_going
         batch = isinstance(source, Batch)
+        inline = isinstance(source, Batch) and source.keep_going  # (errors stand inline)
         self._framer = Framer(encoder, indexed=batch, errors_inline=inline, numbered=numbered)
         self._done = False
-
-    @property
-    def _bound(self) -> SendGuard:
-        if self._guard is None:
-            self._guard = SendGuard(self.send_timeout)
-        return self._guard
+        self._direct: Direct | None = None
+        self._sunk_at: float | None = None  # when the sink last wrote (the loop's time)
 
     @property
     def done(self) -> bool:
@@ -132,11 +262,9 @@ class Exchange:
 
     def _error_head(self, exc: BaseException) -> Head:
         self._done = True
-        response = error_response(exc)
-        headers = {**JSON_HEADERS, **response.headers}
-        return Head(response.status, headers, default_dumps(response.body))
+        return error_head(exc)
 
-    async def start(self) -> Head:
+    async def start(self, *, head_only: bool = False) -> Head:
         """Wait until the status line is known and return it with the first bytes.
 
         Non-streaming: waits for the result. Streaming: waits for the first outputs,
@@ -144,7 +272,14 @@ class Exchange:
         before that become an error status with a JSON body; so does an output the
         encoder cannot serialise (500, and the work is aborted). A stream that is
         already over is answered whole, terminal frame included (:attr:`done`).
+
+        :param head_only: a HEAD request: nobody will read the body, so the work is
+            aborted now (the producer is told through ``on_abort``) and the head
+            carries the headers a GET would start with, status 200 and no body.
         """
+        if head_only:
+            await self.aclose()
+            return Head(200, self._success_headers(), b"")
         if not self.streaming:
             try:
                 result = await self.source.result()
@@ -194,33 +329,33 @@ class Exchange:
         if not self.streaming:
             return dict(JSON_HEADERS)
         encoder = self.encoder
-        headers = {
-            "content-type": encoder.media_type,
-            **{k.lower(): v for k, v in encoder.headers.items()},
-        }
+        media_type = encoder.media_type
+        if media_type.startswith("text/"):
+            media_type += "; charset=utf-8"  # (tether's frames are UTF-8, always)
+        headers = {"content-type": media_type, **{k.lower(): v for k, v in encoder.headers.items()}}
         source = self.source
-        if isinstance(source, Follower):
+        if isinstance(source, Numbered):
             headers[TOKEN_HEADER] = source.token
         return headers
 
-    async def start_head_only(self) -> Head:
-        """Answer a HEAD request: abort the work now and return a successful head.
+    async def next_chunk(self) -> bytes:
+        """The next bytes to write, while not :attr:`done`: every ready output in one
+        chunk, a ping after ``ping_interval`` of silence, the terminal frame at the end
+        (or one error event and the terminal frame on failure). For a writer that pulls
+        (:meth:`run` is the loop that pushes).
 
-        Nobody will read the body, so the source is closed at once (the producer is
-        told through ``on_abort``) and the head carries the headers a GET would
-        start with, status 200 and no body.
+        A client disconnect ends the response quietly (``b""``, and :attr:`done`):
+        nobody is reading.
         """
-        await self.aclose()
-        return Head(200, self._success_headers(), b"")
+        chunk = self._ready_chunk()
+        if chunk is None:
+            await self.source.wait_ready(timeout=self.ping_interval)
+            chunk = self._waited_chunk()
+        return chunk
 
-    def ready_chunk(self) -> bytes | None:
-        """The next bytes to write if they are ready now (outputs, the end, an error),
-        without waiting; ``None`` when the adapter has to wait: ``await next_chunk()``.
-
-        The write loop of an adapter: ``chunk = exchange.ready_chunk()``, and only if
-        that is ``None``, ``chunk = await exchange.next_chunk()``. No coroutine is made
-        for a chunk that was ready.
-        """
+    def _ready_chunk(self) -> bytes | None:
+        """The next bytes if they are ready now (outputs, the end, an error), without
+        waiting; ``None`` when the loop has to wait."""
         if self._done:
             return b""
         framer = self._framer
@@ -236,41 +371,8 @@ class Exchange:
             return None
         return self._chunk(items)
 
-    def sink_chunk(self, outputs: list[Any]) -> bytes | None:
-        """``outputs`` (handed to a ``Stream.set_sink`` sink in the producer's step) as
-        one chunk to write now; ``None`` when the sink must decline them (they wait
-        again, and the write loop reads them with :meth:`ready_chunk`: an output that
-        does not encode fails the request there). Never ends, aborts or raises.
-        """
-        framer = self._framer
-        if self._done or framer.carry is not None:
-            return None
-        try:
-            return framer.encode(outputs)
-        except Exception:
-            return None
-
-    async def next_chunk(self) -> bytes:
-        """The next bytes to write, while not :attr:`done`: every ready output in one
-        chunk, a ping after ``ping_interval`` of silence, the terminal frame at the end
-        (or one error event and the terminal frame on failure).
-
-        A client disconnect ends the response quietly (``b""``, and :attr:`done`):
-        nobody is reading.
-        """
-        chunk = self.ready_chunk()
-        return await self.wait_chunk() if chunk is None else chunk
-
-    async def wait_chunk(self) -> bytes:
-        """:meth:`next_chunk` for a write loop that just got ``None`` from
-        :meth:`ready_chunk`: wait (up to ``ping_interval``), then the next bytes."""
-        await self.source.wait_ready(timeout=self.ping_interval)
-        return self.waited_chunk()
-
-    def waited_chunk(self) -> bytes:
-        """What :meth:`wait_chunk` returns after its wait, for a write loop that awaits
-        ``source.wait_ready(timeout=ping_interval)`` itself (one coroutine less)."""
-        chunk = self.ready_chunk()
+    def _waited_chunk(self) -> bytes:
+        chunk = self._ready_chunk()
         return self.encoder.ping() if chunk is None else chunk
 
     def _chunk(self, items: list[Any] | None) -> bytes:
@@ -294,7 +396,7 @@ class Exchange:
         """The end of a stream that failed after its start: one error event and the
         terminal frame; nothing when its client left (nobody reads)."""
         self._done = True
-        if isinstance(exc, Aborted) and exc.reason in _CLIENT_GONE:
+        if isinstance(exc, Aborted) and exc.reason in NOBODY_READS:
             return b""
         encoder = self.encoder
         return encoder.error(error_response(exc).body, event=self._error_event) + encoder.terminal()
@@ -304,68 +406,163 @@ class Exchange:
         # A resumable stream names its error event: a reconnecting client tells it apart.
         return "error" if self._numbered else None
 
-    def writing(self) -> None:
-        """A write of this response starts now: it is bounded by ``send_timeout``.
+    async def run(self, writer: Writer, first: bytes) -> None:
+        """Write the whole response through ``writer``: the status line and headers,
+        ``first`` (the head's body), then every chunk until :attr:`done`; the source is
+        closed at the end, however it ends.
 
-        For the hot write loop, instead of :meth:`bounded`: call it before each
-        write and :meth:`written` after; when the write is interrupted by
-        ``CancelledError``, ask :meth:`stalled` whether the bound cut it.
+        Each write is bounded by ``send_timeout``: past it the client counts as gone
+        (the scope is told, the connection dropped, and this returns). A write that
+        fails with :class:`ConnectionError` means the client left (this returns). A
+        cancellation from elsewhere (the server's shutdown) ends the response first
+        (:meth:`_farewell`), then goes on: ``CancelledError`` is raised again.
         """
-        (self._guard or self._bound).begin()
+        guard = self._guard
+        if guard is None:
+            guard = self._guard = SendGuard(self.send_timeout)
+        begin, end = guard.begin, guard.end
+        started = last = False
+        body = b""  # the chunk being written, until its write returns
+        try:
+            begin()
+            await writer.start()
+            end()
+            started = True
+            body = first
+            direct = self._direct = writer.direct()
+            # (a batch read whole, or a resumable stream's follower: no sink)
+            stream = self.source if direct is not None and type(self.source) is Stream else None
+            # The hot loop: per chunk, one write and (only when nothing is ready) one
+            # wait; the send timeout is bookkeeping around the write, not a coroutine.
+            write, ready_chunk = writer.write, self._ready_chunk
+            wait, ping_interval = self.source.wait_ready, self.ping_interval
+            framed = True  # the first chunk goes through the framework (it may hold the head)
+            while True:
+                last = self._done
+                if framed or last or direct is None or not direct.write(body):
+                    begin()
+                    await write(body, last)
+                    end()
+                    framed = False
+                if last:
+                    break
+                body = b""
+                chunk = ready_chunk()
+                if chunk is None:
+                    if stream is not None and direct is not None and direct.writable():
+                        chunk = await self._parked(stream)
+                    else:
+                        await wait(timeout=ping_interval)
+                    if chunk is None:
+                        chunk = self._waited_chunk()
+                body = chunk
+        except ConnectionError:  # aiohttp's ClientConnectionResetError, ASGI 2.4's OSError
+            self._gone()
+        except asyncio.CancelledError:
+            if guard.stalled_out():
+                # The send timeout cut a write: the client read nothing for it.
+                logger.warning(
+                    "%r: the client read nothing for %gs; it counts as gone (as a disconnect)",
+                    self.source,
+                    self.send_timeout,
+                )
+                self._gone()
+                writer.drop()
+                return
+            await self._farewell(writer, started, body, last)
+            raise
+        finally:
+            await self.aclose()
 
-    def written(self) -> None:
-        """The write started by :meth:`writing` is over."""
-        (self._guard or self._bound).end()
+    def _gone(self) -> None:
+        """The client is gone: the work is aborted as for a disconnect."""
+        self._done = True
+        if self.scope is not None:
+            self.scope.disconnect()
+        else:
+            self._leave(AbortReason.CLIENT_DISCONNECTED)
 
-    def stalled(self) -> bool:
-        """After ``CancelledError`` in a write begun with :meth:`writing`: whether the
-        send timeout cut it (the client stopped reading). Then the cancellation is
-        consumed, the request is aborted as for a disconnect, and the adapter ends
-        the response without raising; else the cancellation is someone else's."""
-        if not self._bound.stalled_out():
+    def _leave(self, reason: AbortReason) -> None:
+        """Nobody reads this response any more: its work is aborted (a resumable
+        stream's follower only detaches: the stream is parked for a reconnect)."""
+        source = self.source
+        if isinstance(source, Numbered):
+            source.detach(reason)
+        else:
+            source.cancel(reason)
+
+    async def _parked(self, stream: Stream) -> bytes | None:
+        """Wait while the producer's step writes what it delivers (:meth:`_sink`): what
+        is ready once the task is woken, or ``None`` when a keep-alive is due, after
+        ``ping_interval`` of silence since the sink's last write (not since parking).
+        The task wakes for the end, an error, a ping, or once the transport holds
+        bytes back (the sink declines: the outputs wait for this loop, in order)."""
+        if not stream.set_sink(self._sink):
+            await stream.wait_ready(timeout=self.ping_interval)
+            return None
+        now = asyncio.get_running_loop().time
+        interval = timeout = self.ping_interval
+        self._last_sink_write()  # (earlier writes do not count)
+        try:
+            while True:
+                await stream.wait_ready(timeout=timeout)
+                ready = self._ready_chunk()
+                sunk_at = self._last_sink_write()
+                if ready is not None or sunk_at is None:
+                    return ready
+                timeout = sunk_at + interval - now()
+                if timeout <= 0:
+                    return None
+        finally:
+            stream.set_sink(None)
+
+    def _last_sink_write(self) -> float | None:
+        """When the sink last wrote (the loop's time) since this was last asked, if it did."""
+        sunk_at, self._sunk_at = self._sunk_at, None
+        return sunk_at
+
+    def _sink(self, outputs: list[Any]) -> bool:
+        """The stream's sink (``Stream.set_sink``), in the producer's step: write
+        ``outputs`` now if the direct write is still possible; ``False`` (nothing
+        written, never an end or an abort) hands them back to the write loop."""
+        direct = self._direct
+        framer = self._framer
+        if direct is None or self._done or framer.carry is not None or not direct.writable():
             return False
-        self._client_stalled()
+        try:
+            chunk = framer.encode(outputs)
+        except Exception:  # the write loop meets it again, and fails the request there
+            return False
+        if not direct.write(chunk):
+            return False
+        self._sunk_at = asyncio.get_running_loop().time()
         return True
 
-    def _client_stalled(self) -> None:
-        logger.warning(
-            "%r: the client read nothing for %gs; it counts as gone (as a disconnect)",
-            self.source,
-            self.send_timeout,
-        )
-        scope = current_scope()
-        if scope is not None:
-            scope.disconnect()
-        else:
-            self.source.cancel(AbortReason.CLIENT_DISCONNECTED)
-        self._done = True
-
-    async def bounded(self, write: Awaitable[object]) -> bool:
-        """Await one write of this response (a send, a flush), bounded by ``send_timeout``.
-
-        A write that waits longer means the client stopped reading without closing
-        its connection: the request's scope is told the client is gone (so the work
-        is aborted and freed, as for a disconnect), the write is abandoned, and the
-        result is ``False``; the adapter then ends the response (and drops the
-        connection where its framework allows). One timer per response, not one per
-        write, so the bound costs next to nothing on the hot path.
-
-        :returns: ``True`` once the write completed.
-        """
-        if await self._bound.write(write):
-            return True
-        self._client_stalled()
-        return False
-
-    def farewell(self) -> bytes:
-        """The last bytes of a stream whose handler the server cancelled (a shutdown
-        whose grace period ran out): the work is aborted now, and the client, still
-        there, is told so with one error event (503: the server ended the request) and
-        the terminal frame, after whatever the exchange held. Never waits.
-        """
+    async def _farewell(self, writer: Writer, started: bool, unsent: bytes, last: bool) -> None:
+        """End the response of a cancelled handler (the server's shutdown), best effort
+        and bounded by :data:`FAREWELL_TIMEOUT`: the work is aborted now, and the client,
+        still there, is told that the server ended its request (503): the whole JSON
+        answer if nothing was started, else one error event and the terminal frame."""
         self._done = True
         source = self.source
-        source.cancel(AbortReason.CANCELLED)
+        self._leave(AbortReason.CANCELLED)
+        try:
+            async with asyncio.timeout(FAREWELL_TIMEOUT):
+                if not started:
+                    await writer.answer(server_ended(self._rid))
+                    return
+                unsent = unsent if writer.lost_when_cut else b""
+                await writer.write(unsent if last else unsent + self._goodbye(), True)
+        except Exception as exc:  # best effort: the cancellation is what goes on
+            logger.debug("%r: the end of a cancelled response was not sent: %r", source, exc)
+
+    @property
+    def _rid(self) -> str:
+        source = self.source
+        return source.rids[0] if isinstance(source, Batch) else source.rid
+
+    def _goodbye(self) -> bytes:
+        """Whatever the exchange held, one error event (503) and the terminal frame."""
         framer = self._framer
         carry = framer.take_carry()
         try:
@@ -373,19 +570,8 @@ class Exchange:
         except Exception:  # unencodable: what matters now is the end
             held = b""
         encoder = self.encoder
-        body = error_response(self._server_abort()).body
-        return held + encoder.error(body, event=self._error_event) + encoder.terminal()
-
-    def farewell_head(self) -> Head:
-        """The whole answer to a request whose handler the server cancelled before its
-        status line went out: the work is aborted now; a JSON 503. Never waits."""
-        self.source.cancel(AbortReason.CANCELLED)
-        return self._error_head(self._server_abort())
-
-    def _server_abort(self) -> Aborted:
-        source = self.source
-        rid = source.rids[0] if isinstance(source, Batch) else source.rid
-        return Aborted(rid, AbortReason.SERVER, f"request {rid!r} was ended by the server")
+        body = error_response(_ended_by_server(self._rid))
+        return held + encoder.error(body.body, event=self._error_event) + encoder.terminal()
 
     async def aclose(self) -> None:
         """End the response: whatever is unfinished is aborted and freed (idempotent).
@@ -398,3 +584,14 @@ class Exchange:
         if self._guard is not None:
             self._guard.close()
         await self.source.aclose()
+
+
+def _shaped(encoder: Encoder, transform: Callable[[Any], Any], *, streaming: bool) -> Encoder:
+    """``encoder`` with ``transform`` applied to each output (streaming), or to the
+    result before it is serialised (one JSON body, written with ``dumps``)."""
+    if streaming:
+        return encoder.shaped(transform)
+    shaped = copy.copy(encoder)
+    dumps = encoder.dumps
+    shaped.dumps = lambda result: dumps(transform(result))
+    return shaped

@@ -113,7 +113,7 @@ class MemoryStore:
             channel.abort(AbortReason.CANCELLED)
         follower = channel.follower
         if follower is not None:
-            follower.cancel(AbortReason.CANCELLED)
+            follower.detach(AbortReason.CANCELLED)
         return True
 
     def holds(self, channel: Channel) -> bool:

@@ -17,8 +17,8 @@ import math
 from typing import Any, Final
 
 from ._errors import (
+    NOBODY_READS,
     Aborted,
-    AbortReason,
     BatchTooLarge,
     ConsumerTooSlow,
     DuplicateRequest,
@@ -36,6 +36,7 @@ __all__ = [
     "CLIENT_CLOSED_REQUEST",
     "DEFAULT_SEND_TIMEOUT",
     "JSON_HEADERS",
+    "TOKEN_HEADER",
     "ErrorResponse",
     "Head",
     "error_body",
@@ -51,6 +52,10 @@ DEFAULT_SEND_TIMEOUT: Final = 30.0
 """Seconds one write may wait for a client that stopped reading (see :class:`Exchange`)."""
 
 JSON_HEADERS: Final = {"content-type": "application/json"}
+
+TOKEN_HEADER: Final = "tether-resume-token"
+"""The response header that carries a resumable stream's token (and the request
+header a reconnect may carry it in)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,7 +82,7 @@ def _status_of(exc: BaseException) -> tuple[int, dict[str, str]]:
     if isinstance(exc, ConsumerTooSlow):
         return 503, {}
     if isinstance(exc, Aborted):
-        if exc.reason in (AbortReason.CLIENT_DISCONNECTED, AbortReason.CANCELLED):
+        if exc.reason in NOBODY_READS:
             return CLIENT_CLOSED_REQUEST, {}
         return 503, {}
     if isinstance(exc, DuplicateRequest):

@@ -39,7 +39,7 @@ from ._channel import Follower
 from ._errors import AbortReason
 from ._limits import DEFAULT_MAX_PENDING_BYTES
 from ._replay import MemoryStore
-from ._responses import ErrorResponse
+from ._responses import TOKEN_HEADER, ErrorResponse
 from ._scope import RequestScope, current_scope
 from ._stream import Stream
 
@@ -51,10 +51,6 @@ __all__ = [
     "ResumePoint",
     "resume_point",
 ]
-
-TOKEN_HEADER: Final = "tether-resume-token"
-"""The response header that carries a resumable stream's token (and the request
-header a reconnect may carry it in)."""
 
 _MAX_ID_LENGTH: Final = 128
 """A Last-Event-ID longer than this is no id tether wrote."""
@@ -260,4 +256,4 @@ def _join(scope: RequestScope, follower: Follower) -> None:
     """Let ``scope`` track ``follower``; a client already gone detaches it at once."""
     scope.track(follower)
     if scope.disconnected:
-        follower.cancel(AbortReason.CLIENT_DISCONNECTED)
+        follower.detach(AbortReason.CLIENT_DISCONNECTED)

@@ -55,6 +55,14 @@ class Consumer(Protocol):
         ...
 
 
+def _leave(consumer: Consumer, reason: AbortReason) -> bool:
+    """The request of ``consumer`` is over for its client: a reader that can leave
+    without ending the work (a resumable stream's follower) ``detach``es, any other
+    is cancelled. Whether anything was aborted."""
+    detach: Callable[[AbortReason], bool] | None = getattr(consumer, "detach", None)
+    return (consumer.cancel if detach is None else detach)(reason)
+
+
 def accept_request_id(value: str | bytes | None) -> str | None:
     """The client's ``X-Request-Id``, if it may label logs, spans and the response.
 
@@ -241,7 +249,7 @@ class RequestScope:
         if self._reason is not None:
             return 0
         self._reason = reason
-        return sum(consumer.cancel(reason) for consumer in self._consumers)
+        return sum(_leave(consumer, reason) for consumer in self._consumers)
 
     def close(self) -> int:
         """Cancel whatever is still open (the handler is done); returns how many were live.
@@ -250,4 +258,4 @@ class RequestScope:
         """
         self._ended = True
         consumers, self._consumers = self._consumers, []
-        return sum(consumer.cancel(AbortReason.CANCELLED) for consumer in consumers)
+        return sum(_leave(consumer, AbortReason.CANCELLED) for consumer in consumers)

@@ -23,7 +23,7 @@ async def test_streaming_response_sends_every_output_then_the_terminal_frame(
         response = await client.get("/", params={"n": "3"})
         body = await response.read()
     assert response.status == 200
-    assert response.headers["Content-Type"] == "text/event-stream"
+    assert response.headers["Content-Type"] == "text/event-stream; charset=utf-8"
     assert response.headers["Cache-Control"] == "no-cache"
     assert response.headers["X-Rid"] == env.tracker.opened[0]
     assert sse_events(body) == [{"text": "0.0"}, {"text": "0.1"}, {"text": "0.2"}, "[DONE]"]
@@ -161,7 +161,7 @@ async def test_head_sends_the_headers_only_and_aborts_the_work(
         body = await response.read()
         await env.tracker.until(lambda: env.tracker.handled == env.tracker.opened)
     assert response.status == 200
-    assert response.headers["Content-Type"] == "text/event-stream"
+    assert response.headers["Content-Type"] == "text/event-stream; charset=utf-8"
     assert body == b""
     assert env.registry.in_flight == 0
     assert env.tracker.aborted.keys() == set(env.tracker.opened)

@@ -70,7 +70,7 @@ async def test_streaming_head_carries_the_first_outputs_and_chunks_coalesce_the_
     async with asyncio.timeout(10):
         head = await exchange.start()
         assert head.status == 200
-        assert head.headers["content-type"] == "text/event-stream"
+        assert head.headers["content-type"] == "text/event-stream; charset=utf-8"
         assert head.headers["cache-control"] == "no-cache"
         assert not exchange.done
         assert _sse_values(head.body) == [1]
@@ -298,22 +298,59 @@ async def test_a_large_backlog_goes_out_in_bounded_chunks_in_order_never_copied_
     assert len(chunks) >= 8
 
 
-class _Writer:
-    """A stream's sink that writes what the exchange encodes for it, as an adapter's."""
+class _Direct:
+    """A write that never waits (aiohttp's transport write), recorded."""
 
-    def __init__(self, exchange: tether.http.Exchange) -> None:
-        self.exchange = exchange
+    def __init__(self) -> None:
         self.written: list[bytes] = []
+        self.asked = asyncio.Event()  # the write loop asked whether it may park
 
-    def __call__(self, outputs: list[object]) -> bool:
-        chunk = self.exchange.sink_chunk(outputs)
-        if chunk is None:
-            return False
+    def writable(self) -> bool:
+        self.asked.set()
+        return True
+
+    def write(self, chunk: bytes) -> bool:
         self.written.append(chunk)
         return True
 
     def values(self) -> list[object]:
         return _sse_values(b"".join(self.written))
+
+
+class _Writer:
+    """An adapter's writer with a direct write: what the producer's step writes goes
+    to ``sink``, what the write loop writes to ``framed``."""
+
+    lost_when_cut = False
+
+    def __init__(self) -> None:
+        self.sink = _Direct()
+        self.framed: list[tuple[bytes, bool]] = []
+
+    async def start(self) -> None:
+        return None
+
+    async def write(self, chunk: bytes, last: bool) -> None:
+        self.framed.append((chunk, last))
+
+    async def answer(self, head: tether.http.Head) -> None:
+        raise AssertionError("the response had started")
+
+    def drop(self) -> None:
+        raise AssertionError("nobody stalled")
+
+    def direct(self) -> _Direct:
+        return self.sink
+
+
+async def _parked(
+    exchange: tether.http.Exchange, first: bytes
+) -> tuple[_Writer, asyncio.Task[None]]:
+    """Run ``exchange`` until its write loop parks with the stream's sink set."""
+    writer = _Writer()
+    task = asyncio.ensure_future(exchange.run(writer, first))
+    await writer.sink.asked.wait()
+    return writer, task
 
 
 async def test_an_unencodable_output_is_declined_by_the_sink_and_fails_the_request_in_the_loop(
@@ -323,16 +360,18 @@ async def test_an_unencodable_output_is_declined_by_the_sink_and_fails_the_reque
     exchange = tether.http.Exchange(stream, streaming=True)
     registry.deliver(stream.rid, "first")
     async with asyncio.timeout(10):
-        await exchange.start()
-    sink = _Writer(exchange)
-    assert stream.set_sink(sink)
-    assert registry.deliver(stream.rid, "second")
-    assert registry.deliver(stream.rid, object())  # not JSON: declined, never raised
-    assert registry.deliver(stream.rid, "third")  # the sink is gone: this one waits
-    assert sink.values() == ["second"]
-    assert (aborts.calls, exchange.done) == ({}, False)
-    # The write loop reads what waits, in order, and fails the request there.
-    error, end = _sse_values(exchange.ready_chunk() or b"")
+        head = await exchange.start()
+        writer, running = await _parked(exchange, head.body)
+        assert registry.deliver(stream.rid, "second")
+        assert registry.deliver(stream.rid, object())  # not JSON: declined, never raised
+        assert registry.deliver(stream.rid, "third")  # the sink is gone: this one waits
+        assert writer.sink.values() == ["second"]
+        assert (aborts.calls, exchange.done) == ({}, False)
+        # The write loop reads what waits, in order, and fails the request there.
+        await running
+    chunk, last = writer.framed[-1]
+    error, end = _sse_values(chunk)
+    assert last
     assert error["error"]["code"] == 500  # type: ignore[index]
     assert end == "[DONE]"
     assert aborts.calls == {stream.rid: 1}
@@ -345,19 +384,19 @@ async def test_the_end_and_errors_reach_the_write_loop_past_the_sink(
     ended, failed = registry.open(), registry.open()
     exchanges = [tether.http.Exchange(stream, streaming=True) for stream in (ended, failed)]
     async with asyncio.timeout(10):
+        runs = []
         for stream, exchange in zip((ended, failed), exchanges, strict=True):
             registry.deliver(stream.rid, "first")
-            await exchange.start()
-    sinks = [_Writer(exchange) for exchange in exchanges]
-    assert ended.set_sink(sinks[0])
-    assert failed.set_sink(sinks[1])
-    registry.deliver(ended.rid, "last", finished=True)
-    registry.deliver(failed.rid, "second")
-    registry.fail(failed.rid, RuntimeError("the engine broke"))
-    assert [sink.values() for sink in sinks] == [["last"], ["second"]]
-    assert not any(exchange.done for exchange in exchanges)
-    assert exchanges[0].ready_chunk() == b"data: [DONE]\n\n"
-    error, end = _sse_values(exchanges[1].ready_chunk() or b"")
+            runs.append(await _parked(exchange, (await exchange.start()).body))
+        registry.deliver(ended.rid, "last", finished=True)
+        registry.deliver(failed.rid, "second")
+        registry.fail(failed.rid, RuntimeError("the engine broke"))
+        assert [writer.sink.values() for writer, _ in runs] == [["last"], ["second"]]
+        assert not any(exchange.done for exchange in exchanges)
+        for _, running in runs:
+            await running
+    assert runs[0][0].framed[-1] == (b"data: [DONE]\n\n", True)
+    error, end = _sse_values(runs[1][0].framed[-1][0])
     assert error["error"]["type"] == "ProducerError"  # type: ignore[index]
     assert end == "[DONE]"
     assert all(exchange.done for exchange in exchanges)

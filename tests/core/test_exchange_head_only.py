@@ -1,4 +1,4 @@
-"""Exchange.start_head_only: a HEAD request gets headers only and aborts the work."""
+"""Exchange.start(head_only=True): a HEAD request gets headers only and aborts the work."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ async def test_head_only_aborts_the_work_and_returns_the_streaming_headers() -> 
     stream = registry.open()
     exchange = tether.http.Exchange(stream, streaming=True)
 
-    head = await exchange.start_head_only()
+    head = await exchange.start(head_only=True)
 
     sse_headers = {
-        "content-type": "text/event-stream",
+        "content-type": "text/event-stream; charset=utf-8",
         "cache-control": "no-cache",
         "x-accel-buffering": "no",
     }
@@ -31,7 +31,7 @@ async def test_head_only_of_a_json_answer_has_the_json_content_type() -> None:
     batch = registry.open_batch(2)
     exchange = tether.http.Exchange(batch, streaming=False)
 
-    head = await exchange.start_head_only()
+    head = await exchange.start(head_only=True)
 
     assert head == tether.http.Head(200, {"content-type": "application/json"}, b"")
     assert registry.in_flight == 0

@@ -1,4 +1,4 @@
-"""SendGuard and Exchange.bounded: a write that waits past the limit is abandoned, cheaply."""
+"""SendGuard and the bounded writes of Exchange.run: a write past the limit is abandoned."""
 
 from __future__ import annotations
 
@@ -79,17 +79,42 @@ async def test_without_a_limit_writes_are_awaited_as_they_are() -> None:
     assert await guard.write(done) is True
 
 
+class _Stuck:
+    """A writer whose client reads nothing: every write waits for ever."""
+
+    lost_when_cut = True
+
+    def __init__(self) -> None:
+        self.dropped = False
+
+    def start(self) -> asyncio.Future[None]:
+        return asyncio.get_running_loop().create_future()
+
+    write = start  # type: ignore[assignment]
+
+    async def answer(self, head: tether.http.Head) -> None:
+        raise AssertionError("a stalled client gets no farewell")
+
+    def drop(self) -> None:
+        self.dropped = True
+
+    def direct(self) -> None:
+        return None
+
+
 async def test_bounded_write_past_the_limit_aborts_the_request(
     aborts: AbortLog,
 ) -> None:
     registry = tether.Registry(on_abort=aborts)
-    loop = asyncio.get_running_loop()
-    with tether.RequestScope():
+    writer = _Stuck()
+    with tether.RequestScope() as scope:
         stream = registry.open()
-        exchange = tether.http.Exchange(stream, streaming=True, send_timeout=0.05)
+        exchange = tether.http.Exchange(stream, streaming=True, send_timeout=0.05, scope=scope)
         async with asyncio.timeout(10):
-            assert await exchange.bounded(loop.create_future()) is False
+            await exchange.run(writer, b"")  # returns: the client counts as gone
     assert exchange.done
+    assert writer.dropped
+    assert scope.disconnected
     assert aborts.calls == {stream.rid: 1}
     assert registry.in_flight == 0
     await exchange.aclose()

@@ -19,7 +19,7 @@ from launch import launched
 
 from tests.examples.reliability.harness import SERVERS, running, service
 from tests.resume.conftest import BOUND, Reader, client
-from tether.http import TOKEN_HEADER
+from tether.resume import TOKEN_HEADER
 
 pytestmark = pytest.mark.timeout(60)
 

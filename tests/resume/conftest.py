@@ -31,13 +31,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 import tether
+import tether.resume
 import tether_aiohttp
 import tether_starlette
 from tests._support.loops import LAZY_AND_EAGER, PLAIN, LoopFactories
 from tests._support.ready_server import ReadyServer
 from tests._support.redis_server import redis_url as redis_url
 from tests._support.waiting import eventually as eventually
-from tether.http import TOKEN_HEADER
+from tether.resume import TOKEN_HEADER
 
 from .redis_process import RedisProcess, redis_process
 
@@ -65,13 +66,13 @@ class Site:
 
     url: str
     registry: tether.Registry
-    resume: tether.Resume
+    resume: tether.resume.Resume
     books: Books
 
     @property
-    def store(self) -> tether.MemoryStore:
+    def store(self) -> tether.resume.MemoryStore:
         store = self.resume.store
-        assert isinstance(store, tether.MemoryStore)
+        assert isinstance(store, tether.resume.MemoryStore)
         return store
 
     async def opened(self, count: int = 1) -> str:
@@ -88,7 +89,9 @@ class Site:
         await eventually(lambda: self.registry.in_flight == 0 and len(self.store) == 0)
 
 
-def _starlette_app(site_registry: tether.Registry, resume: tether.Resume, books: Books) -> Any:
+def _starlette_app(
+    site_registry: tether.Registry, resume: tether.resume.Resume, books: Books
+) -> Any:
     async def gen(request: Request) -> Response:
         resumed = await tether_starlette.resume(request, resume, ping_interval=PING)
         if resumed is not None:
@@ -109,7 +112,7 @@ def _starlette_app(site_registry: tether.Registry, resume: tether.Resume, books:
     )
 
 
-def _aiohttp_app(site_registry: tether.Registry, resume: tether.Resume, books: Books) -> Any:
+def _aiohttp_app(site_registry: tether.Registry, resume: tether.resume.Resume, books: Books) -> Any:
     async def gen(request: web.Request) -> web.StreamResponse:
         resumed = await tether_aiohttp.resume(request, resume, ping_interval=PING)
         if resumed is not None:
@@ -137,13 +140,13 @@ async def serving(
     *,
     grace: float = 30.0,
     max_events: int = 1000,
-    store: tether.MemoryStore | None = None,
+    store: tether.resume.MemoryStore | None = None,
 ) -> AsyncIterator[Site]:
     """Serve the test app with ``adapter`` on 127.0.0.1; on exit, close the registry
     and the resumption store, and stop the server."""
     books = Books()
     registry = tether.Registry(books.on_abort)
-    resume = tether.Resume(grace=grace, max_events=max_events, store=store)
+    resume = tether.resume.Resume(grace=grace, max_events=max_events, store=store)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"

@@ -30,10 +30,11 @@ from starlette.routing import Route
 from tether_redis import RedisStore
 
 import tether
+import tether.resume
 import tether_aiohttp
 import tether_starlette
 from tests._support.ready_server import ReadyServer
-from tether.http import TOKEN_HEADER
+from tether.resume import TOKEN_HEADER
 
 PING = 0.05
 
@@ -45,7 +46,7 @@ class Front:
         self.aborts: collections.Counter[str] = collections.Counter()
         self.opened: list[str] = []
         self.registry = tether.Registry(self.on_abort)
-        self.resume = tether.Resume(grace=grace, max_events=max_events, store=store)
+        self.resume = tether.resume.Resume(grace=grace, max_events=max_events, store=store)
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.tags: dict[str, str] = {}  # the client's tag of each rid (``?tag=``)
 

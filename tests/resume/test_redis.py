@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tether.http import TOKEN_HEADER
+from tether.resume import TOKEN_HEADER
 
 from .conftest import Reader, client, connect
 from .fronts import books, front, until

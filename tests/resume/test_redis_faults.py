@@ -18,7 +18,8 @@ from redis.asyncio import Redis
 from tether_redis import RedisStore
 
 import tether
-from tether.http import Follower, ResumePoint, resume_point
+import tether.resume
+from tether.resume import Follower, ResumePoint, resume_point
 
 from .conftest import eventually
 from .redis_process import RedisProcess, redis_process
@@ -43,7 +44,7 @@ async def _drain(follower: Follower) -> list[Any]:
     return seen
 
 
-async def _reach(other: tether.Resume, token: str, last: int) -> Follower:
+async def _reach(other: tether.resume.Resume, token: str, last: int) -> Follower:
     """A client on ``other``'s worker that read up to event ``last``, retried while
     the owner's copy is not in Redis yet (a 404) or Redis cannot say (a 503)."""
     while True:
@@ -57,7 +58,7 @@ async def _reach(other: tether.Resume, token: str, last: int) -> Follower:
 
 
 async def _first_read(
-    registry: tether.Registry, owner: tether.Resume, *, leave: bool = False
+    registry: tether.Registry, owner: tether.resume.Resume, *, leave: bool = False
 ) -> tuple[tether.Stream, Follower]:
     """A resumable stream on ``owner``'s worker whose client read its first output
     (and left, with ``leave``)."""
@@ -73,14 +74,16 @@ async def _first_read(
 @contextlib.asynccontextmanager
 async def _workers(
     url: str, *, grace: float = 30.0, **options: Any
-) -> AsyncIterator[tuple[tether.Registry, collections.Counter[str], tether.Resume, tether.Resume]]:
+) -> AsyncIterator[
+    tuple[tether.Registry, collections.Counter[str], tether.resume.Resume, tether.resume.Resume]
+]:
     """The owner's registry and its ``on_abort`` books, the owner's and another
     worker's resumption (each its own client); both closed after."""
     aborts: collections.Counter[str] = collections.Counter()
     registry = tether.Registry(lambda rid: aborts.update([rid]))
     clients = [Redis.from_url(url), Redis.from_url(url)]
     owner, other = (
-        tether.Resume(grace=grace, store=RedisStore(client, block=BLOCK), **options)
+        tether.resume.Resume(grace=grace, store=RedisStore(client, block=BLOCK), **options)
         for client in clients
     )
     try:

@@ -21,7 +21,7 @@ from typing import Any, Final
 import aiohttp
 import pytest
 
-from tether.http import TOKEN_HEADER
+from tether.resume import TOKEN_HEADER
 
 from .conftest import Reader
 from .fronts import front, until

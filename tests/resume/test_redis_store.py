@@ -16,16 +16,17 @@ from redis.exceptions import RedisError
 from tether_redis import RedisStore
 
 import tether
-from tether.http import resume_point
+import tether.resume
+from tether.resume import resume_point
 
 pytestmark = pytest.mark.timeout(60)
 
-_NOWHERE = tether.http.ResumePoint("", -1)
+_NOWHERE = tether.resume.ResumePoint("", -1)
 
 
 async def _first_event(
-    registry: tether.Registry, owner: tether.Resume, stream: tether.Stream
-) -> tether.http.Follower:
+    registry: tether.Registry, owner: tether.resume.Resume, stream: tether.Stream
+) -> tether.resume.Follower:
     """Make ``stream`` resumable on ``owner``'s worker, deliver it 0 and read that."""
     first = await owner.open(stream)
     registry.deliver(stream.rid, 0)
@@ -33,7 +34,7 @@ async def _first_event(
     return first
 
 
-async def _follow(other: tether.Resume, token: str, last: int) -> tether.http.Follower:
+async def _follow(other: tether.resume.Resume, token: str, last: int) -> tether.resume.Follower:
     """A client on ``other``'s worker that read up to event ``last``, once the owner's
     writer has copied that far into Redis (in its own time)."""
     while True:
@@ -43,7 +44,7 @@ async def _follow(other: tether.Resume, token: str, last: int) -> tether.http.Fo
         await asyncio.sleep(0.01)
 
 
-async def _leave(mirror: tether.http.Follower) -> None:
+async def _leave(mirror: tether.resume.Follower) -> None:
     """That client leaves; wait for the tasks that tell the owner."""
     before = asyncio.all_tasks()
     await mirror.aclose()
@@ -64,8 +65,8 @@ async def test_outputs_ready_before_the_stream_was_resumable_reach_the_other_wor
 ) -> None:
     aborted: list[str] = []
     registry = tether.Registry(aborted.append)
-    owner = tether.Resume(store=RedisStore(redis, block=0.1))
-    other = tether.Resume(store=RedisStore(redis, block=0.1))
+    owner = tether.resume.Resume(store=RedisStore(redis, block=0.1))
+    other = tether.resume.Resume(store=RedisStore(redis, block=0.1))
     stream = registry.open()
     for n in range(3):  # ready before open(): an eager pump records them during open()
         registry.deliver(stream.rid, n)
@@ -101,8 +102,8 @@ async def test_more_streams_than_the_client_has_connections_each_reach_the_other
     count = 150
     aborted: list[str] = []
     registry = tether.Registry(aborted.append)
-    owner = tether.Resume(store=RedisStore(redis, block=0.1))
-    other = tether.Resume(store=RedisStore(redis, block=0.1))
+    owner = tether.resume.Resume(store=RedisStore(redis, block=0.1))
+    other = tether.resume.Resume(store=RedisStore(redis, block=0.1))
     async with asyncio.timeout(30):
         streams = [registry.open() for _ in range(count)]
         firsts = [await owner.open(stream) for stream in streams]
@@ -112,7 +113,7 @@ async def test_more_streams_than_the_client_has_connections_each_reach_the_other
             assert [output for _, output in await first.next_ready() or ()] == [0]
             await first.aclose()
 
-        async def followed(token: str) -> tether.http.Follower:
+        async def followed(token: str) -> tether.resume.Follower:
             while True:  # (the owner's writer copies to Redis in its own time)
                 point = resume_point(f"{token}.1", None)
                 assert point is not None
@@ -155,7 +156,7 @@ async def test_a_stream_whose_redis_died_goes_on_here_with_one_error_logged(
 ) -> None:
     aborted: list[str] = []
     registry = tether.Registry(aborted.append)
-    owner = tether.Resume(store=RedisStore(redis, block=0.1))
+    owner = tether.resume.Resume(store=RedisStore(redis, block=0.1))
     async with asyncio.timeout(30):
         stream = registry.open()
         first = await _first_event(registry, owner, stream)
@@ -184,7 +185,7 @@ async def test_a_stream_whose_redis_died_goes_on_here_with_one_error_logged(
 async def test_a_reconnect_while_redis_is_down_is_a_503_to_retry_and_stop_says_why(
     redis: Redis,
 ) -> None:
-    other = tether.Resume(store=RedisStore(redis, block=0.1))
+    other = tether.resume.Resume(store=RedisStore(redis, block=0.1))
     async with asyncio.timeout(30):
         await _until_gone(redis)
         # The stream may live on its owner: not a 404 (it would make the client give up).
@@ -201,7 +202,7 @@ async def test_every_key_of_a_stream_expires_from_its_first_write(redis: Redis) 
     # An owner killed before its first upkeep (one block period) must leave nothing
     # behind for ever: the upkeep is made rare here, so only the writes can set expiries.
     registry = tether.Registry()
-    owner = tether.Resume(store=RedisStore(redis, block=30.0))
+    owner = tether.resume.Resume(store=RedisStore(redis, block=30.0))
     async with asyncio.timeout(30):
         stream = registry.open()
         first = await owner.open(stream)
@@ -223,8 +224,8 @@ async def test_a_client_elsewhere_that_leaves_after_the_stream_expired_leaves_no
     redis: Redis,
 ) -> None:
     registry = tether.Registry()
-    owner = tether.Resume(grace=0.3, store=RedisStore(redis, block=0.1))
-    other = tether.Resume(grace=0.3, store=RedisStore(redis, block=0.1))
+    owner = tether.resume.Resume(grace=0.3, store=RedisStore(redis, block=0.1))
+    other = tether.resume.Resume(grace=0.3, store=RedisStore(redis, block=0.1))
     async with asyncio.timeout(30):
         stream = registry.open()
         first = await owner.open(stream)
@@ -255,8 +256,8 @@ async def test_a_client_elsewhere_that_leaves_while_redis_is_down_raises_into_no
     unhandled: list[dict[str, Any]] = []
     loop.set_exception_handler(lambda _, context: unhandled.append(context))
     registry = tether.Registry()
-    owner = tether.Resume(store=RedisStore(redis, block=0.1))
-    other = tether.Resume(store=RedisStore(redis, block=0.1))
+    owner = tether.resume.Resume(store=RedisStore(redis, block=0.1))
+    other = tether.resume.Resume(store=RedisStore(redis, block=0.1))
     async with asyncio.timeout(30):
         stream = registry.open()
         first = await _first_event(registry, owner, stream)
@@ -281,8 +282,8 @@ async def test_a_client_elsewhere_that_lags_by_more_than_the_cap_ends_and_the_re
     registry = tether.Registry(aborted.append)
     # bytes: the 11th output of about 1 kB each is past the budget, and MAXLEN is far
     bound = {"max_events": 10} if cap == "events" else {"max_events": 1000, "max_bytes": 10_500}
-    owner = tether.Resume(store=RedisStore(redis, block=0.1), **bound)  # type: ignore[arg-type]
-    other = tether.Resume(store=RedisStore(redis, block=0.1), **bound)  # type: ignore[arg-type]
+    owner = tether.resume.Resume(store=RedisStore(redis, block=0.1), **bound)  # type: ignore[arg-type]
+    other = tether.resume.Resume(store=RedisStore(redis, block=0.1), **bound)  # type: ignore[arg-type]
     pad = "x" * 1000 if cap == "bytes" else ""
     async with asyncio.timeout(30):
         slow, probe = registry.open(), registry.open()
@@ -326,8 +327,8 @@ async def test_a_client_elsewhere_that_lags_by_more_than_the_cap_ends_and_the_re
 
 async def test_a_client_elsewhere_is_told_when_its_own_worker_closes(redis: Redis) -> None:
     registry = tether.Registry()
-    owner = tether.Resume(store=RedisStore(redis, block=0.1))
-    other = tether.Resume(store=RedisStore(redis, block=0.1))
+    owner = tether.resume.Resume(store=RedisStore(redis, block=0.1))
+    other = tether.resume.Resume(store=RedisStore(redis, block=0.1))
     async with asyncio.timeout(30):
         stream = registry.open()
         first = await _first_event(registry, owner, stream)
@@ -350,8 +351,8 @@ async def test_a_finished_stream_read_longer_than_its_grace_stays_resumable_else
     # the keys in Redis must live as long as the owner holds the stream.
     aborted: list[str] = []
     registry = tether.Registry(aborted.append)
-    owner = tether.Resume(grace=0.5, store=RedisStore(redis, block=0.1))
-    other = tether.Resume(grace=0.5, store=RedisStore(redis, block=0.1))
+    owner = tether.resume.Resume(grace=0.5, store=RedisStore(redis, block=0.1))
+    other = tether.resume.Resume(grace=0.5, store=RedisStore(redis, block=0.1))
     async with asyncio.timeout(30):
         stream = registry.open()
         first = await owner.open(stream)
@@ -401,9 +402,9 @@ async def test_a_reconnect_ahead_of_the_log_in_redis_waits_for_the_owners_writes
     # the log does not hold yet. That id is not unknown: the reconnect waits for the
     # log to catch up and continues after it, once.
     spy = _LogRead(redis)
-    other = tether.Resume(store=RedisStore(spy, block=0.1))  # type: ignore[arg-type]
+    other = tether.resume.Resume(store=RedisStore(spy, block=0.1))  # type: ignore[arg-type]
     key = RedisStore(redis).key
-    token = tether.http.new_token()
+    token = tether.resume.new_token()
     await redis.hset(key(token, "meta"), mapping={"rid": "owned-elsewhere", "m": 100})
     await redis.xadd(key(token, "ctl"), {"op": "open"})
     for n in (1, 2, 3):

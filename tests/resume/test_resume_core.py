@@ -8,7 +8,9 @@ import asyncio
 import pytest
 
 import tether
-from tether.http import Exchange, Follower, resume_point
+import tether.resume
+from tether.http import Exchange
+from tether.resume import Follower, resume_point
 
 from .conftest import eventually
 
@@ -56,7 +58,7 @@ def test_a_resume_point_is_read_from_the_id_or_the_token(
 @pytest.mark.parametrize("options", [{"grace": 0}, {"grace": -1}, {"max_events": 0}])
 def test_a_resume_policy_refuses_bounds_that_keep_nothing(options: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="must be"):
-        tether.Resume(**options)  # type: ignore[arg-type]
+        tether.resume.Resume(**options)  # type: ignore[arg-type]
 
 
 async def test_only_a_stream_can_be_resumable_and_a_batch_offered_is_aborted() -> None:
@@ -64,7 +66,7 @@ async def test_only_a_stream_can_be_resumable_and_a_batch_offered_is_aborted() -
     registry = tether.Registry(aborted.append)
     batch = registry.open_batch(2)
     with pytest.raises(TypeError, match="only a tether Stream"):
-        await tether.Resume().open(batch)  # type: ignore[arg-type]
+        await tether.resume.Resume().open(batch)  # type: ignore[arg-type]
     assert sorted(aborted) == sorted(batch.rids)
     assert registry.in_flight == 0
 
@@ -72,7 +74,7 @@ async def test_only_a_stream_can_be_resumable_and_a_batch_offered_is_aborted() -
 async def test_a_resumable_stream_needs_an_encoder_with_event_ids() -> None:
     aborted: list[str] = []
     registry = tether.Registry(aborted.append)
-    resume = tether.Resume()
+    resume = tether.resume.Resume()
     stream = registry.open()
     follower = await resume.open(stream)
     with pytest.raises(ValueError, match="event ids"):
@@ -85,7 +87,7 @@ async def test_a_resumable_stream_needs_an_encoder_with_event_ids() -> None:
 
 async def test_a_follower_hands_over_every_output_once_in_order_however_they_arrive() -> None:
     registry = tether.Registry()
-    resume = tether.Resume()
+    resume = tether.resume.Resume()
     stream = registry.open()
     follower = await resume.open(stream)
     seen: list[object] = []
@@ -107,10 +109,29 @@ async def test_a_follower_hands_over_every_output_once_in_order_however_they_arr
     await resume.aclose()
 
 
+@pytest.mark.parametrize("reason", list(tether.AbortReason))
+async def test_cancel_aborts_a_follower_as_it_does_a_stream_and_detach_parks_it(
+    reason: tether.AbortReason,
+) -> None:
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    resume = tether.resume.Resume()
+    parked, cancelled = registry.open(), registry.open()
+    follower = await resume.open(parked)
+    assert follower.detach() is False  # its client leaves: the stream waits for a reconnect
+    assert aborted == []
+    assert registry.in_flight == 2
+    other = await resume.open(cancelled)
+    assert other.cancel(reason) is True  # one verb, one meaning: the work ends
+    assert aborted == [cancelled.rid]
+    await resume.aclose()
+    assert registry.in_flight == 0
+
+
 async def test_a_follower_that_cannot_encode_aborts_the_request_not_just_its_client() -> None:
     aborted: list[str] = []
     registry = tether.Registry(aborted.append)
-    resume = tether.Resume()
+    resume = tether.resume.Resume()
     stream = registry.open()
     follower = await resume.open(stream)
     assert isinstance(follower, Follower)
@@ -127,7 +148,7 @@ async def test_a_follower_that_cannot_encode_aborts_the_request_not_just_its_cli
 async def test_a_follower_cancelled_by_its_scope_parks_the_stream() -> None:
     aborted: list[str] = []
     registry = tether.Registry(aborted.append)
-    resume = tether.Resume(grace=30)
+    resume = tether.resume.Resume(grace=30)
     with tether.RequestScope() as scope:
         stream = registry.open()
         follower = await resume.open(stream)
@@ -149,7 +170,7 @@ async def test_a_follower_waits_out_each_timeout_even_after_a_longer_one() -> No
     # (one idle timer per follower, re-armed: a short wait after a long one must not
     # wait out the long one's timer, and an event ends a wait at once)
     registry = tether.Registry()
-    resume = tether.Resume()
+    resume = tether.resume.Resume()
     stream = registry.open()
     follower = await resume.open(stream)
     async with asyncio.timeout(10):
@@ -169,7 +190,7 @@ async def test_a_follower_waits_out_each_timeout_even_after_a_longer_one() -> No
 
 async def test_a_client_replaced_by_a_newer_one_ends_and_keeps_no_timer() -> None:
     registry = tether.Registry()
-    resume = tether.Resume()
+    resume = tether.resume.Resume()
     stream = registry.open()
     older = await resume.open(stream)
     async with asyncio.timeout(10):
@@ -197,7 +218,7 @@ async def test_a_parked_stream_whose_waiting_outputs_outweigh_the_byte_budget_is
     # in events.
     aborted: list[str] = []
     registry = tether.Registry(aborted.append)
-    resume = tether.Resume(grace=30, max_bytes=1_000_000)
+    resume = tether.resume.Resume(grace=30, max_bytes=1_000_000)
     with tether.RequestScope() as scope:
         stream = registry.open()
         follower = await resume.open(stream)
@@ -215,7 +236,7 @@ async def test_a_parked_stream_whose_waiting_outputs_outweigh_the_byte_budget_is
 async def test_a_stream_keeps_about_its_byte_budget_of_sent_events_for_a_reconnect() -> None:
     aborted: list[str] = []
     registry = tether.Registry(aborted.append)
-    resume = tether.Resume(grace=30, max_bytes=1_000_000)
+    resume = tether.resume.Resume(grace=30, max_bytes=1_000_000)
     stream = registry.open()
     follower = await resume.open(stream)
     big = "x" * 100_000

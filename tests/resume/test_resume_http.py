@@ -14,7 +14,7 @@ import pytest
 from redis.asyncio import Redis
 from tether_redis import RedisStore
 
-from tether.http import NOT_RESUMABLE, TOKEN_HEADER
+from tether.resume import NOT_RESUMABLE, TOKEN_HEADER
 
 from .conftest import Reader, Site, client, connect, eventually, serving
 

@@ -39,7 +39,7 @@ async def test_stream_sends_start_then_one_body_per_ready_chunk_then_the_termina
 
     start = server.sent[0]
     assert (start["type"], start["status"]) == ("http.response.start", 200)
-    assert (b"content-type", b"text/event-stream") in start["headers"]
+    assert (b"content-type", b"text/event-stream; charset=utf-8") in start["headers"]
     assert (b"cache-control", b"no-cache") in start["headers"]
     assert (b"x-accel-buffering", b"no") in start["headers"]
     assert server.bodies == [

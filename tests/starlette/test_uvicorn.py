@@ -171,7 +171,7 @@ async def test_failure_after_the_first_output_is_one_error_event_then_done(
 
 @pytest.mark.parametrize(
     ("path", "content_type"),
-    [("/stream", "text/event-stream"), ("/json", "application/json")],
+    [("/stream", "text/event-stream; charset=utf-8"), ("/json", "application/json")],
 )
 async def test_head_gets_headers_only_and_aborts_the_work(
     engine: Engine, path: str, content_type: str

@@ -4,8 +4,8 @@ uvicorn and hypercorn wait for every open connection to close before they run th
 lifespan shutdown, and a stream keeps its connection open: a drain started from the
 lifespan starts too late (the server waits for streams that wait for the drain).
 The moment the shutdown begins is the server's signal handler. :class:`DrainOnSignal`
-*chains* it: at lifespan start-up (installed by :class:`TetherMiddleware`) it puts
-its own handler in front of whatever Python handler the server installed for
+*chains* it: at lifespan start-up (``tether_starlette.TetherMiddleware`` installs it) it
+puts its own handler in front of whatever Python handler the server installed for
 SIGINT and SIGTERM; on a signal it calls the server's handler (which starts the
 server's shutdown, exactly as before) and starts ``registry.close(drain_timeout=...)``
 on the loop. New requests then get 503, requests in flight have ``drain_timeout``
@@ -41,20 +41,26 @@ drain at once: every request left is aborted and ends properly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import AbstractAsyncContextManager
 from types import FrameType
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
-import tether
+from ._registry import Registry
 
-__all__ = ["SIGNALS", "DrainOnSignal"]
+__all__ = ["SIGNALS", "DrainOnSignal", "lifespan"]
+
+AppT = TypeVar("AppT")
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
 SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
 """The signals that begin a server's graceful shutdown, whose handlers are chained."""
 
-logger = logging.getLogger("tether.starlette")
+logger = logging.getLogger("tether")
 
 
 def _chainable(handler: Any) -> bool:
@@ -66,7 +72,7 @@ class DrainOnSignal:
     """Starts ``registry.close(drain_timeout=...)`` when the server's shutdown signal
     arrives, after calling the server's own handler.
 
-    Owned by the middleware's lifespan pass: :meth:`install` at start-up (on the
+    Owned by an adapter's lifespan pass: :meth:`install` at start-up (on the
     loop, in the main thread), :meth:`aclose` at shutdown, which undoes the chain and
     awaits the drain it started, if any.
 
@@ -76,7 +82,7 @@ class DrainOnSignal:
 
     __slots__ = ("_active", "_cut", "_drain", "_loop", "_previous", "drain_timeout", "registry")
 
-    def __init__(self, registry: tether.Registry, *, drain_timeout: float) -> None:
+    def __init__(self, registry: Registry, *, drain_timeout: float) -> None:
         self.registry = registry
         self.drain_timeout = drain_timeout
         self._previous: dict[int, Any] = {}  # signal -> the handler we chained
@@ -145,3 +151,56 @@ class DrainOnSignal:
         for task in (self._drain, self._cut):
             if task is not None:
                 await task
+
+    async def around(self, app: Any, scope: Any, receive: Receive, send: Any) -> None:
+        """Run the ASGI ``app``'s lifespan with the chain in place from its start-up to
+        its shutdown (:meth:`hooked`), undone however it ends."""
+        try:
+            await app(scope, self.hooked(receive), send)
+        finally:
+            await self.aclose()
+
+    def hooked(self, receive: Receive) -> Receive:
+        """An ASGI lifespan's ``receive`` that installs the chain at start-up and undoes
+        it (awaiting the drain) at shutdown, before the app's own shutdown runs: its
+        producer still runs for the drain."""
+
+        async def hooked_receive() -> MutableMapping[str, Any]:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.install()
+            elif message["type"] == "lifespan.shutdown":
+                await self.aclose()
+            return message
+
+        return hooked_receive
+
+
+def lifespan(
+    registry: Registry,
+    *,
+    drain_timeout: float = 5.0,
+    inner: Callable[[AppT], AbstractAsyncContextManager[Any]] | None = None,
+) -> Callable[[AppT], AbstractAsyncContextManager[Any]]:
+    """A lifespan (Starlette's ``lifespan=`` shape) that closes ``registry`` at
+    shutdown, *inside* ``inner``'s, so that the producer ``inner`` starts still runs
+    while requests in flight drain; what is left then ends with a final error event.
+    ``Starlette(lifespan=lifespan(reg, inner=app_lifespan))``; ``inner``'s state is
+    passed on. A server stopped on a signal was already drained by the middleware
+    (:class:`DrainOnSignal`): this close is for servers stopped without one.
+
+    :param registry: the registry to close.
+    :param drain_timeout: seconds requests in flight get to finish before being aborted.
+    :param inner: the app's own lifespan (starts and stops the producer), if any.
+    """
+
+    @contextlib.asynccontextmanager
+    async def run(app: AppT) -> AsyncIterator[Any]:
+        async with contextlib.AsyncExitStack() as stack:
+            state = None if inner is None else await stack.enter_async_context(inner(app))
+            try:
+                yield state
+            finally:
+                await registry.close(drain_timeout=drain_timeout)
+
+    return run
