@@ -19,10 +19,10 @@ from tether_redis import RedisStore
 
 import tether
 import tether.resume
+from tests._support.redis_server import RedisProcess, redis_process
 from tether.resume import Follower, ResumePoint, resume_point
 
 from .conftest import eventually
-from .redis_process import RedisProcess, redis_process
 
 pytestmark = pytest.mark.timeout(60)
 
