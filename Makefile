@@ -39,22 +39,25 @@ PORT ?= 8000
 serve: venv
 	$(PY) examples/$(SERVER)_app.py --port $(PORT)
 
-# Every benchmark, about ten minutes on 2 cores: the core microbenchmark, the JSON
-# and streaming paths in process, then
-# the HTTP ones (servers and load client as subprocesses on 127.0.0.1) and a
-# py-spy profile of each server, the ZeroMQ link and resumable streams (a redis-server
-# on PATH), which rewrite their sections of bench/README.md.
+# Every benchmark (about 25 minutes on 2 cores; bench/README.md gives the last
+# run's figure): the core microbenchmark, the JSON and streaming paths in process,
+# issue 26's matrix (tether against the hand-off, every producer shape), batch,
+# disconnect and memory with a py-spy profile of tether and the hand-off, the
+# ZeroMQ link and resumable streams (a redis-server on PATH), then the charts.
+# Servers and load clients are subprocesses on 127.0.0.1. Each step rewrites its
+# block of bench/README.md or bench/RESULTS.md.
 # py-spy is the benchmark's tool, not a dependency of tether: installed here.
 bench: venv
 	$(PY) -m pip install --quiet py-spy
-	@if [ -f bench/core.py ]; then $(PY) bench/core.py; \
-	else echo "bench/core.py not found: core benchmark skipped"; fi
+	$(PY) -m bench.core --write
 	$(PY) -m bench.json_path
 	$(PY) -m bench.stream_path
+	$(PY) -m bench.matrix
 	$(PY) -m bench.run --profile
 	$(PY) bench/zmq_relay.py
 	$(PY) bench/zmq_liveness.py
 	$(PY) -m bench.resume
+	$(PY) -m bench.charts
 
 wheel: venv
 	$(PY) -m build --wheel --outdir dist .

@@ -1,1 +1,1 @@
-"""tether's benchmarks: ``bench/core.py`` (a script) and the HTTP ones (``-m bench.run``)."""
+"""tether's benchmarks, run by ``make bench``: see ``bench/README.md``."""

@@ -17,6 +17,10 @@ Modes:
   the client reads those back from ``/_bench/aborts``: close-to-abort p50/p99.
 * ``idle``: holds ``--streams`` streams open after their first event and
   reports the server's resident memory growth per open stream.
+* ``plan``: the URL is a JSON file of ``stream``/``json`` runs, each a list of this
+  command line's arguments; they run one after the other in this one process (no
+  interpreter start between the paired runs of a benchmark matrix), and the output
+  is one JSON list of their results, in order.
 """
 
 from __future__ import annotations
@@ -305,7 +309,7 @@ async def idle(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="tether's HTTP benchmark load client")
-    parser.add_argument("mode", choices=["stream", "json", "abort", "idle"])
+    parser.add_argument("mode", choices=["stream", "json", "abort", "idle", "plan"])
     parser.add_argument("url", help="http://127.0.0.1:<port>/<path>")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--duration", type=float, default=2.0, help="measured seconds")
@@ -324,11 +328,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+async def plan(runs: list[argparse.Namespace]) -> list[dict[str, Any]]:
+    """``plan``: every run, in order."""
+    return [await load(run) for run in runs]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    run = {"stream": load, "json": load, "abort": abort, "idle": idle}[args.mode]
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        result = runner.run(run(args))
+        if args.mode == "plan":
+            with open(args.url) as file:
+                runs = [parse_args([str(arg) for arg in line]) for line in json.load(file)]
+            if any(run.mode not in ("stream", "json") for run in runs):
+                raise ValueError("a plan holds stream and json runs only")
+            result: Any = runner.run(plan(runs))
+        else:
+            run = {"stream": load, "json": load, "abort": abort, "idle": idle}[args.mode]
+            result = runner.run(run(args))
     print(json.dumps(result), flush=True)
 
 

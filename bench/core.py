@@ -1,10 +1,11 @@
 """Core microbenchmark: tether's registry and streams against three hand-written tables.
 
-Run by hand from the repository root, with the project's virtual environment::
+Run from the repository root, with the project's virtual environment::
 
-    .venv/bin/python bench/core.py            # N in 1, 100, 1000, 10000; 3 repetitions
-    .venv/bin/python bench/core.py --sizes 10000 --reps 5
-    .venv/bin/python bench/core.py --observability   # collector and tracing costs
+    .venv/bin/python -m bench.core            # N in 1, 100, 1000, 10000; 3 repetitions
+    .venv/bin/python -m bench.core --sizes 10000 --reps 5 --loops uvloop
+    .venv/bin/python -m bench.core --observability   # collector and tracing costs
+    .venv/bin/python -m bench.core --write    # what make bench runs: results kept
 
 The workload, for each N: N requests open at once, each read by its own task
 with ``async for``; a producer emits one output to every live request per step,
@@ -12,8 +13,11 @@ with ``async for``; a producer emits one output to every live request per step,
 yields to the loop after each step. The figure is outputs per second over the
 whole run (open, deliver, read, free). Implementations run interleaved, each
 repetition in a fresh event loop, and the medians are reported with the ratios
-tether/baseline. It also reports tracemalloc's memory per open idle ``Stream``.
-Baselines: ``core_baselines.py`` beside this file.
+tether/baseline, on asyncio's loop and on uvloop's (``--loops``). It also reports
+tracemalloc's memory per open idle ``Stream``. Baselines: ``core_baselines.py``
+beside this file. ``--write`` keeps the figures in ``bench/results/core.json``
+(which :mod:`bench.charts` draws) and their table between the ``core:begin`` /
+``core:end`` markers of ``bench/RESULTS.md``.
 
 ``--observability`` runs the same workload on tether alone against tether with a
 Prometheus collector attached (scraped once at the end of each run), with
@@ -30,8 +34,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import gc
+import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -41,12 +48,14 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import prometheus_client
-from core_baselines import EventTable, QueueTable, SlotTable
 from opentelemetry.sdk.trace import TracerProvider
 
 import tether
 import tether_otel
 import tether_prometheus
+
+from .core_baselines import EventTable, QueueTable, SlotTable
+from .report import RESULTS, rewrite_readme
 
 OUTPUTS_PER_REQUEST = 64
 """Changed by ``--outputs``."""
@@ -193,12 +202,26 @@ IMPLEMENTATIONS: dict[str, Runner] = {
 }
 
 
-def measure(runner: Runner, n: int, clock: Callable[[], float] = time.perf_counter) -> float:
+LOOPS: dict[str, Callable[[], Callable[[], asyncio.AbstractEventLoop] | None]] = {
+    "asyncio": lambda: None,
+    "uvloop": lambda: __import__("uvloop").new_event_loop,
+}
+"""Loop name to its factory (``None``: asyncio's own), imported only when asked for."""
+
+
+def measure(
+    runner: Runner,
+    n: int,
+    clock: Callable[[], float] = time.perf_counter,
+    loop: str = "asyncio",
+) -> float:
     """Outputs per second of one run in a fresh event loop, by ``clock``."""
     gc.collect()
-    started = clock()
-    outputs = asyncio.run(runner(n))
-    return outputs / (clock() - started)
+    with asyncio.Runner(loop_factory=LOOPS[loop]()) as runner_:
+        started = clock()
+        outputs = runner_.run(runner(n))
+        elapsed = clock() - started
+    return outputs / elapsed
 
 
 def idle_stream_bytes(count: int = 10_000) -> float:
@@ -228,13 +251,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1,100,1000,10000", help="comma-separated N")
     parser.add_argument("--reps", type=int, default=3, help="repetitions per N (median)")
+    parser.add_argument("--loops", default="asyncio,uvloop", help="comma-separated loop names")
     parser.add_argument(
         "--observability", action="store_true", help="tether with collectors and tracing"
     )
     parser.add_argument("--outputs", type=int, default=OUTPUTS_PER_REQUEST)
+    parser.add_argument("--write", action="store_true", help="keep the figures (see above)")
     args = parser.parse_args()
     OUTPUTS_PER_REQUEST = args.outputs
     sizes = [int(size) for size in args.sizes.split(",")]
+    loops = args.loops.split(",")
     implementations = OBSERVABILITY if args.observability else IMPLEMENTATIONS
     # Costs of a few percent drown in a shared machine's wall-clock noise: the
     # observability runs count the process's CPU time (one thread: the loop's).
@@ -246,45 +272,84 @@ def main() -> None:
 
     python = f"Python {platform.python_version()} on {platform.machine()}"
     print(f"{python}; tether {tether.__version__}")
-    print(f"command: {' '.join([sys.executable, *sys.argv])}")
+    command = " ".join(["python -m bench.core", *sys.argv[1:]])
+    print(f"command: {command}")
     unit = "per CPU second" if args.observability else "per second"
     kind = "best" if args.observability else "medians"
-    print(f"{OUTPUTS_PER_REQUEST} outputs per request, {unit}; {kind} of {args.reps} runs\n")
+    print(f"{OUTPUTS_PER_REQUEST} outputs per request, {unit}; {kind} of {args.reps} runs")
     header = f"{'N':>6} | " + " | ".join(f"{name:>16}" for name in names)
     header += " | " + " | ".join(
         f"{name}/tether" if args.observability else f"tether/{name[0]}" for name in names[1:]
     )
-    print(header)
-    print("-" * len(header))
     verdicts: list[str] = []
-    for n in sizes:
-        samples: dict[str, list[float]] = {name: [] for name in names}
-        reps = args.reps if n > 1 else max(args.reps, 50)  # N=1 is too short to time once
-        for rep in range(reps):
-            order = names[rep % len(names) :] + names[: rep % len(names)]
-            for name in order:
-                samples[name].append(measure(implementations[name], n, clock))
-        medians = {name: summary(values) for name, values in samples.items()}
-        if args.observability:
-            ratios = [medians[name] / medians["tether"] for name in names[1:]]
-        else:
-            ratios = [medians["tether"] / medians[name] for name in names[1:]]
-        row = f"{n:>6} | " + " | ".join(f"{medians[name]:>14,.0f}/s" for name in names)
-        row += " | " + " | ".join(f"{ratio:>7.2f}x" for ratio in ratios)
-        print(row, flush=True)
-        if n == TARGET_N and not args.observability:
-            verdicts.extend(_verdicts(medians))
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for loop in loops:
+        print(f"\n{loop} loop\n{header}\n{'-' * len(header)}")
+        for n in sizes:
+            samples: dict[str, list[float]] = {name: [] for name in names}
+            reps = args.reps if n > 1 else max(args.reps, 50)  # N=1 is too short to time once
+            for rep in range(reps):
+                order = names[rep % len(names) :] + names[: rep % len(names)]
+                for name in order:
+                    samples[name].append(measure(implementations[name], n, clock, loop))
+            medians = {name: summary(values) for name, values in samples.items()}
+            results.setdefault(loop, {})[str(n)] = medians
+            if args.observability:
+                ratios = [medians[name] / medians["tether"] for name in names[1:]]
+            else:
+                ratios = [medians["tether"] / medians[name] for name in names[1:]]
+            row = f"{n:>6} | " + " | ".join(f"{medians[name]:>14,.0f}/s" for name in names)
+            row += " | " + " | ".join(f"{ratio:>7.2f}x" for ratio in ratios)
+            print(row, flush=True)
+            if n == TARGET_N and not args.observability:
+                verdicts.extend(f"{loop}: {line}" for line in _verdicts(medians))
     if args.observability:
         costs = per_request_cost()
         print(f"\none request alone (open, one finishing output, end): {costs['tether']:,.0f} ns")
         for name in HOOKS:
             print(f"  {name}: +{costs[name]:,.0f} ns per request")
         return
-    print(f"\nmemory per open idle Stream: {idle_stream_bytes():.0f} bytes (tracemalloc)")
+    idle = idle_stream_bytes()
+    print(f"\nmemory per open idle Stream: {idle:.0f} bytes (tracemalloc)")
     for line in verdicts:
         print(line)
+    if args.write:
+        _write(results, idle, command, args.reps)
 
 
+def _write(
+    results: dict[str, dict[str, dict[str, float]]], idle: float, command: str, reps: int
+) -> None:
+    """``bench/results/core.json`` and the core block of ``bench/RESULTS.md``."""
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    load = os.getloadavg()[0]
+    meta = {"date": date, "command": command, "load": load, "reps": reps, "idle_bytes": idle}
+    path = RESULTS.parent / "results" / "core.json"
+    path.write_text(json.dumps({"meta": meta, "loops": results}, indent=1) + "\n")
+    names = list(IMPLEMENTATIONS)
+    lines = [
+        "## Core: the registry against hand-written tables",
+        "",
+        f"`{command}`, {date}, load average {load:.2f}; outputs per second, medians of "
+        f"{reps} interleaved runs (50 at N = 1), and tether's ratio to each baseline; "
+        f"{idle:.0f} bytes per open idle `Stream`. Workload and baselines: "
+        "[FINDINGS.md](FINDINGS.md#core-microbenchmark-benchcorepy).",
+        "",
+        "| loop | N | "
+        + " | ".join([*names, *(f"tether / {name[0]}" for name in names[1:])])
+        + " |",
+        "|" + "---|" * (2 + 2 * len(names) - 1),
+    ]
+    for loop, sizes in results.items():
+        for n, medians in sizes.items():
+            cells = [f"{medians[name]:,.0f}" for name in names]
+            cells += [f"{medians['tether'] / medians[name]:.2f}x" for name in names[1:]]
+            lines.append(f"| {loop} | {int(n):,} | " + " | ".join(cells) + " |")
+    rewrite_readme(RESULTS, "\n".join([*lines, ""]), begin=CORE_BEGIN, end=CORE_END)
+    print(f"{path.relative_to(RESULTS.parent.parent)} written; bench/RESULTS.md rewritten")
+
+
+CORE_BEGIN, CORE_END = "<!-- core:begin -->", "<!-- core:end -->"
 TARGET_N = 10_000
 TARGETS = {"b:merging-slot": 1.25, "a:event+wait_for": 2.0}
 """Issue 12's targets at N = 10,000: tether's outputs/s over each baseline's, at least."""

@@ -66,7 +66,7 @@ def build(variant: str, *, streaming: bool = False) -> tuple[ASGIApp, Producer]:
     producer = Producer()
     if variant == "raw":
         raw = RawTable(lambda rid: None)
-        producer.sink = raw.deliver
+        producer.sink = raw.deliver_many
 
         async def raw_json(request: Request) -> Response:
             box = raw.open()
@@ -82,7 +82,7 @@ def build(variant: str, *, streaming: bool = False) -> tuple[ASGIApp, Producer]:
 
         return Starlette(routes=[Route("/json", raw_json)]), producer
     registry = tether.Registry(lambda rid: None)
-    producer.sink = registry.deliver
+    producer.sink = registry.deliver_many
 
     async def manual_json(request: Request) -> Response:
         stream = registry.open()

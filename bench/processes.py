@@ -12,11 +12,22 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FRAMEWORKS", "LOG", "MALLOC_ENV", "PYTHON", "ROOT", "client", "server", "stop"]
+__all__ = [
+    "FRAMEWORKS",
+    "LOG",
+    "MALLOC_ENV",
+    "PYTHON",
+    "ROOT",
+    "client",
+    "client_plan",
+    "server",
+    "stop",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -84,11 +95,26 @@ def stop(proc: subprocess.Popen[str]) -> None:
         proc.stdout.close()
 
 
-def client(mode: str, url: str, *options: object) -> dict[str, Any]:
+def client(mode: str, url: str, *options: object, timeout: float = 180) -> Any:
     """Run the load client once in its own process; its one JSON line of results."""
     argv = [PYTHON, "-m", "bench.client", mode, url, *map(str, options)]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"client failed: {' '.join(argv)}\n{done.stderr}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def client_plan(runs: list[list[object]]) -> list[dict[str, Any]]:
+    """Run the load client's ``runs`` (each its command line after ``bench.client``)
+    one after the other in one process; their results, in order."""
+    seconds = sum(
+        float(argv[argv.index(flag) + 1])
+        for argv in runs
+        for flag in ("--warmup", "--duration")
+        if flag in argv
+    )
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
+        json.dump(runs, file)
+        file.flush()
+        results: list[dict[str, Any]] = client("plan", file.name, timeout=60 + 2 * seconds)
+    return results

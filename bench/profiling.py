@@ -42,11 +42,19 @@ CLIENTS = 64
 RATE = 200
 """Samples per second: py-spy's pause per sample stays around 1 % of the server's time."""
 
-SETUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("stream", "/stream?n=64", ("tether", "raw", "limit")),
-    ("json", "/json?n=64", ("tether", "raw")),
+SETUPS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("task", "stream", "/stream?n=64&shape=task&json=orjson", ("tether", "handoff")),
+    ("step", "stream", "/stream?n=64&shape=step&json=orjson", ("tether", "handoff")),
+    ("json", "json", "/json?n=64&shape=step&json=orjson", ("tether", "handoff")),
 )
-"""``(client mode, path, variants)``: tether first, then the baselines it is held to."""
+"""``(name, client mode, path, variants)``: tether first, then the hand-off it is held
+to (:mod:`bench.matrix`'s), streaming from a task per request and from an engine
+step, and JSON; every server on uvloop."""
+SETUP_TITLES = {
+    "task": "streaming from a task per request",
+    "step": "streaming from an engine step (`deliver_many`)",
+    "json": "JSON, engine step",
+}
 
 PROFILES = processes.ROOT / "bench" / "results" / "profiles"
 TOP = 12
@@ -163,15 +171,22 @@ def require_py_spy() -> str:
 
 
 def record(
-    framework: str, variant: str, mode: str, path: str, seconds: float, *, into: Path = PROFILES
+    framework: str,
+    variant: str,
+    mode: str,
+    path: str,
+    seconds: float,
+    *,
+    name: str | None = None,
+    into: Path = PROFILES,
 ) -> dict[str, Any]:
-    """Profile one server under :data:`CLIENTS` clients for ``seconds``; its raw
-    stacks go to a file in ``into``."""
+    """Profile one server (on uvloop) under :data:`CLIENTS` clients for ``seconds``;
+    its raw stacks go to a file in ``into``."""
     spy = require_py_spy()
     into.mkdir(parents=True, exist_ok=True)
-    stacks_file = into / f"{framework}-{mode}-{variant}.txt"
+    stacks_file = into / f"{framework}-{name or mode}-{variant}.txt"
     warmup = 1.0
-    with processes.server(framework, variant) as (pid, base):
+    with processes.server(framework, variant, "--loop", "uvloop") as (pid, base):
         argv = [processes.PYTHON, "-m", "bench.client", mode, f"{base}{path}"]
         argv += [*("--concurrency", str(CLIENTS), "--server-pid", str(pid))]
         argv += [*("--warmup", str(warmup), "--duration", str(seconds))]
@@ -207,12 +222,12 @@ def profile(seconds: float) -> dict[str, Any]:
     """Every setup of :data:`SETUPS` on both frameworks, ``seconds`` of samples each."""
     out: dict[str, Any] = {}
     for framework in processes.FRAMEWORKS:
-        for mode, path, variants in SETUPS:
+        for name, mode, path, variants in SETUPS:
             for variant in variants:
-                out[f"{framework}/{mode}/{variant}"] = record(
-                    framework, variant, mode, path, seconds
+                out[f"{framework}/{name}/{variant}"] = record(
+                    framework, variant, mode, path, seconds, name=name
                 )
-                print(f"  profile: {framework}/{mode}/{variant} done", flush=True)
+                print(f"  profile: {framework}/{name}/{variant} done", flush=True)
     return out
 
 
@@ -235,18 +250,17 @@ def render(out: dict[str, Any], meta: dict[str, Any]) -> str:
         "",
     ]
     for framework in processes.FRAMEWORKS:
-        for mode, _, variants in SETUPS:
-            runs = {v: out[key] for v in variants if (key := f"{framework}/{mode}/{v}") in out}
+        for name, mode, _, variants in SETUPS:
+            runs = {v: out[key] for v in variants if (key := f"{framework}/{name}/{v}") in out}
             if "tether" in runs:
-                what = "streaming, 64 events per request" if mode == "stream" else "JSON"
-                lines += [f"#### {framework}, {what}", "", *_section(mode, runs)]
+                lines += [f"#### {framework}, {SETUP_TITLES[name]}", "", *_section(mode, runs)]
     return "\n".join(lines)
 
 
 def _section(mode: str, runs: dict[str, dict[str, Any]]) -> list[str]:
     """One framework and mode: areas side by side, then tether's top functions."""
     unit = "µs/event" if mode == "stream" else "µs/request"
-    label = {"raw": "hand-off" if mode == "stream" else "raw", "limit": "limit", "tether": "tether"}
+    label = {"handoff": "hand-off", "raw": "raw", "limit": "limit", "tether": "tether"}
     names = list(runs)
     costs = ", ".join(
         f"{label[v]} {_num(runs[v]['cost'])} {unit} ({runs[v]['samples']} samples)" for v in names

@@ -19,13 +19,20 @@ from typing import Any
 
 from .stats import percentile
 
-__all__ = ["BEGIN", "END", "environment", "render", "rewrite_readme"]
+__all__ = ["BEGIN", "END", "RESULTS", "environment", "load_average", "render", "rewrite_readme"]
 
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+"""The generated detail tables of every benchmark (the README keeps the headline)."""
 BEGIN = "<!-- http:begin -->"
 END = "<!-- http:end -->"
-PACKAGES = ("tether", "starlette", "uvicorn", "httptools", "h11", "aiohttp", "orjson")
+PACKAGES = ("tether", "starlette", "uvicorn", "httptools", "h11", "aiohttp", "uvloop", "orjson")
 
 Runs = list[dict[str, Any]]
+
+
+def load_average() -> float:
+    """The machine's one-minute load average."""
+    return os.getloadavg()[0]
 
 
 def environment(**extra: Any) -> dict[str, Any]:
@@ -46,7 +53,7 @@ def environment(**extra: Any) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "python": platform.python_version(),
         "cpu": f"{cpu}, {os.cpu_count()} cores",
-        "load": os.getloadavg()[0],
+        "load": load_average(),
         "versions": versions,
         **extra,
     }
@@ -127,10 +134,8 @@ def _compare(
     name: str,
     extra: Callable[[Runs, Runs], list[str]],
     extra_header: Sequence[str],
-    limit: bool = False,
 ) -> None:
-    """tether against the hand-off (``raw``) runs, with a target on the ratio; with
-    ``limit``, the no-hand-off limit's figure and tether's ratio to it beside them."""
+    """tether against the hand-written (``raw``) runs, with a target on the ratio."""
     rows = []
     for framework, conc in _keys(section):
         raw = section.get(f"{framework}/raw/{conc}", [])
@@ -146,103 +151,9 @@ def _compare(
             text,
             verdict,
         ]
-        if limit:
-            bound = section.get(f"{framework}/limit/{conc}", [])
-            row += [_spread([r.get(field) for r in bound]), _ratio(ours, bound, field)[1]]
         rows.append([*row, *extra(raw, ours)])
     header = ["framework", "clients", f"raw {label}", f"tether {label}", "ratio", f"≥ {target}x"]
-    if limit:
-        header += [f"limit {label}", "tether / limit"]
     doc.table([*header, *extra_header], rows)
-
-
-STREAM_TARGETS = {"handoff": 1.0, "limit": 0.8, "cpu": 1.25}
-"""Issue 12's streaming targets: events/s ≥ 1.0x the hand-off and ≥ 0.8x the
-no-hand-off limit; server CPU per event ≤ 1.25x the limit's."""
-
-JSON_TARGET = 0.95
-"""Non-streaming requests/s against the raw framework awaiting the same producer."""
-
-
-def _streaming(doc: _Doc, section: dict[str, Runs]) -> None:
-    """Events/s and server CPU per event of tether beside both baselines, then latency."""
-    field, cpu = "events_per_s", "server_cpu_us_per_event"
-    handoff_min, limit_min, cpu_max = (STREAM_TARGETS[k] for k in ("handoff", "limit", "cpu"))
-    rows, latency = [], []
-    for framework, conc in _keys(section):
-        raw = section.get(f"{framework}/raw/{conc}", [])
-        bound = section.get(f"{framework}/limit/{conc}", [])
-        ours = section.get(f"{framework}/tether/{conc}", [])
-        where = f"{framework}, {conc} clients"
-        to_raw, raw_text = _ratio(ours, raw, field)
-        to_limit, limit_text = _ratio(ours, bound, field)
-        cpu_ratio, cpu_text = _ratio(ours, bound, cpu)
-        rows.append(
-            [
-                framework,
-                str(conc),
-                _spread([r.get(field) for r in raw]),
-                _spread([r.get(field) for r in bound]),
-                _spread([r.get(field) for r in ours]),
-                raw_text,
-                doc.check(
-                    None if to_raw is None else to_raw >= handoff_min,
-                    f"streaming / hand-off, {where}: {raw_text} (target ≥ {handoff_min})",
-                ),
-                limit_text,
-                doc.check(
-                    None if to_limit is None else to_limit >= limit_min,
-                    f"streaming / limit, {where}: {limit_text} (target ≥ {limit_min})",
-                ),
-                _trio(raw, bound, ours, cpu, 1),
-                cpu_text,
-                doc.check(
-                    None if cpu_ratio is None else cpu_ratio <= cpu_max,
-                    f"streaming CPU/event / limit's, {where}: {cpu_text} (target ≤ {cpu_max})",
-                ),
-            ]
-        )
-        latency.append(
-            [
-                framework,
-                str(conc),
-                _trio(raw, bound, ours, "requests_per_s"),
-                _trio(raw, bound, ours, "ttfe_p50_ms", 2),
-                _trio(raw, bound, ours, "ttfe_p99_ms", 2),
-            ]
-        )
-    doc.table(
-        [
-            "framework",
-            "clients",
-            "hand-off events/s",
-            "limit events/s",
-            "tether events/s",
-            "tether / hand-off",
-            f"≥ {handoff_min}x",
-            "tether / limit",
-            f"≥ {limit_min}x",
-            "server CPU µs/event hand-off / limit / tether",
-            "tether CPU / limit's",
-            f"≤ {cpu_max}x",
-        ],
-        rows,
-    )
-    doc.table(
-        [
-            "framework",
-            "clients",
-            "req/s hand-off / limit / tether",
-            "TTFE p50 ms",
-            "TTFE p99 ms",
-        ],
-        latency,
-    )
-
-
-def _trio(raw: Runs, bound: Runs, ours: Runs, field: str, digits: int = 0) -> str:
-    """``hand-off / limit / tether`` medians."""
-    return " / ".join(_num(_median(runs, field), digits) for runs in (raw, bound, ours))
 
 
 def _pair(raw: Runs, ours: Runs, field: str, digits: int = 0, *, ratio: bool = False) -> str:
@@ -317,7 +228,7 @@ def render(out: dict[str, Any]) -> str:
     meta = out["meta"]
     doc = _Doc()
     add = doc.lines.append
-    add("## HTTP benchmarks")
+    add("## Batch, disconnect, memory (HTTP)")
     add("")
     add(
         f"Recorded {meta['date']} with `make bench` (`{meta['command']}`), in "
@@ -336,44 +247,8 @@ def render(out: dict[str, Any]) -> str:
         "ratios."
     )
     add("")
-    if out["stream"]:
-        add("### 1. Streaming throughput: 64 SSE events per request")
-        add("")
-        add(
-            "Three servers per framework, fed by the same load client: **hand-off** "
-            "(`raw`: the framework's own streaming response over a hand-written table "
-            "fed by the same producer, every ready output in one write), **limit** (the "
-            "framework's own streaming response yielding pre-built SSE events, one write "
-            "per event, no producer at all: the ceiling of any server that has to hand "
-            "outputs over) and **tether**. Server CPU is per event received by the client."
-        )
-        add("")
-        _streaming(doc, out["stream"])
-    if out["json"]:
-        add("### 2. Non-streaming: one JSON body once the request finished (64 outputs)")
-        add("")
-        add(
-            "The ratio and target are against the raw framework awaiting the same producer "
-            "(`raw`); `limit` answers a pre-built body at once, for scale only."
-        )
-        add("")
-        _compare(
-            doc,
-            out["json"],
-            field="requests_per_s",
-            label="req/s",
-            target=JSON_TARGET,
-            name="non-streaming",
-            limit=True,
-            extra=lambda raw, ours: [
-                _pair(raw, ours, "ttfe_p50_ms", 2),
-                _pair(raw, ours, "ttfe_p99_ms", 2),
-                _pair(raw, ours, "server_cpu_us_per_request", 0, ratio=True),
-            ],
-            extra_header=["latency p50 ms raw / tether", "p99 ms", "server CPU µs/request"],
-        )
     if out["batch"]:
-        add("### 3. Batch streaming: 64 sub-requests x 64 outputs in one request")
+        add("### Batch streaming: 64 sub-requests x 64 outputs in one request")
         add("")
         add("Baseline (`raw`): a task per sub-request `__anext__`, re-armed after each output, ")
         add("multiplexed with `asyncio.wait(FIRST_COMPLETED)`; tether: `Registry.open_batch`.")
@@ -389,7 +264,7 @@ def render(out: dict[str, Any]) -> str:
             extra_header=["server CPU µs/output"],
         )
     if out["disconnect"]:
-        add("### 4. Disconnect to abort: client close → producer's `on_abort`")
+        add("### Disconnect to abort: client close → producer's `on_abort`")
         add("")
         add(
             f"{profile['tries']} tries per repetition, pooled; each closes at a random moment "
@@ -399,7 +274,7 @@ def render(out: dict[str, Any]) -> str:
         add("")
         _disconnect(doc, out["disconnect"])
     if out["memory"]:
-        add("### 5. Memory: idle open streams")
+        add("### Memory: idle open streams")
         add("")
         add(
             "Server RSS growth (`VmRSS`) per stream held open after its first event, "
@@ -410,17 +285,12 @@ def render(out: dict[str, Any]) -> str:
     add("### Targets")
     add("")
     add(
-        f"Issue 12's, checked on same-run ratios of medians: streaming ≥ "
-        f"{STREAM_TARGETS['handoff']}x the hand-off and ≥ {STREAM_TARGETS['limit']}x the "
-        f"limit in events/s, server CPU per event ≤ {STREAM_TARGETS['cpu']}x the limit's; "
-        f"non-streaming ≥ {JSON_TARGET}x raw; batch ≥ 3x the hand-written interleave; "
-        "disconnect and memory as in their tables. The core's (`bench/core.py`, "
-        "N = 10,000: ≥ 1.25x the merging slot, ≥ 2x event + `wait_for`) are in its "
-        "section above."
+        "Batch ≥ 3x the hand-written interleave; disconnect and memory as in their "
+        "tables. Streaming and JSON throughput: the matrix above."
     )
     add("")
     if doc.misses:
-        add("Missed in this run (causes in *Findings* below):")
+        add("Missed in this run:")
         add("")
         doc.lines.extend(f"- {miss}" for miss in doc.misses)
     else:

@@ -19,8 +19,8 @@ Two measurements, in one run:
   ``--rounds`` interleaved rounds, and the ratio to the baseline.
 
 Then the section between ``<!-- resume:begin -->`` and ``<!-- resume:end -->`` of
-``bench/README.md`` is rewritten. Run it with ``make bench`` or
-``python -m bench.resume`` (``--no-readme`` to leave the README alone).
+``bench/RESULTS.md`` is rewritten. Run it with ``make bench`` or
+``python -m bench.resume`` (``--no-readme`` to leave it alone).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from .report import rewrite_readme
 from .stats import percentile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-README = ROOT / "bench" / "README.md"
+RESULTS = ROOT / "bench" / "RESULTS.md"
 BEGIN, END = "<!-- resume:begin -->", "<!-- resume:end -->"
 sys.path.insert(0, str(ROOT / "examples"))  # the example servers' launcher
 
@@ -257,7 +257,7 @@ def main() -> None:
         text = render(results, args)
         print(text)
         if not args.no_readme:
-            rewrite_readme(README, text, begin=BEGIN, end=END)
+            rewrite_readme(RESULTS, text, begin=BEGIN, end=END)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,16 @@
-"""Runs every HTTP benchmark and rewrites their section of ``bench/README.md``.
+"""Runs the HTTP benchmarks beside the matrix and rewrites their section of
+``bench/RESULTS.md``: batch streaming, disconnect to abort, memory per idle stream.
 
-``python -m bench.run`` (what ``make bench`` calls) starts each server and each
-load client as its own subprocess on 127.0.0.1, stops servers by process id, and
-repeats every measurement (the hand-off, tether and limit servers interleaved,
-their order rotating between repetitions) so that a noisy neighbour hits both sides
-alike; the servers of one repetition share a hash seed (``PYTHONHASHSEED``), and every
-server runs with glibc's malloc thresholds pinned (``bench.processes.MALLOC_ENV`` says
-why). The raw results go to ``bench/results/http.json``; the tables, medians with min-max and
-the tether/raw ratios, go between the ``http:begin``/``http:end`` markers of the
-README. ``--profile`` adds py-spy profiles of every server at 64 clients
+``python -m bench.run`` (what ``make bench`` calls, after :mod:`bench.matrix`, which
+measures streaming and JSON throughput) starts each server and each load client as
+its own subprocess on 127.0.0.1, stops servers by process id, and repeats every
+measurement (the raw and tether servers interleaved, their order rotating between
+repetitions) so that a noisy neighbour hits both sides alike; the servers of one
+repetition share a hash seed (``PYTHONHASHSEED``), and every server runs with glibc's
+malloc thresholds pinned (``bench.processes.MALLOC_ENV`` says why). The raw results
+go to ``bench/results/http.json``; the tables, medians with min-max and the
+tether/raw ratios, go between the ``http:begin``/``http:end`` markers.
+``--profile`` adds py-spy profiles of tether and the hand-off at 64 clients
 (:mod:`bench.profiling`), which go between the ``profile:begin``/``profile:end``
 markers. ``--quick`` is a seconds-long smoke run that writes nothing.
 """
@@ -33,21 +35,18 @@ class Plan:
     """How long and how wide every benchmark runs."""
 
     reps: int
-    concurrency: tuple[int, ...]
     duration: float
     tries: int
     streams: int
     batch_concurrency: tuple[int, ...] = (1,)
 
-    def warmup(self, concurrency: int) -> float:
-        # 512 streams start in one wave; let it break up before measuring
-        return 1.0 if concurrency >= 256 else 0.5 if self.duration >= 1 else 0.2
+    def warmup(self) -> float:
+        return 0.5 if self.duration >= 1 else 0.2
 
 
-FULL = Plan(reps=3, concurrency=(1, 64, 512), duration=1.5, tries=50, streams=2000)
-QUICK = Plan(reps=1, concurrency=(1, 16), duration=0.4, tries=8, streams=100)
+FULL = Plan(reps=3, duration=1.5, tries=50, streams=2000)
+QUICK = Plan(reps=1, duration=0.4, tries=8, streams=100)
 
-THROUGHPUT_VARIANTS = ("raw", "tether", "limit")
 DISCONNECT_SETUPS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("starlette", "tether", "tether + Starlette (uvicorn)", ()),
     ("aiohttp", "tether", "tether + aiohttp, handler_cancellation=False", ()),
@@ -68,35 +67,23 @@ def _order(rep: int, variants: tuple[str, ...]) -> tuple[str, ...]:
     return variants[shift:] + variants[:shift]
 
 
-def throughput(plan: Plan, out: dict[str, Any]) -> None:
-    """Streaming and non-streaming runs against the hand-off (``raw``), tether and
-    no-hand-off (``limit``) servers; batch runs against the first two."""
+def batch(plan: Plan, out: dict[str, Any]) -> None:
+    """Batch streaming against the hand-written interleave (``raw``)."""
     for rep in range(plan.reps):
         for framework in FRAMEWORKS:
-            for variant in _order(rep, THROUGHPUT_VARIANTS):
+            for variant in _order(rep, ("raw", "tether")):
                 # one hash seed per repetition, the same for every variant: paired
                 with server(framework, variant, seed=rep + 1) as (pid, base):
-                    for conc in plan.concurrency:
-                        common = ("--concurrency", conc, "--server-pid", pid)
-                        timing = ("--warmup", plan.warmup(conc), "--duration", plan.duration)
+                    for conc in plan.batch_concurrency:
                         key = f"{framework}/{variant}/{conc}"
-                        stream = client(
-                            "stream", f"{base}/stream?n=64", *common, *timing, "--expect", 64
-                        )
-                        out["stream"].setdefault(key, []).append(stream)
-                        answer = client("json", f"{base}/json?n=64", *common, *timing)
-                        out["json"].setdefault(key, []).append(answer)
-                    # the limit has no producer, hence no sub-requests to batch
-                    for conc in plan.batch_concurrency if variant != "limit" else ():
-                        key = f"{framework}/{variant}/{conc}"
-                        batch = client(
+                        result = client(
                             "stream",
                             f"{base}/batch?b=64&n=64",
                             *("--concurrency", conc, "--server-pid", pid, "--expect", 64 * 64),
-                            *("--warmup", plan.warmup(conc), "--duration", plan.duration),
+                            *("--warmup", plan.warmup(), "--duration", plan.duration),
                         )
-                        out["batch"].setdefault(key, []).append(batch)
-                print(f"  throughput rep {rep + 1}: {framework}/{variant} done", flush=True)
+                        out["batch"].setdefault(key, []).append(result)
+        print(f"  batch rep {rep + 1} done", flush=True)
 
 
 def disconnect(plan: Plan, out: dict[str, Any]) -> None:
@@ -133,26 +120,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short smoke run; writes nothing")
     parser.add_argument(
         "--only",
-        choices=["throughput", "disconnect", "memory", "profile"],
+        choices=["batch", "disconnect", "memory", "profile"],
         action="append",
         help="run a subset",
     )
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="also profile each server at 64 clients with py-spy (see bench/profiling.py)",
+        help="also profile tether and the hand-off at 64 clients with py-spy (bench/profiling.py)",
     )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     command = " ".join(["python -m bench.run", *(argv if argv is not None else sys.argv[1:])])
-    benchmarks = {"throughput": throughput, "disconnect": disconnect, "memory": memory}
+    benchmarks = {"batch": batch, "disconnect": disconnect, "memory": memory}
     names = list(args.only or benchmarks)
     if args.profile and "profile" not in names:
         names.append("profile")
     if "profile" in names:
         profiling.require_py_spy()  # before minutes of other benchmarks, not after
     started = time.time()
-    out: dict[str, Any] = {"stream": {}, "json": {}, "batch": {}, "disconnect": {}, "memory": {}}
+    out: dict[str, Any] = {"batch": {}, "disconnect": {}, "memory": {}}
     for name in names:
         if name in benchmarks:
             print(f"{name}...", flush=True)
@@ -181,8 +168,8 @@ def _publish(
         print(text, flush=True)
         return
     (ROOT / "bench" / "results" / name).write_text(json.dumps(results, indent=1) + "\n")
-    report.rewrite_readme(ROOT / "bench" / "README.md", text, begin=begin, end=end)
-    print(f"bench/results/{name} written; bench/README.md rewritten between {begin}", flush=True)
+    report.rewrite_readme(report.RESULTS, text, begin=begin, end=end)
+    print(f"bench/results/{name} written; bench/RESULTS.md rewritten between {begin}", flush=True)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ Four cases, ``--rounds`` times each, every round with fresh processes on ipc://:
 
 Each round also checks that every request failed or was cancelled exactly once and
 that nothing is left on either side. Rewrites the ``<!-- zmq-liveness:begin -->``
-section of ``bench/README.md`` (``--no-readme`` leaves it alone).
+section of ``bench/RESULTS.md`` (``--no-readme`` leaves it alone).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator
 import tether
 from tether_zmq import Cancellation, EngineClient, EngineLost, EngineServer, RequestKey, Submission
 
-README = pathlib.Path(__file__).resolve().parent / "README.md"
+RESULTS = pathlib.Path(__file__).resolve().parent / "RESULTS.md"
 BEGIN, END = "<!-- zmq-liveness:begin -->", "<!-- zmq-liveness:end -->"
 REQUESTS = 32
 FRONT = {"ping_interval": 0.005, "engine_timeout": 0.03}
@@ -230,13 +230,13 @@ def render(results: dict[str, list[float]], rounds: int) -> str:
 
 def rewrite_readme(text: str) -> None:
     block = f"{BEGIN}\n{text}\n{END}"
-    current = README.read_text()
+    current = RESULTS.read_text()
     start, end = current.find(BEGIN), current.find(END)
     if start == -1 or end == -1:
         updated = current.rstrip("\n") + "\n\n" + block + "\n"
     else:
         updated = current[:start] + block + current[end + len(END) :]
-    README.write_text(updated)
+    RESULTS.write_text(updated)
 
 
 def main() -> None:

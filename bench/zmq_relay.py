@@ -18,8 +18,8 @@ on ipc://; this process is the front. Three measurements, in one run:
   loop tick; the difference of the two medians is what the link adds.
 
 Then the section between ``<!-- zmq:begin -->`` and ``<!-- zmq:end -->`` of
-``bench/README.md`` is rewritten. Run it with ``make bench`` or
-``python bench/zmq_relay.py`` (``--no-readme`` to leave the README alone).
+``bench/RESULTS.md`` is rewritten. Run it with ``make bench`` or
+``python bench/zmq_relay.py`` (``--no-readme`` to leave it alone).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import tether
 import tether_zmq._protocol as wire  # the bare baseline speaks the wire format by hand
 from tether_zmq import Cancellation, EngineClient, EngineServer, RequestKey, Submission
 
-README = pathlib.Path(__file__).resolve().parent / "README.md"
+RESULTS = pathlib.Path(__file__).resolve().parent / "RESULTS.md"
 BEGIN, END = "<!-- zmq:begin -->", "<!-- zmq:end -->"
 
 
@@ -319,13 +319,13 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
 
 def rewrite_readme(text: str) -> None:
     block = f"{BEGIN}\n{text}\n{END}"
-    current = README.read_text()
+    current = RESULTS.read_text()
     start, end = current.find(BEGIN), current.find(END)
     if start == -1 or end == -1:
         updated = current.rstrip("\n") + "\n\n" + block + "\n"
     else:
         updated = current[:start] + block + current[end + len(END) :]
-    README.write_text(updated)
+    RESULTS.write_text(updated)
 
 
 def main() -> None:

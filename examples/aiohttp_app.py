@@ -12,6 +12,7 @@ Run it and try it::
     curl -N 127.0.0.1:8001/generate -d '{"text": "hi", "max_tokens": 8, "stream": true}'
     curl 127.0.0.1:8001/generate -d '{"text": ["a", "b"], "max_tokens": 4}'
     curl 127.0.0.1:8001/v1/completions -d '{"model": "m", "prompt": "hi", "max_tokens": 4}'
+    curl 127.0.0.1:8001/v1/chat/completions -d '{"messages": [{"role": "user", "content": "hi"}]}'
     curl 127.0.0.1:8001/metrics     # Prometheus; /stats is the same as JSON
     # and open http://127.0.0.1:8001/ in a browser
 """
@@ -24,13 +25,13 @@ import logging
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import api
 import cli
+import openai_api
 import workers
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 import tether
 import tether.http
@@ -64,17 +65,20 @@ def client_gone() -> web.Response:
     return web.Response(status=tether.http.CLIENT_CLOSED_REQUEST)
 
 
-@web.middleware
-async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """aiohttp's own errors (unknown route, wrong method) in the same JSON shape."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-        refusal = api.http_error(exc.status, exc.reason, headers=allow)
-        return web.json_response(refusal.body, status=refusal.status, headers=refusal.headers)
+def openai_answer(response: web.StreamResponse) -> web.StreamResponse:
+    """``respond()``'s answer on an OpenAI route, an error in OpenAI's shape."""
+    body = response.body if isinstance(response, web.Response) else None
+    if response.status < 400 or not isinstance(body, bytes):
+        return response
+    items = response.headers.items()
+    return refuse_with(openai_api.reshaped_answer(response.status, body, items))
+
+
+def error_shape(
+    request: web.Request, error: tether.http.ErrorResponse
+) -> tether.http.ErrorResponse:
+    """aiohttp's own errors (unknown route, wrong method) as the route words them."""
+    return openai_api.for_path(request.path, error)
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -93,30 +97,46 @@ async def generate(request: web.Request) -> web.StreamResponse:
     return await respond(request, source, streaming=generation.stream, resume=resumable)
 
 
-async def completions(request: web.Request) -> web.StreamResponse:
+async def openai(
+    request: web.Request, parse: Callable[[bytes], openai_api.Call]
+) -> web.StreamResponse:
     service = request.app[SERVICE]
     try:
-        generation = api.parse_completions(await read_body(request))
+        call = parse(await read_body(request))
         # a reconnect (Last-Event-ID, with the same body), answered as it began
-        again = api.CompletionChunks(None, generation.model)
+        again = openai_api.Chunks(call, None)
         resumed = await resume(request, service.resume, encoder=again)
         if resumed is not None:
-            return resumed
-        source = service.open(generation)
+            return openai_answer(resumed)
+        source = service.open(call.generation)
     except api.REFUSALS as exc:
-        return refuse(exc)
+        return refuse_with(openai_api.rejection(exc))
     except api.ClientGone:
         return client_gone()
-    cid = api.completion_id(source)
-    if generation.stream:
-        encoder = api.CompletionChunks(cid, generation.model)
-        resumable = service.resume if generation.resume else None
-        return await respond(request, source, streaming=True, encoder=encoder, resume=resumable)
+    cid = openai_api.completion_id(call, source)
+    if call.generation.stream:
+        chunks = openai_api.Chunks(call, cid)
+        resumable = service.resume if call.generation.resume else None
+        return openai_answer(
+            await respond(request, source, streaming=True, encoder=chunks, resume=resumable)
+        )
     response = await respond(request, source, streaming=False)
     result = response.body if isinstance(response, web.Response) else None
     if response.status != 200 or not isinstance(result, bytes):
-        return response
-    return web.json_response(api.completion(generation, json.loads(result), cid))
+        return openai_answer(response)
+    return web.json_response(openai_api.body(call, json.loads(result), cid))
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await openai(request, openai_api.parse_completions)
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    return await openai(request, openai_api.parse_chat)
+
+
+async def models(request: web.Request) -> web.Response:
+    return web.json_response(openai_api.models())
 
 
 async def stop(request: web.Request) -> web.Response:
@@ -144,8 +164,9 @@ async def health(request: web.Request) -> web.Response:
 
 def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> web.Application:
     """The example application around ``service`` (its engine runs while the app does)."""
-    app = web.Application(middlewares=[json_errors])
+    app = web.Application()
     app[SERVICE] = service
+    tether_aiohttp.json_errors(app, shape=error_shape)  # 404, 405, 413 as JSON
     # setup() drains the registry on shutdown; the engine stops after, in cleanup.
     tether_aiohttp.setup(app, service.registry, drain_timeout=drain_timeout)
 
@@ -162,6 +183,8 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> web.Appli
     app.router.add_post("/generate", generate)
     app.router.add_post("/generate/stop", stop)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/stats", stats)
     app.router.add_get("/metrics/aborts", aborts)

@@ -1,19 +1,18 @@
 """The example servers' HTTP API, with no web framework in sight.
 
-Both example servers (``starlette_app.py``, ``aiohttp_app.py``) read the request
-body, hand it to a parser here and pass the result to :class:`Service`, which
-registers the request with tether and submits it to the engine; they then answer
-through their adapter's ``respond()``. Everything that decides what the API
-accepts and what its answers look like lives here, once:
+The three example servers (``starlette_app.py``, ``fastapi_app.py``,
+``aiohttp_app.py``) read the request body, hand it to a parser here (or in
+``openai_api.py``, for the OpenAI-compatible routes) and pass the result to
+:class:`Service`, which registers the request with tether and submits it to the
+engine; they then answer through their adapter's ``respond()``. Everything that
+decides what the API accepts and what its answers look like lives here, once:
 
 * ``POST /generate``: ``{"text": str | [str], "max_tokens": int, "stream": bool,
   "rid": str | [str], "timeout": float, "resume": bool}`` (``rid``: client-chosen
   request ids, ``timeout``: a deadline in seconds, ``resume``: a stream that a
   dropped client continues by sending ``POST /generate`` again with the
   ``Last-Event-ID`` header, all optional; see ``docs/resume.md``);
-* ``POST /v1/completions``: the OpenAI completions shape (``prompt``, ``max_tokens``,
-  ``stream``, ``model``, and tether's ``resume``), with :class:`CompletionChunks`
-  framing its stream and :func:`completion` building its JSON body;
+* ``/v1/...``: the OpenAI-compatible routes, in ``openai_api.py``;
 * ``POST /generate/stop``: Stop a resumable stream by the ``Tether-Resume-Token``
   header its response carried (204, or 404 for no such stream): a closed connection
   only parks a resumable stream, so Stop needs its own signal;
@@ -21,12 +20,13 @@ accepts and what its answers look like lives here, once:
   and tether's own errors, mapped by :func:`rejection`. Nothing is registered for
   a refused request: parsing happens before ``Registry.open()``.
 
-Hostile input is refused at the door, whole: a body that is not strict JSON
-(``NaN``, nesting past :data:`MAX_NESTING`, an integer past Python's digit limit)
-gets 400, and a body holding a lone surrogate anywhere (a ``\\udXXX`` escape with no
-partner: not Unicode text, and unencodable as UTF-8 further down) gets 422, in a
-field the API reads or not. Nothing past the door has to be careful with what a
-client sent. A client that leaves while its body is being read is not an error
+Hostile input is refused at the door (:func:`load_object`, every route's), whole:
+a body that is not strict JSON (``NaN``, a repeated key, nesting past
+:data:`MAX_NESTING`, an integer past Python's digit limit) gets 400, and a body
+holding a lone surrogate anywhere (a ``\\udXXX`` escape with no partner: not
+Unicode text, and unencodable as UTF-8 further down) gets 422, in a field the API
+reads or not. Nothing past the door has to be careful with what a client sent. A
+client that leaves while its body is being read is not an error
 (:class:`ClientGone`).
 """
 
@@ -37,7 +37,6 @@ import dataclasses
 import json
 import pathlib
 import re
-import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from typing import Any, Final
 
@@ -61,16 +60,16 @@ __all__ = [
     "REFUSALS",
     "BadRequest",
     "ClientGone",
-    "CompletionChunks",
     "Generation",
     "Service",
-    "completion",
-    "completion_id",
-    "http_error",
+    "identifier",
+    "load_object",
     "page",
-    "parse_completions",
     "parse_generate",
     "read_body",
+    "read_flag",
+    "read_max_tokens",
+    "read_prompts",
     "rejection",
 ]
 
@@ -99,12 +98,19 @@ class BadRequest(Exception):
 
     :param status: 400 (malformed JSON), 413 (body or batch too large) or 422 (invalid).
     :param message: what is wrong, naming the field.
+    :param param: the field at fault, when there is one (OpenAI's error bodies name it).
+    :param code: a machine-readable reason for OpenAI's error bodies
+        (``"unsupported_parameter"``), or ``None``.
     """
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.param = param
+        self.code = code
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -116,7 +122,6 @@ class Generation:
     :param max_tokens: tokens to generate per prompt.
     :param stream: answer as a stream of server-sent events.
     :param rids: client-chosen request ids, one per prompt, or ``None``.
-    :param model: the model named by a completions request.
     :param timeout: a deadline in seconds for the whole request, or ``None``.
     :param resume: make the stream resumable (``"resume": true``): a client that drops
         reconnects with ``Last-Event-ID`` and continues (see ``docs/resume.md``).
@@ -127,7 +132,6 @@ class Generation:
     max_tokens: int
     stream: bool
     rids: tuple[str, ...] | None = None
-    model: str = MODEL
     timeout: float | None = None
     resume: bool = False
 
@@ -150,6 +154,19 @@ _CONTROL_OR_SURROGATE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 def _not_json(constant: str) -> Any:
     # json.loads takes NaN and Infinity by default; they are not JSON (RFC 8259).
     raise ValueError(f"{constant} is not a JSON value")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json.loads keeps the last of a repeated key, another parser the first: a body
+    # that means two things to two readers is refused, not guessed at.
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:  # (linear: a body may hold a hundred thousand keys)
+            if key in seen:
+                raise BadRequest(400, f"the request body repeats the key {ascii(key)[:40]}")
+            seen.add(key)
+    return data
 
 
 def _check_text(data: Any) -> None:
@@ -181,14 +198,25 @@ def _check_text(data: Any) -> None:
                     pending.append((item, depth + 1, inner))
 
 
-def _load_object(body: bytes) -> dict[str, Any]:
+def load_object(body: bytes) -> dict[str, Any]:
+    """The door every body goes through, on every route of every example server: strict
+    JSON (no ``NaN``, no repeated key, nesting within :data:`MAX_NESTING`, integers
+    within Python's digit limit), Unicode text only (no lone surrogate anywhere), and
+    an object at the top.
+
+    :raises BadRequest: 400 (not strict JSON), 413 (too large), 422 (not text, not an object).
+    """
     if len(body) > MAX_BODY_BYTES:
         raise BadRequest(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
     try:
-        data = json.loads(body, parse_constant=_not_json)
+        data = json.loads(body, parse_constant=_not_json, object_pairs_hook=_unique_keys)
     except RecursionError:
         # Thousands of nested brackets exhaust the parser's stack before any check.
         raise BadRequest(400, f"the request body is nested deeper than {MAX_NESTING}") from None
+    except json.JSONDecodeError as exc:
+        # Where, as a person counts (not a character offset), and what was expected.
+        where = f"line {exc.lineno} column {exc.colno}"
+        raise BadRequest(400, f"the request body is not valid JSON: {exc.msg} at {where}") from None
     except ValueError as exc:  # UnicodeDecodeError and the int digit limit included
         raise BadRequest(400, f"the request body is not valid JSON: {exc}") from None
     _check_text(data)
@@ -197,47 +225,54 @@ def _load_object(body: bytes) -> dict[str, Any]:
     return data
 
 
-def _identifier(value: str, field: str) -> str:
+def identifier(value: str, field: str) -> str:
     """A client-chosen name (``rid``, ``model``): it reaches logs, ids and every chunk."""
     if not value or len(value) > MAX_ID_CHARS:
-        raise BadRequest(422, f"{field!r} values are 1 to {MAX_ID_CHARS} characters")
+        raise BadRequest(422, f"{field!r} values are 1 to {MAX_ID_CHARS} characters", param=field)
     if _CONTROL_OR_SURROGATE.search(value):
-        raise BadRequest(422, f"{field!r} values may not hold control characters")
+        raise BadRequest(422, f"{field!r} values may not hold control characters", param=field)
     return value
 
 
-def _prompts(data: dict[str, Any], field: str) -> tuple[tuple[str, ...], bool]:
+def read_prompts(data: dict[str, Any], field: str) -> tuple[tuple[str, ...], bool]:
+    """``data[field]``: one prompt or a batch of 1 to :data:`MAX_BATCH`; and whether it
+    was a list (the answer is then a list too)."""
     if field not in data:
-        raise BadRequest(422, f"{field!r} is required: a string or a list of strings")
+        raise BadRequest(422, f"{field!r} is required: a string or a list of strings", param=field)
     value = data[field]
     if isinstance(value, str):
         return (value,), False
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise BadRequest(422, f"{field!r} must be a string or a list of strings")
+        raise BadRequest(422, f"{field!r} must be a string or a list of strings", param=field)
     if not value:
-        raise BadRequest(422, f"{field!r} is an empty batch: give at least one prompt")
+        raise BadRequest(422, f"{field!r} is an empty batch: give at least one prompt", param=field)
     if len(value) > MAX_BATCH:
-        raise BadRequest(413, f"{field!r} holds {len(value)} prompts; at most {MAX_BATCH}")
+        raise BadRequest(
+            413, f"{field!r} holds {len(value)} prompts; at most {MAX_BATCH}", param=field
+        )
     return tuple(value), True
 
 
-def _max_tokens(data: dict[str, Any]) -> int:
-    value = data.get("max_tokens")
+def read_max_tokens(data: dict[str, Any], field: str = "max_tokens") -> int:
+    """``data[field]``: tokens to generate, 1 to :data:`MAX_TOKENS` (absent or null: 16)."""
+    value = data.get(field)
     if value is None:
         return DEFAULT_MAX_TOKENS
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(422, "'max_tokens' must be an integer")
+        raise BadRequest(422, f"{field!r} must be an integer", param=field)
     if not 1 <= value <= MAX_TOKENS:
-        raise BadRequest(422, f"'max_tokens' must be between 1 and {MAX_TOKENS}, got {value}")
+        message = f"{field!r} must be between 1 and {MAX_TOKENS}, got {value}"
+        raise BadRequest(422, message, param=field)
     return value
 
 
-def _flag(data: dict[str, Any], field: str) -> bool:
+def read_flag(data: dict[str, Any], field: str) -> bool:
+    """``data[field]``: true or false (absent or null: false)."""
     value = data.get(field, False)
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise BadRequest(422, f"{field!r} must be true or false")
+        raise BadRequest(422, f"{field!r} must be true or false", param=field)
     return value
 
 
@@ -246,9 +281,13 @@ def _timeout(data: dict[str, Any]) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BadRequest(422, "'timeout' must be a number of seconds")
+        raise BadRequest(422, "'timeout' must be a number of seconds", param="timeout")
     if not 0 < value <= MAX_TIMEOUT:
-        raise BadRequest(422, f"'timeout' must be above 0 and at most {MAX_TIMEOUT}, got {value}")
+        raise BadRequest(
+            422,
+            f"'timeout' must be above 0 and at most {MAX_TIMEOUT}, got {value}",
+            param="timeout",
+        )
     return float(value)
 
 
@@ -259,10 +298,10 @@ def _rids(data: dict[str, Any], prompts: tuple[str, ...], batched: bool) -> tupl
     rids = [value] if isinstance(value, str) and not batched else value
     if not isinstance(rids, list) or not all(isinstance(rid, str) and rid for rid in rids):
         kind = "a list of non-empty strings" if batched else "a non-empty string"
-        raise BadRequest(422, f"'rid' must be {kind}, like 'text'")
+        raise BadRequest(422, f"'rid' must be {kind}, like 'text'", param="rid")
     if len(rids) != len(prompts) or len(set(rids)) != len(rids):
-        raise BadRequest(422, "'rid' must hold one distinct id per prompt")
-    return tuple(_identifier(rid, "rid") for rid in rids)
+        raise BadRequest(422, "'rid' must hold one distinct id per prompt", param="rid")
+    return tuple(identifier(rid, "rid") for rid in rids)
 
 
 def parse_generate(body: bytes) -> Generation:
@@ -270,47 +309,18 @@ def parse_generate(body: bytes) -> Generation:
 
     :raises BadRequest: with the status the client gets.
     """
-    data = _load_object(body)
-    prompts, batched = _prompts(data, "text")
-    stream, resume = _flag(data, "stream"), _flag(data, "resume")
+    data = load_object(body)
+    prompts, batched = read_prompts(data, "text")
+    stream, resume = read_flag(data, "stream"), read_flag(data, "resume")
     if resume and (batched or not stream):
-        raise BadRequest(422, "'resume' needs 'stream': true and a single prompt")
+        raise BadRequest(422, "'resume' needs 'stream': true and a single prompt", param="resume")
     return Generation(
         prompts=prompts,
         batched=batched,
-        max_tokens=_max_tokens(data),
+        max_tokens=read_max_tokens(data),
         stream=stream,
         rids=_rids(data, prompts, batched),
         timeout=_timeout(data),
-        resume=resume,
-    )
-
-
-def parse_completions(body: bytes) -> Generation:
-    """Validate a ``POST /v1/completions`` body (the OpenAI completions shape).
-
-    Sampling options (``temperature``, ``top_p``...) are accepted and ignored: the
-    engine is deterministic. Token-id prompts and ``n`` other than 1 are refused.
-
-    :raises BadRequest: with the status the client gets.
-    """
-    data = _load_object(body)
-    prompts, batched = _prompts(data, "prompt")
-    model = data.get("model", MODEL)
-    if not isinstance(model, str):
-        raise BadRequest(422, "'model' must be a string")
-    _identifier(model, "model")
-    if data.get("n", 1) not in (1, None):
-        raise BadRequest(422, "'n' must be 1: one completion per prompt")
-    stream, resume = _flag(data, "stream"), _flag(data, "resume")
-    if resume and (batched or not stream):
-        raise BadRequest(422, "'resume' needs 'stream': true and a single prompt")
-    return Generation(
-        prompts=prompts,
-        batched=batched,
-        max_tokens=_max_tokens(data),
-        stream=stream,
-        model=model,
         resume=resume,
     )
 
@@ -370,17 +380,9 @@ def rejection(exc: BadRequest | tether.TetherError) -> tether.http.ErrorResponse
     ``tether.http.error_response``.
     """
     if isinstance(exc, BadRequest):
-        return http_error(exc.status, exc.message, kind="BadRequest")
+        body = {"error": {"message": exc.message, "type": "BadRequest", "code": exc.status}}
+        return tether.http.ErrorResponse(exc.status, body, {})
     return tether.http.error_response(exc)
-
-
-def http_error(
-    status: int, message: str, *, kind: str = "HTTPError", headers: dict[str, str] | None = None
-) -> tether.http.ErrorResponse:
-    """An error in tether's JSON shape, for the framework's own errors too (404, 405):
-    every error a client of the example servers gets is ``{"error": {...}}``."""
-    body = {"error": {"message": message, "type": kind, "code": status}}
-    return tether.http.ErrorResponse(status, body, headers or {})
 
 
 METRICS_CONTENT_TYPE: Final = prometheus_client.CONTENT_TYPE_LATEST
@@ -484,76 +486,3 @@ class Service:
         if self.registry.closed:
             return 503, {"status": "unavailable", "reason": "shutting down"}
         return 200, {"status": "ok", "in_flight": self.registry.in_flight}
-
-
-def _choice(index: int, output: dict[str, Any]) -> dict[str, Any]:
-    meta = output["meta_info"]
-    return {
-        "index": index,
-        "text": output["text"],
-        "logprobs": None,
-        "finish_reason": meta["finish_reason"],
-    }
-
-
-class CompletionChunks(tether.SSE):
-    """SSE framing for ``/v1/completions``: each engine output becomes an OpenAI
-    ``text_completion`` chunk; errors, pings and ``data: [DONE]`` are tether's.
-
-    :param completion_id: the ``id`` every chunk carries; ``None`` (a reconnect to a
-        resumable stream, whose request is known only once it is followed): each
-        chunk's own, ``cmpl-<rid>`` from the output, which is what the first
-        response carried (:func:`completion_id` of a stream).
-    :param model: the ``model`` every chunk carries.
-    """
-
-    __slots__ = ("completion_id", "created", "model")
-
-    def __init__(self, completion_id: str | None, model: str) -> None:
-        super().__init__()
-        self.completion_id = completion_id
-        self.model = model
-        self.created = int(time.time())
-
-    def _chunk(self, index: int, output: dict[str, Any]) -> dict[str, Any]:
-        cid = self.completion_id or "cmpl-" + output["meta_info"]["id"]
-        return {
-            "id": cid,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [_choice(index, output)],
-        }
-
-    def encode_many(self, outputs: Iterable[Any]) -> bytes:
-        return super().encode_many(self._chunk(0, output) for output in outputs)
-
-    def encode_indexed(self, pairs: Iterable[tuple[int, Any]]) -> bytes:
-        return super().encode_many(self._chunk(index, output) for index, output in pairs)
-
-
-def completion_id(source: tether.Stream | tether.Batch) -> str:
-    """The OpenAI ``id`` of a completion: its first rid, prefixed."""
-    rid = source.rids[0] if isinstance(source, tether.Batch) else source.rid
-    return f"cmpl-{rid}"
-
-
-def completion(
-    request: Generation, results: dict[str, Any] | list[dict[str, Any]], cid: str
-) -> dict[str, Any]:
-    """The non-streaming ``/v1/completions`` body from the ``/generate``-shaped result(s)."""
-    outputs = results if isinstance(results, list) else [results]
-    generated = sum(output["meta_info"]["completion_tokens"] for output in outputs)
-    prompt_tokens = sum(len(prompt.split()) for prompt in request.prompts)
-    return {
-        "id": cid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": request.model,
-        "choices": [_choice(index, output) for index, output in enumerate(outputs)],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": generated,
-            "total_tokens": prompt_tokens + generated,
-        },
-    }

@@ -34,7 +34,7 @@ import hashlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import tether
@@ -46,9 +46,11 @@ __all__ = [
     "EngineStats",
     "EngineUnavailable",
     "SimulatedFailure",
+    "chat_prompt",
     "expected_text",
     "merge_outputs",
     "output",
+    "prompt_tokens",
     "token_at",
 ]
 
@@ -66,6 +68,17 @@ def token_at(prompt: str, position: int) -> str:
     """The token the engine emits for ``prompt`` at ``position`` (0-based): a space and a word."""
     digest = hashlib.blake2b(f"{position}\x00{prompt}".encode(), digest_size=4).digest()
     return " " + VOCAB[int.from_bytes(digest, "big") % len(VOCAB)]
+
+
+def prompt_tokens(prompt: str) -> int:
+    """How many tokens ``prompt`` counts for (the usage an answer reports): its words."""
+    return len(prompt.split())
+
+
+def chat_prompt(messages: Iterable[tuple[str, str]]) -> str:
+    """The prompt a chat's ``(role, text)`` messages become (the engine's chat template):
+    one ``role: text`` line each, then the line the assistant's answer continues."""
+    return "".join(f"{role}: {text}\n" for role, text in messages) + "assistant:"
 
 
 def expected_text(prompt: str, tokens: int) -> str:

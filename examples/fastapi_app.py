@@ -1,12 +1,20 @@
 """Example: tether on FastAPI (served by uvicorn) in front of the simulated batching engine.
 
-The same HTTP API as ``starlette_app.py`` and ``aiohttp_app.py`` (``api.py`` holds
-its rules), written the FastAPI way: pydantic request models (validated by FastAPI,
-documented at ``/docs``), the registry as a dependency (``RegistryDep``), FastAPI's
-own errors in tether's error shape (``add_exception_handlers``), and the
-completions body shaped by ``respond(..., transform=...)``. Shutdown needs nothing
-of its own: ``TetherMiddleware`` drains when uvicorn's shutdown begins, so
-``uvicorn fastapi_app:app`` drains too.
+The same HTTP API as ``starlette_app.py`` and ``aiohttp_app.py`` (``api.py`` and
+``openai_api.py`` hold its rules), written the FastAPI way: the registry as a
+dependency (``RegistryDep``), pydantic models documenting every body at ``/docs``,
+streaming endpoints documented as ``text/event-stream`` (``event_stream``), FastAPI's
+own errors as JSON (``add_exception_handlers``), and the completions body shaped by
+``respond(..., transform=...)``. Shutdown needs nothing of its own:
+``TetherMiddleware`` drains when uvicorn's shutdown begins, so ``uvicorn
+fastapi_app:app`` drains too.
+
+One departure from FastAPI habits, on purpose: the models document the bodies
+(``openapi_extra``) but FastAPI does not parse them. Its parser takes ``NaN`` and lone
+surrogates, which its own error handler then cannot write (a text/plain 500), and it
+answers a non-JSON content type, a null field or a repeated key otherwise than the
+other two servers; so every body goes through the same door (``api.load_object``)
+on all three, and gets the same answer.
 
 Run it and try it (the OpenAI client works against ``/v1``)::
 
@@ -14,6 +22,7 @@ Run it and try it (the OpenAI client works against ``/v1``)::
     curl -N 127.0.0.1:8000/generate -d '{"text": "hi", "max_tokens": 8, "stream": true}'
     curl 127.0.0.1:8000/generate -d '{"text": ["a", "b"], "max_tokens": 4}'
     curl 127.0.0.1:8000/v1/completions -d '{"model": "m", "prompt": "hi", "max_tokens": 4}'
+    curl 127.0.0.1:8000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "hi"}]}'
     curl 127.0.0.1:8000/metrics     # Prometheus; /stats is the same as JSON
 """
 
@@ -23,28 +32,25 @@ import contextlib
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import FrameType
 from typing import Any
 
 import api
 import cli
+import openai_api
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import ClientDisconnect
 
 import tether
 import tether.http
 import tether.resume
+from tether.http import ErrorResponse
 from tether_starlette import TetherMiddleware, lifespan, respond, resume
-from tether_starlette.fastapi import (
-    RegistryDep,
-    add_exception_handlers,
-    validation_exception_handler,
-)
+from tether_starlette.fastapi import RegistryDep, add_exception_handlers, event_stream
 
 
 class GenerateBody(BaseModel):
@@ -53,49 +59,91 @@ class GenerateBody(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     text: str | list[str]
-    max_tokens: int = api.DEFAULT_MAX_TOKENS
-    stream: bool = False
+    max_tokens: int | None = api.DEFAULT_MAX_TOKENS
+    stream: bool | None = False
     rid: str | list[str] | None = None
     timeout: float | None = None
-    resume: bool = False
+    resume: bool | None = False
+
+
+class MetaInfo(BaseModel):
+    id: str
+    finish_reason: str | None
+    completion_tokens: int
+
+
+class Output(BaseModel):
+    """One engine output (a delta when streamed; the whole text in a JSON answer)."""
+
+    text: str
+    meta_info: MetaInfo
+
+
+STREAM_OPTIONS: Any = Field(None, description='{"include_usage": true}: end with the usage')
 
 
 class CompletionBody(BaseModel):
     """``POST /v1/completions``: the OpenAI completions shape (sampling options are
-    accepted and ignored: the engine is deterministic)."""
-
-    model_config = ConfigDict(extra="allow")
+    accepted and ignored: the engine is deterministic; ``logprobs``, ``echo``,
+    ``stop``, ``suffix``... are refused with a 400 that names them)."""
 
     prompt: str | list[str]
     model: str = api.MODEL
-    max_tokens: int = api.DEFAULT_MAX_TOKENS
-    stream: bool = False
-    resume: bool = False
+    max_tokens: int | None = api.DEFAULT_MAX_TOKENS
+    n: int | None = 1
+    stream: bool | None = False
+    stream_options: dict[str, bool | None] | None = STREAM_OPTIONS
+    resume: bool | None = False
 
 
-def refuse(exc: api.BadRequest | tether.TetherError) -> JSONResponse:
-    """The JSON error response for a request refused before anything was registered."""
-    refusal = api.rejection(exc)
+class ChatBody(BaseModel):
+    """``POST /v1/chat/completions``: text messages, answered by the one simulated model."""
+
+    messages: list[dict[str, Any]] = Field(
+        description='{"role": "system" | "developer" | "user" | "assistant", "content": text}'
+    )
+    model: str = api.MODEL
+    max_completion_tokens: int | None = None
+    max_tokens: int | None = None
+    n: int | None = 1
+    stream: bool | None = False
+    stream_options: dict[str, bool | None] | None = STREAM_OPTIONS
+
+
+def documented(model: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` documenting a JSON body the handler reads itself."""
+    content = {"application/json": {"schema": model.model_json_schema()}}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+def refuse_with(refusal: ErrorResponse) -> JSONResponse:
     return JSONResponse(refusal.body, refusal.status, headers=refusal.headers)
 
 
 async def read_body(request: Request) -> bytes:
-    """The body FastAPI read for the model, through ``api.read_body`` (413 past the
-    limit, as on the other servers); a client that left part-way is ``ClientGone``."""
-    chunks = request.stream()  # (the bytes FastAPI kept, or the rest of the body)
+    """The request body through ``api.read_body`` (413 past the limit, as on the other
+    servers); a client that left part-way is ``ClientGone``."""
+    chunks = request.stream()
     return await api.read_body(
         chunks, request.headers.get("content-length"), gone=(ClientDisconnect,)
     )
 
 
-async def invalid(request: Request, exc: Exception) -> Response:
-    """FastAPI's validation errors in tether's shape; a body that is not JSON at all
-    is a 400, as on the other servers."""
-    if isinstance(exc, RequestValidationError) and any(
-        error.get("type") == "json_invalid" for error in exc.errors()
-    ):
-        return refuse(api.BadRequest(400, "the request body is not valid JSON"))
-    return await validation_exception_handler(request, exc)
+def client_gone() -> Response:
+    return Response(status_code=tether.http.CLIENT_CLOSED_REQUEST)
+
+
+def openai_answer(response: Response) -> Response:
+    """``respond()``'s answer on an OpenAI route, an error in OpenAI's shape."""
+    if response.status_code < 400:
+        return response
+    body, items = bytes(response.body), response.headers.items()
+    return refuse_with(openai_api.reshaped_answer(response.status_code, body, items))
+
+
+def error_shape(request: Request, error: ErrorResponse) -> ErrorResponse:
+    """FastAPI's own errors (unknown route, wrong method) as the route words them."""
+    return openai_api.for_path(request.url.path, error)
 
 
 def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> FastAPI:
@@ -112,59 +160,69 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> FastAPI:
         lifespan=lifespan(service.registry, drain_timeout=drain_timeout, inner=engine_running),
     )
     app.add_middleware(TetherMiddleware, registry=service.registry, drain_timeout=drain_timeout)
-    add_exception_handlers(app)
-    app.add_exception_handler(RequestValidationError, invalid)
+    add_exception_handlers(app, shape=error_shape)
 
-    # The models give the shape (FastAPI validates it, /docs shows it); api.py's
-    # parsers then apply the rules all three servers share (limits, ids, hostile
-    # text) to the same bytes, which FastAPI read once and kept.
-
-    @app.post("/generate")
-    async def generate(body: GenerateBody, request: Request) -> Response:
+    @app.post(
+        "/generate",
+        openapi_extra=documented(GenerateBody),
+        **event_stream(Output, json=Output),
+    )
+    async def generate(request: Request) -> Response:
         try:
             generation = api.parse_generate(await read_body(request))
-            # a reconnect (Last-Event-ID, with the same body: FastAPI validates it)
+            # a reconnect (Last-Event-ID, with the same body)
             resumed = await resume(request, service.resume)
             if resumed is not None:
                 return resumed
             source = service.open(generation)
         except api.REFUSALS as exc:
-            return refuse(exc)
+            return refuse_with(api.rejection(exc))
         except api.ClientGone:
-            return Response(status_code=tether.http.CLIENT_CLOSED_REQUEST)
+            return client_gone()
         resumable = service.resume if generation.resume else None
         return await respond(request, source, streaming=generation.stream, resume=resumable)
 
-    @app.post("/generate/stop")
+    @app.post("/generate/stop", status_code=204)
     async def stop(request: Request) -> Response:
         refusal = await service.stop(request.headers.get(tether.resume.TOKEN_HEADER, ""))
-        if refusal is None:
-            return Response(status_code=204)
-        return JSONResponse(refusal.body, refusal.status, headers=refusal.headers)
+        return Response(status_code=204) if refusal is None else refuse_with(refusal)
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionBody, request: Request) -> Response:
+    async def openai(request: Request, parse: Callable[[bytes], openai_api.Call]) -> Response:
         try:
-            generation = api.parse_completions(await read_body(request))
-            again = api.CompletionChunks(None, generation.model)  # (a reconnect's chunks)
+            call = parse(await read_body(request))
+            again = openai_api.Chunks(call, None)  # (a reconnect's chunks)
             resumed = await resume(request, service.resume, encoder=again)
             if resumed is not None:
-                return resumed
-            source = service.open(generation)
+                return openai_answer(resumed)
+            source = service.open(call.generation)
         except api.REFUSALS as exc:
-            return refuse(exc)
+            return refuse_with(openai_api.rejection(exc))
         except api.ClientGone:
-            return Response(status_code=tether.http.CLIENT_CLOSED_REQUEST)
-        cid = api.completion_id(source)
-        if generation.stream:
-            encoder = api.CompletionChunks(cid, generation.model)
-            resumable = service.resume if generation.resume else None
-            return await respond(request, source, streaming=True, encoder=encoder, resume=resumable)
+            return client_gone()
+        cid = openai_api.completion_id(call, source)
+        if call.generation.stream:
+            chunks = openai_api.Chunks(call, cid)
+            resumable = service.resume if call.generation.resume else None
+            return openai_answer(
+                await respond(request, source, streaming=True, encoder=chunks, resume=resumable)
+            )
 
         def shape(results: Any) -> dict[str, Any]:
-            return api.completion(generation, results, cid)
+            return openai_api.body(call, results, cid)
 
-        return await respond(request, source, streaming=False, transform=shape)
+        return openai_answer(await respond(request, source, streaming=False, transform=shape))
+
+    @app.post("/v1/completions", openapi_extra=documented(CompletionBody), **event_stream(json={}))
+    async def completions(request: Request) -> Response:
+        return await openai(request, openai_api.parse_completions)
+
+    @app.post("/v1/chat/completions", openapi_extra=documented(ChatBody), **event_stream(json={}))
+    async def chat(request: Request) -> Response:
+        return await openai(request, openai_api.parse_chat)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return openai_api.models()
 
     @app.get("/metrics")
     async def metrics() -> Response:

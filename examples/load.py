@@ -170,7 +170,7 @@ class Client:
                     return
                 if events == 0:
                     check.tally.first_output.append(time.monotonic() - sent)
-                check.output(out.get("index", 0), out)
+                check.output(out.get("index", 0), out.get("output", out))  # (a batch: an envelope)
                 events += 1
                 if events == leave_after:
                     # Leaving the block closes the connection mid-stream.

@@ -11,6 +11,7 @@ Run it and try it::
     curl -N 127.0.0.1:8000/generate -d '{"text": "hi", "max_tokens": 8, "stream": true}'
     curl 127.0.0.1:8000/generate -d '{"text": ["a", "b"], "max_tokens": 4}'
     curl 127.0.0.1:8000/v1/completions -d '{"model": "m", "prompt": "hi", "max_tokens": 4}'
+    curl 127.0.0.1:8000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "hi"}]}'
     curl 127.0.0.1:8000/metrics     # Prometheus; /stats is the same as JSON
     # and open http://127.0.0.1:8000/ in a browser
 """
@@ -24,15 +25,15 @@ import logging
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import FrameType
 
 import api
 import cli
+import openai_api
 import uvicorn
 import workers
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
@@ -41,7 +42,8 @@ from starlette.routing import Route
 import tether
 import tether.http
 import tether.resume
-from tether_starlette import TetherMiddleware, lifespan, respond, resume
+from tether.http import ErrorResponse
+from tether_starlette import TetherMiddleware, json_errors, lifespan, respond, resume
 
 
 def refuse(exc: api.BadRequest | tether.TetherError) -> JSONResponse:
@@ -69,11 +71,17 @@ def client_gone() -> Response:
     return Response(status_code=tether.http.CLIENT_CLOSED_REQUEST)
 
 
-async def http_error(request: Request, exc: Exception) -> Response:
-    """Starlette's own errors (unknown route, wrong method) in the same JSON shape."""
-    if not isinstance(exc, HTTPException):
-        raise exc
-    return refuse_with(api.http_error(exc.status_code, exc.detail, headers=dict(exc.headers or {})))
+def openai_answer(response: Response) -> Response:
+    """``respond()``'s answer on an OpenAI route, an error in OpenAI's shape."""
+    if response.status_code < 400:
+        return response
+    body, items = bytes(response.body), response.headers.items()
+    return refuse_with(openai_api.reshaped_answer(response.status_code, body, items))
+
+
+def error_shape(request: Request, error: ErrorResponse) -> ErrorResponse:
+    """Starlette's own errors (unknown route, wrong method) as the route words them."""
+    return openai_api.for_path(request.url.path, error)
 
 
 def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette:
@@ -94,28 +102,40 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
         resumable = service.resume if generation.resume else None
         return await respond(request, source, streaming=generation.stream, resume=resumable)
 
-    async def completions(request: Request) -> Response:
+    async def openai(request: Request, parse: Callable[[bytes], openai_api.Call]) -> Response:
         try:
-            generation = api.parse_completions(await read_body(request))
+            call = parse(await read_body(request))
             # a reconnect (Last-Event-ID, with the same body), answered as it began
-            again = api.CompletionChunks(None, generation.model)
+            again = openai_api.Chunks(call, None)
             resumed = await resume(request, service.resume, encoder=again)
             if resumed is not None:
-                return resumed
-            source = service.open(generation)
+                return openai_answer(resumed)
+            source = service.open(call.generation)
         except api.REFUSALS as exc:
-            return refuse(exc)
+            return refuse_with(openai_api.rejection(exc))
         except api.ClientGone:
             return client_gone()
-        cid = api.completion_id(source)
-        if generation.stream:
-            encoder = api.CompletionChunks(cid, generation.model)
-            resumable = service.resume if generation.resume else None
-            return await respond(request, source, streaming=True, encoder=encoder, resume=resumable)
+        cid = openai_api.completion_id(call, source)
+        if call.generation.stream:
+            chunks = openai_api.Chunks(call, cid)
+            resumable = service.resume if call.generation.resume else None
+            streamed = await respond(
+                request, source, streaming=True, encoder=chunks, resume=resumable
+            )
+            return openai_answer(streamed)
         response = await respond(request, source, streaming=False)
         if response.status_code != 200:
-            return response
-        return JSONResponse(api.completion(generation, json.loads(bytes(response.body)), cid))
+            return openai_answer(response)
+        return JSONResponse(openai_api.body(call, json.loads(bytes(response.body)), cid))
+
+    async def completions(request: Request) -> Response:
+        return await openai(request, openai_api.parse_completions)
+
+    async def chat(request: Request) -> Response:
+        return await openai(request, openai_api.parse_chat)
+
+    async def models(request: Request) -> Response:
+        return JSONResponse(openai_api.models())
 
     async def stop(request: Request) -> Response:
         refusal = await service.stop(request.headers.get(tether.resume.TOKEN_HEADER, ""))
@@ -143,11 +163,13 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
         async with service.engine.running(service.registry), service.resuming():
             yield
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/generate", generate, methods=["POST"]),
             Route("/generate/stop", stop, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/models", models),
             Route("/metrics", metrics),
             Route("/stats", stats),
             Route("/metrics/aborts", aborts),
@@ -158,10 +180,11 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
             # The middleware starts the drain when uvicorn's shutdown begins.
             Middleware(TetherMiddleware, registry=service.registry, drain_timeout=drain_timeout)
         ],
-        exception_handlers={HTTPException: http_error},
         # The registry drains inside the engine's lifespan: the engine still runs.
         lifespan=lifespan(service.registry, drain_timeout=drain_timeout, inner=engine_running),
     )
+    json_errors(app, shape=error_shape)  # 404 and 405 as JSON, in each route's shape
+    return app
 
 
 class Server(uvicorn.Server):

@@ -87,6 +87,7 @@ APPLICATION = {
     *CONTRACT,
     "AbortReason",
     "BatchTooLarge",
+    "ConcurrentRead",
     "DEFAULT_MAX_PENDING_BYTES",
     "Encoder",
     "InvalidRequest",
@@ -97,6 +98,7 @@ APPLICATION = {
     "RegistryStats",
     "RequestEnd",
     "Summary",
+    "WrongLoop",
     "approximate_size",
 }
 
@@ -168,7 +170,7 @@ def test_store_authors_find_their_names_in_tether_resume() -> None:
 
 
 def test_both_adapters_export_the_same_verbs_and_their_own_install_call() -> None:
-    verbs = {"REGISTRY_KEY", "get_registry", "respond", "resume"}
+    verbs = {"REGISTRY_KEY", "get_registry", "json_errors", "respond", "resume"}
     assert set(tether_starlette.__all__) == verbs | {"TetherMiddleware", "lifespan"}
     assert set(tether_aiohttp.__all__) == verbs | {"setup"}
     for adapter in (tether_starlette, tether_aiohttp):

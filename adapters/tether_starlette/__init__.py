@@ -2,14 +2,24 @@
 
 Install :class:`TetherMiddleware`, find the registry with :func:`get_registry`,
 answer with ``await respond(request, stream_or_batch, streaming=...)``, close the
-registry at shutdown with :func:`lifespan`. asyncio only. See ``docs/starlette.md``.
+registry at shutdown with :func:`lifespan`; :func:`json_errors` answers Starlette's
+own errors (404, 405...) as JSON. asyncio only. See ``docs/starlette.md``.
 """
 
 from __future__ import annotations
 
 from tether.http import lifespan
 
+from ._errors import json_errors
 from ._middleware import REGISTRY_KEY, TetherMiddleware, get_registry
 from ._respond import respond, resume
 
-__all__ = ["REGISTRY_KEY", "TetherMiddleware", "get_registry", "lifespan", "respond", "resume"]
+__all__ = [
+    "REGISTRY_KEY",
+    "TetherMiddleware",
+    "get_registry",
+    "json_errors",
+    "lifespan",
+    "respond",
+    "resume",
+]

@@ -48,6 +48,8 @@ from ._errors import LinkDown
 from ._events import Cancellation, EngineServerStats, Event, RequestKey, Submission
 from ._protocol import (
     MAX_ENTRIES,
+    MAX_FAILURE_TEXT,
+    MIN_MESSAGE,
     PROTOCOL_VERSION,
     Abort,
     Codec,
@@ -61,7 +63,7 @@ from ._protocol import (
     Submit,
     Welcome,
     clip,
-    decode,
+    decode_at_engine,
     encode,
     entries_of,
 )
@@ -71,6 +73,7 @@ from ._socket import (
     DEFAULT_MAX_MESSAGE,
     Reader,
     configure,
+    require_loop,
     send_nowait,
     supervise,
     watch_monitor,
@@ -86,8 +89,6 @@ _STEP_OVERHEAD = 64
 """Bytes of a step message beyond its entries (tag, sequence number, array headers)."""
 _MAX_NAME = 128
 """Bytes of a front's name (its incarnation) beyond which its hello is refused."""
-_MAX_FAILURE_TEXT = 1024
-"""Bytes of a failure's message sent to the front (cut at a character boundary)."""
 _PROBE_DELAYS = (0.0, 0.002, 0.01, 0.03)
 """When to probe the fronts after a disconnect event: libzmq may drop the route a
 moment after it reports the disconnect."""
@@ -152,6 +153,9 @@ class EngineServer:
     :param max_events: submissions waiting for the engine loop, at most: one more is
         refused at once (503 to its client) rather than queued without bound while the
         loop is behind (a flood, or a loop about to be found stalled).
+    :param max_front_requests: requests live at once from one front, at most: one
+        more is refused at once (503), so that one front (a flood, a hostile peer with
+        a session) can never take the engine's whole capacity from the others.
     :raises InsecureAddress: a non-local address without ``curve`` or ``insecure``.
     """
 
@@ -165,12 +169,14 @@ class EngineServer:
         max_message: int = DEFAULT_MAX_MESSAGE,
         hwm: int = DEFAULT_HWM,
         max_events: int = 65_536,
+        max_front_requests: int = 16_384,
         curve: CurveServer | None = None,
         insecure: bool = False,
         context: zmq.asyncio.Context | None = None,
     ) -> None:
         check_bind(address, curve=curve, insecure=insecure)
         self._max_events = max_events
+        self._max_front_requests = max_front_requests
         self._requested = address
         self._codec = codec or MsgpackCodec()
         self._peer_timeout = peer_timeout
@@ -188,6 +194,7 @@ class EngineServer:
         self._stalled = False
         self._down: str | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped: list[asyncio.Task[None]] = []
         self._socket: zmq.asyncio.Socket | None = None
@@ -224,6 +231,7 @@ class EngineServer:
         """Bind and start serving; :attr:`address` becomes the bound endpoint."""
         if self._socket is not None or self._down is not None:
             raise RuntimeError("EngineServer.start() was already called")
+        self._loop = asyncio.get_running_loop()
         context = self._context or zmq.asyncio.Context.instance()
         socket = context.socket(zmq.ROUTER)
         # libzmq drops a peer past twice the cap; between the two, the frame is read
@@ -257,14 +265,21 @@ class EngineServer:
         supervise(self._tasks, self._die)
 
     async def aclose(self) -> None:
-        """Stop serving: cancel and await the loops, close the sockets. Idempotent."""
+        """Stop serving: cancel and await the loops, end every session, close the
+        sockets. Idempotent. Afterwards :meth:`send` counts every output as late and
+        :meth:`receive` returns the cancellations still waiting, then raises
+        :class:`LinkDown` (a loop blocked in it is woken, not cancelled)."""
+        if self._down is None:
+            self._down = "the server was closed"
+        for front in list(self._fronts.values()):  # (before any await: no call sees half)
+            self._lose(front, "the engine is closing")
         tasks = [*self._tasks, *self._stopped]
         self._tasks.clear()
         self._stopped.clear()
         await stop_tasks(tasks)
         self._close_sockets()
         if self._waiter is not None and not self._waiter.done():
-            self._waiter.cancel()
+            self._waiter.set_result(None)
 
     def _close_sockets(self) -> None:
         if self._socket is not None:
@@ -298,9 +313,11 @@ class EngineServer:
     async def receive(self) -> list[Event]:
         """Wait for submissions and cancellations; returns every one ready, in order.
 
-        :raises LinkDown: the link stopped (one of its tasks died); events still
-            waiting are returned first.
+        :raises LinkDown: the link stopped (one of its tasks died, or :meth:`aclose`);
+            events still waiting are returned first.
+        :raises RuntimeError: called before :meth:`start`, or outside its loop.
         """
+        require_loop(self._loop, "EngineServer.receive()")
         if not self._events:
             if self._down is not None:
                 raise LinkDown(f"the engine's link is down: {self._down}")
@@ -317,7 +334,11 @@ class EngineServer:
         return self.receive_nowait()
 
     def receive_nowait(self) -> list[Event]:
-        """The events ready now, maybe none (for an engine loop that polls between steps)."""
+        """The events ready now, maybe none (for an engine loop that polls between steps).
+
+        :raises RuntimeError: called before :meth:`start`, or outside its loop.
+        """
+        require_loop(self._loop, "EngineServer.receive_nowait()")
         events, self._events = self._events, []
         self._taken()
         return events
@@ -340,7 +361,11 @@ class EngineServer:
         front that is gone (it is lost: its other requests are cancelled). An output
         that cannot be encoded or does not fit one message fails its own request, not
         the step.
+
+        :raises RuntimeError: called before :meth:`start`, or outside its loop (from
+            another thread: hand the step over with ``loop.call_soon_threadsafe``).
         """
+        require_loop(self._loop, "EngineServer.send()")
         per_front: dict[_Front, tuple[list[tuple[int, bytes, bool]], list[tuple[int, str, int]]]]
         per_front = {}
         requests = self._requests
@@ -380,7 +405,7 @@ class EngineServer:
             if not isinstance(status, int) or isinstance(status, bool) or not 100 <= status < 600:
                 status = 500  # (a huge int would not even encode: the step would raise)
             entry = per_front.setdefault(request.front, ([], []))
-            entry[1].append((request.sid, clip(str(error), _MAX_FAILURE_TEXT), status))
+            entry[1].append((request.sid, clip(str(error), MAX_FAILURE_TEXT), status))
         for front, (outs, fails) in per_front.items():
             self._send_step(front, outs, fails)
 
@@ -410,17 +435,20 @@ class EngineServer:
         outs: list[tuple[int, bytes, bool]],
         fails: list[tuple[int, str, int]],
     ) -> None:
-        """One message for the step, or as few as fit the front's cap each, in order."""
+        """One message for the step, or as few as fit the front's cap each (in bytes,
+        and in entries: the front refuses a step of more than ``MAX_ENTRIES``), in order."""
         limit = front.limit
         parts: list[tuple[list[tuple[int, bytes, bool]], list[tuple[int, str, int]]]] = [([], [])]
         size = 0
+        count = 0
 
         def make_room(cost: int) -> None:
-            nonlocal size
-            if size + cost > limit and (parts[-1][0] or parts[-1][1]):
+            nonlocal size, count
+            if (size + cost > limit or count == MAX_ENTRIES) and (parts[-1][0] or parts[-1][1]):
                 parts.append(([], []))
-                size = 0
+                size = count = 0
             size += cost
+            count += 1
 
         for out in outs:
             make_room(len(out[1]) + _ENTRY_OVERHEAD)
@@ -479,8 +507,8 @@ class EngineServer:
             self._on_too_many(identity, entries_of(frame))
             return
         try:
-            message = decode(frame)
-        except msgspec.DecodeError:
+            message = decode_at_engine(frame)
+        except msgspec.DecodeError:  # (a frame for the other direction fails on its tag)
             self._counts["malformed"] += 1
             return
         if isinstance(message, Hello):
@@ -505,8 +533,6 @@ class EngineServer:
             self._on_abort(front, message)
         elif isinstance(message, Ping):
             self._send(front, Pong(front.seq_out, message.sent))
-        elif not isinstance(message, Pong):
-            self._counts["malformed"] += 1  # an engine-bound message from a front
 
     def _on_hello(self, identity: bytes, hello: Hello) -> None:
         if hello.version != PROTOCOL_VERSION:
@@ -526,6 +552,11 @@ class EngineServer:
         if len(hello.front.encode()) > _MAX_NAME:
             self._counts["malformed"] += 1
             self._reply(identity, Refuse(0, PROTOCOL_VERSION, "front name too long"))
+            return
+        if hello.max_message < MIN_MESSAGE:
+            self._counts["malformed"] += 1
+            reason = f"max_message={hello.max_message} is below {MIN_MESSAGE} bytes"
+            self._reply(identity, Refuse(0, PROTOCOL_VERSION, reason))
             return
         former = self._fronts.get(identity)
         if former is not None:  # the same front starts over: its old requests end
@@ -547,6 +578,10 @@ class EngineServer:
             front.last_submission = sid
             if len(self._events) >= self._max_events:
                 refused.append((sid, "the engine is not keeping up; retry later", 503))
+                continue
+            if len(front.live) >= self._max_front_requests:
+                text = f"this front has {self._max_front_requests} requests live; retry later"
+                refused.append((sid, text, 503))
                 continue
             try:
                 request = decode_payload(payload)

@@ -59,6 +59,8 @@ from ._errors import (
 from ._events import EngineClientStats
 from ._protocol import (
     MAX_ENTRIES,
+    MAX_FAILURE_TEXT,
+    MIN_MESSAGE,
     PROTOCOL_VERSION,
     Abort,
     Codec,
@@ -70,9 +72,10 @@ from ._protocol import (
     Refuse,
     Step,
     Submit,
+    TooManyEntries,
     Welcome,
     clip,
-    decode,
+    decode_at_front,
     encode,
 )
 from ._security import CurveClient
@@ -81,6 +84,7 @@ from ._socket import (
     DEFAULT_MAX_MESSAGE,
     Reader,
     configure,
+    require_loop,
     send_nowait,
     supervise,
     watch_monitor,
@@ -139,6 +143,7 @@ class EngineClient:
         one's, and workers forked from one parent after building their client (a
         pre-fork server) never share one."""
         self._registry: tether.Registry | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._socket: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
         self._reader: Reader | None = None
@@ -193,6 +198,7 @@ class EngineClient:
         if self._socket is not None or self._broken is not None:
             raise RuntimeError("EngineClient.start() was already called")
         self._registry = registry
+        self._loop = asyncio.get_running_loop()
         self.incarnation = uuid.uuid4().hex
         context = self._context or zmq.asyncio.Context.instance()
         socket = context.socket(zmq.DEALER)
@@ -369,6 +375,8 @@ class EngineClient:
         return self._registry
 
     def _check_up(self) -> None:
+        if self._loop is not None:  # (before start, the refusal below says why)
+            require_loop(self._loop, "EngineClient.open()/submit()")
         if not self._up:
             raise EngineUnavailable(self._why_down, retry_after=self._retry_after)
 
@@ -482,9 +490,14 @@ class EngineClient:
             self._counts["malformed"] += 1
             return
         try:
-            message = decode(frames[0])
-        except msgspec.DecodeError:
+            message = decode_at_front(frames[0])
+        except msgspec.DecodeError:  # (a frame for the other direction fails on its tag)
             self._counts["malformed"] += 1
+            return
+        except TooManyEntries as exc:  # (no honest engine sends one: it splits its steps)
+            self._counts["malformed"] += 1
+            if self._up:
+                self._go_down(f"the engine sent {exc}")
             return
         if not self._up:
             self._on_handshake(message)
@@ -503,8 +516,6 @@ class EngineClient:
             self._send(Pong(self._seq_out, message.sent))
         elif isinstance(message, Refuse):
             self._go_down(f"the engine ended the session: {clip(message.reason, 200)}")
-        elif not isinstance(message, Pong):
-            self._counts["malformed"] += 1
 
     def _on_handshake(self, message: Message) -> None:
         """No session: only the answer to our latest hello counts; the rest is stale."""
@@ -524,6 +535,10 @@ class EngineClient:
                     f"the engine speaks protocol v{message.version}, not v{PROTOCOL_VERSION}"
                 )
                 logger.error("engine welcome with protocol v%d: ignored", message.version)
+                return
+            if message.max_message < MIN_MESSAGE:
+                self._counts["malformed"] += 1
+                self._why_down = f"the engine's max_message={message.max_message} is unusable"
                 return
             self._up = True
             self._seq_in = 1
@@ -565,7 +580,7 @@ class EngineClient:
             if rid is None:
                 late += 1
                 continue
-            registry.fail(rid, RemoteFailure(text, status))
+            registry.fail(rid, RemoteFailure(clip(text, MAX_FAILURE_TEXT), status))
         self._counts["late_outputs"] += late
 
 

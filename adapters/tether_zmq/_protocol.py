@@ -41,6 +41,8 @@ import msgspec
 
 __all__ = [
     "MAX_ENTRIES",
+    "MAX_FAILURE_TEXT",
+    "MIN_MESSAGE",
     "PROTOCOL_VERSION",
     "Abort",
     "Codec",
@@ -52,9 +54,14 @@ __all__ = [
     "Refuse",
     "Step",
     "Submit",
+    "ToEngine",
+    "ToFront",
+    "TooManyEntries",
     "Welcome",
     "clip",
     "decode",
+    "decode_at_engine",
+    "decode_at_front",
     "encode",
     "entries_of",
 ]
@@ -62,9 +69,19 @@ __all__ = [
 PROTOCOL_VERSION: Final = 2
 """Bumped on any incompatible change; a mismatch is refused at the handshake."""
 MAX_ENTRIES: Final = 4096
-"""Submissions per ``Submit`` and per ``Abort`` message, at most: what one message
-costs the engine's loop is bounded by this, not only by its bytes (a frame of
-millions of tiny entries would take seconds to decode and admit)."""
+"""Entries per message, at most: submissions per ``Submit`` and per ``Abort``, outputs
+and failures together per ``Step``. What one message costs a loop is bounded by this,
+not only by its bytes (a frame of millions of tiny entries would take seconds to
+decode and route)."""
+
+MAX_FAILURE_TEXT: Final = 1024
+"""Bytes of a failure's message, at most (UTF-8, cut at a character boundary): the
+engine cuts what it sends, the front what it shows a client (an engine is not trusted
+to have cut it)."""
+
+MIN_MESSAGE: Final = 1024
+"""Bytes of frame cap below which a hello or a welcome is refused: no step, not even a
+failure's message, would fit (every request of that session would fail, unexplained)."""
 
 
 class Hello(msgspec.Struct, tag=1, array_like=True, frozen=True):
@@ -136,9 +153,37 @@ class Pong(msgspec.Struct, tag=8, array_like=True, frozen=True):
 
 
 Message = Hello | Welcome | Refuse | Submit | Abort | Step | Ping | Pong
+ToEngine = Hello | Submit | Abort | Ping | Pong
+ToFront = Welcome | Refuse | Step | Ping | Pong
+
+
+class _StepFrame(msgspec.Struct, tag=6, array_like=True, frozen=True):
+    """A ``Step`` as the front first reads it: its two lists skipped unbuilt, so that
+    their lengths are checked before a single entry becomes an object."""
+
+    seq: int
+    outputs: msgspec.Raw
+    failures: msgspec.Raw
+
+
+class TooManyEntries(ValueError):
+    """A message holds more than :data:`MAX_ENTRIES` entries: refused unread."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(f"a message of {count} entries (at most {MAX_ENTRIES})")
+        self.count = count
+
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
+# Each end decodes only what may be sent to it: a frame tagged for the other direction
+# fails on its tag, before the rest is read (a hostile peer's ``Step`` of millions of
+# entries sent to the engine would otherwise be built in full, then dropped).
+_engine_decoder: msgspec.msgpack.Decoder[ToEngine] = msgspec.msgpack.Decoder(ToEngine)
+_front_decoder: msgspec.msgpack.Decoder[Welcome | Refuse | _StepFrame | Ping | Pong]
+_front_decoder = msgspec.msgpack.Decoder(Welcome | Refuse | _StepFrame | Ping | Pong)
+_outputs_decoder = msgspec.msgpack.Decoder(list[tuple[int, bytes, bool]])
+_failures_decoder = msgspec.msgpack.Decoder(list[tuple[int, str, int]])
 
 
 def clip(text: str, limit: int) -> str:
@@ -149,35 +194,57 @@ def clip(text: str, limit: int) -> str:
     return text[:limit].encode("utf-8", "replace")[:limit].decode("utf-8", "ignore")
 
 
-_SUBMIT_OR_ABORT: Final = (b"\x93\x04", b"\x93\x05")  # (a 3-array, tag 4 or 5)
+_INT_WIDTH: Final = {0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9, 0xD0: 2, 0xD1: 3, 0xD2: 5, 0xD3: 9}
+"""Bytes of a MessagePack integer by its first byte (header included), beyond fixints."""
+_ARRAY_WIDTH: Final = {0xDC: 3, 0xDD: 5}
+"""Bytes of a MessagePack array header by its first byte, beyond fixarrays."""
 
 
-def entries_of(frame: bytes) -> int:
+def _array_at(data: bytes | memoryview, at: int) -> tuple[int, int]:
+    """The length and header width of the array whose header starts at ``at``, in any
+    encoding MessagePack allows; ``(-1, 0)`` if there is none."""
+    code = data[at] if at < len(data) else -1
+    if 0x90 <= code <= 0x9F:
+        return code - 0x90, 1
+    width = _ARRAY_WIDTH.get(code, 0)
+    if not width or at + width > len(data):
+        return -1, 0
+    return int.from_bytes(data[at + 1 : at + width], "big"), width
+
+
+def _int_at(data: bytes | memoryview, at: int) -> tuple[int, int]:
+    """The value and width of the integer at ``at``, in any encoding; width 0 if none."""
+    code = data[at] if at < len(data) else -1
+    if 0 <= code <= 0x7F or code >= 0xE0:
+        return (code if code <= 0x7F else code - 0x100), 1
+    width = _INT_WIDTH.get(code, 0)
+    if not width or at + width > len(data):
+        return 0, 0
+    return int.from_bytes(data[at + 1 : at + width], "big", signed=code >= 0xD0), width
+
+
+_COUNTED_TAGS: Final = (4, 5)  # (Submit, Abort)
+
+
+def entries_of(frame: bytes | memoryview) -> int:
     """How many entries the list of a ``Submit`` or ``Abort`` frame holds, read from
     its MessagePack headers without decoding it; -1 for any other frame (or one too
-    broken to tell: the full decode then refuses it)."""
-    if frame[:2] not in _SUBMIT_OR_ABORT:
+    broken to tell: the decoder then fails on its first wrong element).
+
+    Headers are read in every encoding MessagePack allows, not only the canonical one
+    (a 3-array as ``array16``, a negative ``seq``, a tag as ``int8``): the decoder takes
+    them all, so a peer could otherwise slip a frame of millions of entries past this.
+    """
+    length, at = _array_at(frame, 0)
+    if length < 3:  # (the decoder ignores extra trailing fields of an array-like struct)
         return -1
-    at = 2
-    head = frame[at : at + 1]
-    if not head:
+    tag, width = _int_at(frame, at)
+    if not width or tag not in _COUNTED_TAGS:
         return -1
-    # seq: a positive fixint, or uint 8/16/32/64
-    code = head[0]
-    at += 1 if code < 0x80 else {0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9}.get(code, 0)
-    if at == 2:
+    _, seq_width = _int_at(frame, at + width)
+    if not seq_width:
         return -1
-    head = frame[at : at + 5]
-    if not head:
-        return -1
-    code = head[0]
-    if 0x90 <= code <= 0x9F:
-        return code - 0x90
-    if code == 0xDC and len(head) >= 3:
-        return int.from_bytes(head[1:3], "big")
-    if code == 0xDD and len(head) >= 5:
-        return int.from_bytes(head[1:5], "big")
-    return -1
+    return _array_at(frame, at + width + seq_width)[0]
 
 
 def encode(message: Message) -> bytes:
@@ -186,12 +253,37 @@ def encode(message: Message) -> bytes:
 
 
 def decode(frame: bytes | memoryview) -> Message:
-    """The message in ``frame``.
+    """The message in ``frame``, whichever direction it goes (for tests and tools).
 
     :raises msgspec.DecodeError: the frame is not a message of this protocol
         (malformed, truncated, an unknown tag, a field of the wrong type).
     """
     return _decoder.decode(frame)
+
+
+def decode_at_engine(frame: bytes | memoryview) -> ToEngine:
+    """A message a front may send; anything else fails on its tag, unread.
+
+    :raises msgspec.DecodeError: the frame is no front-to-engine message.
+    """
+    return _engine_decoder.decode(frame)
+
+
+def decode_at_front(frame: bytes | memoryview) -> ToFront:
+    """A message an engine may send; anything else fails on its tag, unread. A
+    ``Step``'s lists are measured before they are built.
+
+    :raises msgspec.DecodeError: the frame is no engine-to-front message.
+    :raises TooManyEntries: a ``Step`` of more than :data:`MAX_ENTRIES` entries.
+    """
+    message = _front_decoder.decode(frame)
+    if not isinstance(message, _StepFrame):
+        return message
+    outputs, failures = memoryview(message.outputs), memoryview(message.failures)
+    count = max(0, _array_at(outputs, 0)[0]) + max(0, _array_at(failures, 0)[0])
+    if count > MAX_ENTRIES:
+        raise TooManyEntries(count)
+    return Step(message.seq, _outputs_decoder.decode(outputs), _failures_decoder.decode(failures))
 
 
 class Codec(Protocol):
@@ -209,13 +301,21 @@ class Codec(Protocol):
 class MsgpackCodec:
     """The default codec: MessagePack through msgspec (dicts, lists, strings, numbers,
     bytes, ``None``). It decodes data, never code: pickle is not a default here, since
-    a process that can reach the socket could otherwise run anything."""
+    a process that can reach the socket could otherwise run anything.
+
+    :param decodes: the type of what this end receives (the engine: a request; a
+        front: an output), as msgspec takes it (a ``Struct``, ``dict[str, str | int]``).
+        Without it anything decodes, and what a payload costs to decode is bounded only
+        by its bytes: a 4 MiB payload of empty lists holds the loop for about a second.
+        With it a payload of another shape is refused at its first wrong element, so
+        an engine that any peer can reach should say what a request is.
+    """
 
     __slots__ = ("_decoder", "_encoder")
 
-    def __init__(self) -> None:
+    def __init__(self, decodes: Any = Any) -> None:
         self._encoder = msgspec.msgpack.Encoder()
-        self._decoder = msgspec.msgpack.Decoder()
+        self._decoder = msgspec.msgpack.Decoder(decodes)
 
     def encode(self, obj: Any, /) -> bytes:
         return self._encoder.encode(obj)

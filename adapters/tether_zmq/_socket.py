@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Final
@@ -28,6 +29,7 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE",
     "Reader",
     "configure",
+    "require_loop",
     "send_nowait",
     "supervise",
     "watch_monitor",
@@ -67,6 +69,28 @@ def configure(socket: zmq.asyncio.Socket, *, max_frame: int, hwm: int) -> None:
     socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
     socket.sndhwm = hwm
     socket.rcvhwm = hwm
+
+
+def require_loop(loop: asyncio.AbstractEventLoop | None, what: str) -> None:
+    """Refuse a call made outside the loop the link runs on (``loop``, ``None`` before
+    it starts): a ZeroMQ socket is not thread-safe, and a call from another thread or
+    loop would change state behind its loop's back (or crash libzmq).
+
+    :raises RuntimeError: saying what to do instead.
+    """
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        return
+    if loop is None:
+        raise RuntimeError(f"{what} was called before start(): start the link first")
+    raise RuntimeError(
+        f"{what} was called outside the event loop the link runs on (from thread "
+        f"{threading.current_thread().name!r}): call it on that loop; from another "
+        "thread, hand it over with loop.call_soon_threadsafe()"
+    )
 
 
 def send_nowait(socket: zmq.asyncio.Socket, frames: list[bytes]) -> None:

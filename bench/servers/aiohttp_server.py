@@ -1,6 +1,7 @@
-"""An aiohttp benchmark server, in its raw, tether, limit or polling variant.
+"""An aiohttp benchmark server, in one of the variants of :mod:`bench.servers.common`.
 
-Run ``python -m bench.servers.aiohttp_server --variant tether [--handler-cancellation]``:
+Run ``python -m bench.servers.aiohttp_server --variant tether [--loop uvloop]
+[--handler-cancellation]``:
 it binds 127.0.0.1 on a free port, prints ``PORT <n>``, and serves the routes listed
 in :mod:`bench.servers.common` until it gets SIGTERM or SIGINT. Handler
 cancellation is off unless asked for, as in ``web.run_app`` and ``AppRunner``.
@@ -15,7 +16,9 @@ from collections.abc import AsyncGenerator, AsyncIterator
 import orjson
 from aiohttp import web
 
+from . import common
 from .common import POLL_TIMEOUT, Backend, interleave, limit_events, listen, parse_args, raw_sse
+from .handoff import SERIALIZERS, events
 from .producer import SSE_DONE, SSE_HEADERS, prebuilt_result, sse_many
 
 __all__ = ["build"]
@@ -88,6 +91,34 @@ def _raw_routes(backend: Backend) -> list[web.RouteDef]:
     ]
 
 
+def _handoff_routes(backend: Backend) -> list[web.RouteDef]:
+    """Issue 26's hand-off: a queue per stream, a future per JSON request."""
+    queues, futures, shape = backend.queues, backend.futures, backend.shape
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        query = request.query
+        rid, queue = queues.open(query.get("rid"))
+        shape(query.get("shape", "step")).add(rid, int(query.get("n", 64)))
+        chunks = events(queues, rid, queue, SERIALIZERS[query.get("json", "orjson")])
+        try:
+            return await _write_all(request, chunks)
+        finally:
+            await chunks.aclose()
+
+    async def json(request: web.Request) -> web.StreamResponse:
+        query = request.query
+        rid, future = futures.open(query.get("rid"))
+        shape(query.get("shape", "step"), "json").add(rid, int(query.get("n", 64)))
+        try:
+            result = await future
+        finally:
+            futures.close(rid)
+        dumps = SERIALIZERS[query.get("json", "orjson")]
+        return web.Response(body=dumps(result), content_type="application/json")
+
+    return [web.get("/stream", stream), web.get("/json", json)]
+
+
 def _limit_routes(backend: Backend) -> list[web.RouteDef]:
     """aiohttp's own responses over bytes that are already there: no producer."""
 
@@ -154,12 +185,15 @@ def _poll_routes(backend: Backend) -> list[web.RouteDef]:
 def _tether_routes(backend: Backend) -> list[web.RouteDef]:
     import tether_aiohttp
 
-    registry, producer = backend.registry, backend.producer
+    registry, producer, shape = backend.registry, backend.producer, backend.shape
+    encoders = backend.encoders
 
     async def stream(request: web.Request) -> web.StreamResponse:
-        source = registry.open(request.query.get("rid"))
-        producer.add(source.rid, _int(request, "n", 64))
-        return await tether_aiohttp.respond(request, source, streaming=True)
+        query = request.query
+        source = registry.open(query.get("rid"))
+        shape(query.get("shape", "step")).add(source.rid, int(query.get("n", 64)))
+        encoder = encoders[query.get("json", "orjson")]
+        return await tether_aiohttp.respond(request, source, streaming=True, encoder=encoder)
 
     async def idle(request: web.Request) -> web.StreamResponse:
         source = registry.open()
@@ -167,9 +201,11 @@ def _tether_routes(backend: Backend) -> list[web.RouteDef]:
         return await tether_aiohttp.respond(request, source, streaming=True)
 
     async def json(request: web.Request) -> web.StreamResponse:
-        source = registry.open(request.query.get("rid"))
-        producer.add(source.rid, _int(request, "n", 64))
-        return await tether_aiohttp.respond(request, source, streaming=False)
+        query = request.query
+        source = registry.open(query.get("rid"))
+        shape(query.get("shape", "step"), "json").add(source.rid, int(query.get("n", 64)))
+        encoder = encoders[query.get("json", "orjson")]
+        return await tether_aiohttp.respond(request, source, streaming=False, encoder=encoder)
 
     async def batch(request: web.Request) -> web.StreamResponse:
         source = registry.open_batch(_int(request, "b", 64))
@@ -200,6 +236,7 @@ def build(backend: Backend) -> web.Application:
     app = web.Application()
     routes = {
         "raw": _raw_routes,
+        "handoff": _handoff_routes,
         "poll": _poll_routes,
         "tether": _tether_routes,
         "limit": _limit_routes,
@@ -237,7 +274,7 @@ async def serve(app: web.Application, *, handler_cancellation: bool) -> None:
 def main() -> None:
     args = parse_args(__doc__ or "")
     app = build(Backend(args.variant, args.tick))
-    asyncio.run(serve(app, handler_cancellation=args.handler_cancellation))
+    common.serve(serve(app, handler_cancellation=args.handler_cancellation), args.loop)
 
 
 if __name__ == "__main__":

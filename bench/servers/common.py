@@ -4,15 +4,21 @@ hand-written batch interleave, and the loopback socket whose port is printed.
 
 Every server exposes the same routes, whatever its framework and variant:
 
-* ``/stream?n=64[&rid=]``: ``n`` SSE events, then ``data: [DONE]``.
-* ``/json?n=64[&rid=]``: waits for the request's final output, answers it as JSON.
+* ``/stream?n=64[&rid=][&shape=step][&json=orjson]``: ``n`` SSE events, then ``data:
+  [DONE]``; ``shape`` picks the producer (:data:`~.producer.SHAPES`) and ``json`` the
+  serializer (:data:`~.handoff.SERIALIZERS`) on the ``tether`` and ``handoff``
+  servers (the others have the engine step and orjson only).
+* ``/json?n=64[&rid=][&shape=step][&json=orjson]``: waits for the request's final
+  output, answers it as JSON.
 * ``/batch?b=64&n=64``: ``b`` sub-requests of ``n`` outputs in one SSE stream,
   each event tagged with its ``index``.
 * ``/idle``: one event, then an open, silent stream until the client leaves.
 * ``/_bench/aborts``: ``{rid: time.monotonic() of its abort}`` since the last call.
 
-Variants: ``raw`` (the hand-off pattern: the framework's own streaming response
-over :class:`RawTable`), ``tether`` (the adapter), ``limit`` (the no-hand-off
+Variants: ``handoff`` (issue 26's hand-off, :mod:`.handoff`: a queue per request
+streamed one write per event, a future per JSON request), ``raw`` (the careful
+hand-written table: the framework's own streaming response over :class:`RawTable`,
+every ready output in one write), ``tether`` (the adapter), ``limit`` (the no-hand-off
 limit: the framework's own streaming response yielding pre-built SSE events, one
 write per event, no producer at all; ``/stream`` and ``/json`` only), ``poll``
 (the polling baseline for disconnects: ``wait_for(event.wait(), timeout=4)`` then
@@ -24,14 +30,39 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import socket
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
+from typing import Any
 
 import tether
 
-from .producer import SSE_DONE, AbortLog, Box, Producer, RawTable, prebuilt, sse_many
+from .handoff import SERIALIZERS, FutureTable, QueueTable
+from .producer import (
+    SSE_DONE,
+    AbortLog,
+    Box,
+    Producer,
+    RawTable,
+    Shape,
+    TaskProducer,
+    ThreadProducer,
+    prebuilt,
+    sse_many,
+)
 
-__all__ = ["POLL_TIMEOUT", "Backend", "interleave", "limit_events", "listen", "parse_args"]
+__all__ = [
+    "POLL_TIMEOUT",
+    "VARIANTS",
+    "Backend",
+    "interleave",
+    "limit_events",
+    "listen",
+    "parse_args",
+    "serve",
+]
+
+VARIANTS = ("raw", "handoff", "tether", "limit", "poll")
 
 POLL_TIMEOUT = 4.0
 """The polling baseline's wait before it asks whether the client is still there."""
@@ -39,7 +70,8 @@ POLL_TIMEOUT = 4.0
 
 def parse_args(description: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--variant", choices=["raw", "tether", "limit", "poll"], required=True)
+    parser.add_argument("--variant", choices=VARIANTS, required=True)
+    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     parser.add_argument("--tick", type=float, default=0.0, help="seconds between producer steps")
     parser.add_argument(
         "--handler-cancellation",
@@ -47,6 +79,17 @@ def parse_args(description: str) -> argparse.Namespace:
         help="aiohttp only: cancel handlers whose client left",
     )
     return parser.parse_args()
+
+
+def serve(main: Coroutine[Any, Any, None], loop: str) -> None:
+    """Run the server's ``main`` on asyncio's own loop or on uvloop's."""
+    factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+    if loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main)
 
 
 def listen() -> socket.socket:
@@ -63,11 +106,14 @@ def listen() -> socket.socket:
 
 
 class Backend:
-    """The producer and the two tables a server may read it through.
+    """The producers and the tables a server may read them through.
 
-    :param variant: ``tether`` feeds the registry; the others the raw table (``limit``
-        never starts a request, so its producer stays parked).
-    :param tick: seconds between producer steps.
+    ``tether`` feeds the registry and ``handoff`` the queue and future tables, from a
+    producer of each shape (:meth:`shape`); the others feed the raw table from the
+    engine step (``limit`` never starts a request, so its producer stays parked).
+
+    :param variant: the server's variant.
+    :param tick: seconds between the engine step's steps.
     """
 
     def __init__(self, variant: str, tick: float) -> None:
@@ -76,23 +122,61 @@ class Backend:
         self.producer = Producer(tick=tick)
         self.raw = RawTable(self.aborted)
         self.registry = tether.Registry(self.aborted)
-        self.producer.sink = self.registry.deliver if variant == "tether" else self.raw.deliver
+        self.queues = QueueTable(self.aborted)
+        self.futures = FutureTable(self.aborted)
+        self.encoders = {name: tether.SSE(dumps=dumps) for name, dumps in SERIALIZERS.items()}
+        self._shapes: dict[tuple[str, str], Shape] = {}
+        self._threads: list[tuple[ThreadProducer, Callable[[Any], object]]] = []
+        if variant == "tether":
+            registry = self.registry
+            self.producer.sink = registry.deliver_many
+            task, thread = TaskProducer(), ThreadProducer()
+            task.sink, thread.sink = registry.deliver, registry.deliver_many_threadsafe
+            for kind in ("stream", "json"):
+                self._shapes.update({("task", kind): task, ("thread", kind): thread})
+                self._shapes[("step", kind)] = self.producer
+        elif variant == "handoff":
+            self.producer.sink = self.queues.deliver_many
+            for kind, table in (("stream", self.queues), ("json", self.futures)):
+                task, step, thread = TaskProducer(), Producer(tick=tick), ThreadProducer()
+                task.sink, step.sink = table.deliver, table.deliver_many
+                self._threads.append((thread, table.deliver_many))  # its loop: at start
+                step = self.producer if kind == "stream" else step
+                self._shapes.update({("task", kind): task, ("step", kind): step})
+                self._shapes[("thread", kind)] = thread
+        else:
+            self.producer.sink = self.raw.deliver_many
+            for kind in ("stream", "json"):
+                self._shapes[("step", kind)] = self.producer
+        unique = {id(p): p for p in [self.producer, *self._shapes.values()]}
+        self._producers: list[Shape] = list(unique.values())
+
+    def shape(self, name: str, kind: str = "stream") -> Shape:
+        """The producer of shape ``name`` for ``kind`` (``stream`` or ``json``) requests.
+
+        :raises KeyError: this variant has no such producer.
+        """
+        return self._shapes[(name, kind)]
 
     def aborted(self, rid: str) -> None:
-        """``on_abort`` of both tables: stop the work and note when."""
-        self.producer.cancel(rid)
+        """``on_abort`` of every table: stop the work and note when."""
+        for producer in self._producers:
+            producer.cancel(rid)
         self.aborts.record(rid)
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        """Run the producer for the server's lifetime (its owner cancels it)."""
-        task = asyncio.create_task(self.producer.run())
+        """Run every producer for the server's lifetime (their owner cancels them)."""
+        loop = asyncio.get_running_loop()
+        for thread, deliver_many in self._threads:
+            thread.sink = functools.partial(loop.call_soon_threadsafe, deliver_many)
+        tasks = [asyncio.create_task(producer.run()) for producer in self._producers]
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
             await self.registry.close(drain_timeout=0)
 
 

@@ -1,11 +1,15 @@
-"""The in-process producer every benchmark server shares, and the hand-written
-request table the raw servers read it through.
+"""The in-process producers every benchmark server shares, and the hand-written
+request table the raw servers read them through.
 
-:class:`Producer` stands in for an inference engine: one loop step hands the next
-small JSON output to every live request, then yields to the event loop. The raw
-and tether variants of a server run this same loop; only its ``sink`` differs
-(``Registry.deliver`` for tether, :meth:`RawTable.deliver` for raw), so a
-benchmark compares what sits between the producer and the socket, nothing else.
+A producer stands in for an inference engine, in one of the three shapes servers
+have (:data:`SHAPES`): :class:`Producer` is one engine step that hands the next
+small JSON output to every live request in one call (``Registry.deliver_many``),
+then yields to the loop; :class:`TaskProducer` runs one task per request, handing
+over each output on its own (``Registry.deliver``); :class:`ThreadProducer` is an
+engine on its own thread that hands each step's outputs to the loop in one
+``call_soon_threadsafe`` (``Registry.deliver_many_threadsafe``). The variants of a
+server run the same producer; only its sink differs, so a benchmark compares what
+sits between the producer and the socket, nothing else.
 
 :class:`RawTable` is the lean table a careful engineer writes by hand: a dict of
 mailboxes, a future created only when a reader has to wait, every ready output
@@ -19,25 +23,39 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
 __all__ = [
+    "SHAPES",
     "AbortLog",
     "Box",
     "Producer",
     "RawTable",
+    "Shape",
+    "TaskProducer",
+    "ThreadProducer",
     "output",
     "prebuilt",
     "prebuilt_result",
     "sse_many",
 ]
 
+Step = list[tuple[str, Any, bool]]
+"""One engine step: ``(rid, output, finished)`` for every live request."""
 Sink = Callable[..., object]
-"""``sink(rid, output, finished=...)``: ``Registry.deliver`` or :meth:`RawTable.deliver`."""
+"""``sink(rid, output, finished=...)``: ``Registry.deliver`` or a table's ``deliver``."""
+SinkMany = Callable[[Step], object]
+"""``sink(step)``: ``Registry.deliver_many``, ``Registry.deliver_many_threadsafe``, or
+a hand-written table's equivalent."""
+
+SHAPES = ("task", "step", "thread")
+"""The producer shapes: one task per request, one engine step on the loop for every
+live request, an engine thread handing each step over to the loop."""
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 SSE_DONE = b"data: [DONE]\n\n"
@@ -86,15 +104,26 @@ class AbortLog:
         return times
 
 
+class Shape(Protocol):
+    """What a server asks of a producer, whatever its shape."""
+
+    def add(self, rid: str, total: int, *, hold: bool = False) -> None: ...
+
+    def cancel(self, rid: str) -> None: ...
+
+    async def run(self) -> None: ...
+
+
 class Producer:
-    """A shared loop that emits one output per live request per step.
+    """One engine step on the loop: the next output of every live request in one
+    call of ``sink``, then a yield to the loop.
 
     :param tick: seconds to sleep between steps (0: yield to the loop only).
     """
 
     def __init__(self, *, tick: float = 0.0) -> None:
         self.tick = tick
-        self.sink: Sink | None = None
+        self.sink: SinkMany | None = None
         self._live: dict[str, list[int]] = {}
         self._holding: set[str] = set()
         self._wake = asyncio.Event()
@@ -123,18 +152,134 @@ class Producer:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            done: list[str] = []
-            for rid, progress in list(live.items()):
-                sent, total = progress
-                progress[0] = last = sent + 1
-                final = last >= total
-                # the literal, not output(): one call less per output on the measured path
-                sink(rid, {"n": sent, "delta": "lorem"}, finished=final and rid not in holding)
-                if final:
-                    done.append(rid)
-            for rid in done:
-                live.pop(rid, None)
+            sink(_step(live, holding))
             await asyncio.sleep(self.tick)
+
+
+def _step(live: dict[str, list[int]], holding: set[str]) -> Step:
+    """The next output of every live request; the finished ones leave ``live``."""
+    step: Step = []
+    done: list[str] = []
+    for rid, progress in live.items():
+        sent, total = progress
+        progress[0] = last = sent + 1
+        final = last >= total
+        # the literal, not output(): one call less per output on the measured path
+        step.append((rid, {"n": sent, "delta": "lorem"}, final and rid not in holding))
+        if final:
+            done.append(rid)
+    for rid in done:
+        del live[rid]
+    return step
+
+
+class TaskProducer:
+    """One task per request, handing over each output on its own, then yielding to
+    the loop: the shape of a server whose handler starts its own generation task."""
+
+    def __init__(self) -> None:
+        self.sink: Sink | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def add(self, rid: str, total: int, *, hold: bool = False) -> None:
+        sink = self.sink
+        if sink is None:
+            raise RuntimeError("TaskProducer.sink must be set before add()")
+        self._tasks[rid] = asyncio.get_running_loop().create_task(self._one(sink, rid, total, hold))
+
+    def cancel(self, rid: str) -> None:
+        task = self._tasks.pop(rid, None)
+        if task is not None:
+            task.cancel()
+
+    async def run(self) -> None:
+        """Own the request tasks: on cancellation, cancel and await those still running."""
+        try:
+            await asyncio.Event().wait()
+        finally:
+            tasks = list(self._tasks.values())
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks)
+
+    async def _one(self, sink: Sink, rid: str, total: int, hold: bool) -> None:
+        try:
+            last = total - 1
+            for sent in range(total):
+                sink(rid, {"n": sent, "delta": "lorem"}, finished=sent == last and not hold)
+                await asyncio.sleep(0)
+        finally:
+            self._tasks.pop(rid, None)
+
+
+class ThreadProducer:
+    """An engine on its own thread: each step's outputs go to the loop in one hand-over
+    (``sink``, which must be thread-safe), and the next step starts once the loop has
+    taken the last one in, as an engine with a bounded output queue does.
+
+    ``add`` and ``cancel`` are called on the loop; the step is built under a lock. The
+    thread starts with the first request, so that a server that never uses it has no
+    second thread (whose waits a profiler would sample).
+    """
+
+    def __init__(self) -> None:
+        self.sink: SinkMany | None = None
+        self._live: dict[str, list[int]] = {}
+        self._holding: set[str] = set()
+        self._lock = threading.Condition()
+        self._taken = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def add(self, rid: str, total: int, *, hold: bool = False) -> None:
+        if self._thread is None:
+            sink = self.sink
+            if sink is None:
+                raise RuntimeError("ThreadProducer.sink must be set before add()")
+            loop = asyncio.get_running_loop()
+            self._thread = threading.Thread(target=self._engine, args=(sink, loop), daemon=True)
+            self._thread.start()
+        with self._lock:
+            self._live[rid] = [0, total]
+            if hold:
+                self._holding.add(rid)
+            self._lock.notify()
+
+    def cancel(self, rid: str) -> None:
+        with self._lock:
+            self._live.pop(rid, None)
+            self._holding.discard(rid)
+
+    async def run(self) -> None:
+        """Own the engine thread: on cancellation, stop it and join it."""
+        try:
+            await asyncio.Event().wait()
+        finally:
+            with self._lock:
+                self._stopping = True
+                self._lock.notify()
+            if self._thread is not None:
+                await asyncio.to_thread(self._thread.join, 10)
+
+    def _engine(self, sink: SinkMany, loop: asyncio.AbstractEventLoop) -> None:
+        live, holding, taken = self._live, self._holding, self._taken
+        while True:
+            with self._lock:
+                while not live and not self._stopping:
+                    self._lock.wait()
+                if self._stopping:
+                    return
+                step = _step(live, holding)
+            taken.clear()
+            try:
+                sink(step)
+                loop.call_soon_threadsafe(taken.set)
+            except RuntimeError:
+                return  # the loop closed under us: the server is stopping
+            while not taken.wait(0.1):
+                if self._stopping:
+                    return
 
 
 class Box:
@@ -210,6 +355,11 @@ class RawTable:
                 waiter.set_result(None)
         if box.event is not None:
             box.event.set()
+
+    def deliver_many(self, step: Step) -> None:
+        deliver = self.deliver
+        for rid, output, finished in step:
+            deliver(rid, output, finished=finished)
 
     def close(self, box: Box) -> None:
         """The handler is done with ``box``: abort it unless it finished."""

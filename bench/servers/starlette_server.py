@@ -1,6 +1,7 @@
-"""A Starlette benchmark server under uvicorn, in its raw, tether, limit or polling variant.
+"""A Starlette benchmark server under uvicorn (httptools), in one of the variants of
+:mod:`bench.servers.common`.
 
-Run ``python -m bench.servers.starlette_server --variant tether``: it binds
+Run ``python -m bench.servers.starlette_server --variant tether [--loop uvloop]``: it binds
 127.0.0.1 on a free port, prints ``PORT <n>``, and serves the routes listed in
 :mod:`bench.servers.common` until it gets SIGTERM or SIGINT.
 """
@@ -19,7 +20,17 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from .common import POLL_TIMEOUT, Backend, interleave, limit_events, listen, parse_args, raw_sse
+from .common import (
+    POLL_TIMEOUT,
+    Backend,
+    interleave,
+    limit_events,
+    listen,
+    parse_args,
+    raw_sse,
+    serve,
+)
+from .handoff import SERIALIZERS, events
 from .producer import SSE_DONE, SSE_HEADERS, prebuilt_result, sse_many
 
 __all__ = ["build"]
@@ -66,6 +77,31 @@ def _raw_routes(backend: Backend) -> list[Route]:
         Route("/json", json),
         Route("/batch", batch),
     ]
+
+
+def _handoff_routes(backend: Backend) -> list[Route]:
+    """Issue 26's hand-off: a queue per stream, a future per JSON request."""
+    queues, futures, shape = backend.queues, backend.futures, backend.shape
+
+    async def stream(request: Request) -> Response:
+        query = request.query_params
+        rid, queue = queues.open(query.get("rid"))
+        shape(query.get("shape", "step")).add(rid, int(query.get("n", 64)))
+        body = events(queues, rid, queue, SERIALIZERS[query.get("json", "orjson")])
+        return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def json(request: Request) -> Response:
+        query = request.query_params
+        rid, future = futures.open(query.get("rid"))
+        shape(query.get("shape", "step"), "json").add(rid, int(query.get("n", 64)))
+        try:
+            result = await future
+        finally:
+            futures.close(rid)
+        dumps = SERIALIZERS[query.get("json", "orjson")]
+        return Response(dumps(result), media_type="application/json")
+
+    return [Route("/stream", stream), Route("/json", json)]
 
 
 def _limit_routes(backend: Backend) -> list[Route]:
@@ -133,12 +169,15 @@ def _poll_routes(backend: Backend) -> list[Route]:
 def _tether_routes(backend: Backend) -> list[Route]:
     import tether_starlette
 
-    registry, producer = backend.registry, backend.producer
+    registry, producer, shape = backend.registry, backend.producer, backend.shape
+    encoders = backend.encoders
 
     async def stream(request: Request) -> Response:
-        source = registry.open(request.query_params.get("rid"))
-        producer.add(source.rid, _int(request, "n", 64))
-        return await tether_starlette.respond(request, source, streaming=True)
+        query = request.query_params
+        source = registry.open(query.get("rid"))
+        shape(query.get("shape", "step")).add(source.rid, int(query.get("n", 64)))
+        encoder = encoders[query.get("json", "orjson")]
+        return await tether_starlette.respond(request, source, streaming=True, encoder=encoder)
 
     async def idle(request: Request) -> Response:
         source = registry.open()
@@ -146,9 +185,11 @@ def _tether_routes(backend: Backend) -> list[Route]:
         return await tether_starlette.respond(request, source, streaming=True)
 
     async def json(request: Request) -> Response:
-        source = registry.open(request.query_params.get("rid"))
-        producer.add(source.rid, _int(request, "n", 64))
-        return await tether_starlette.respond(request, source, streaming=False)
+        query = request.query_params
+        source = registry.open(query.get("rid"))
+        shape(query.get("shape", "step"), "json").add(source.rid, int(query.get("n", 64)))
+        encoder = encoders[query.get("json", "orjson")]
+        return await tether_starlette.respond(request, source, streaming=False, encoder=encoder)
 
     async def batch(request: Request) -> Response:
         source = registry.open_batch(_int(request, "b", 64))
@@ -177,6 +218,7 @@ def build(backend: Backend) -> ASGIApp:
 
     routes = {
         "raw": _raw_routes,
+        "handoff": _handoff_routes,
         "poll": _poll_routes,
         "tether": _tether_routes,
         "limit": _limit_routes,
@@ -193,9 +235,9 @@ def main() -> None:
     args = parse_args(__doc__ or "")
     app = build(Backend(args.variant, args.tick))
     config = uvicorn.Config(
-        app, lifespan="on", loop="asyncio", log_level="warning", access_log=False
+        app, lifespan="on", http="httptools", log_level="warning", access_log=False
     )
-    asyncio.run(uvicorn.Server(config).serve(sockets=[listen()]))
+    serve(uvicorn.Server(config).serve(sockets=[listen()]), args.loop)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from ._errors import (
     Aborted,
     AbortReason,
     BatchTooLarge,
+    ConcurrentRead,
     ConsumerTooSlow,
     DuplicateRequest,
     InvalidRequest,
@@ -32,6 +33,7 @@ from ._errors import (
     RequestTimeout,
     TetherError,
     UnknownRequest,
+    WrongLoop,
 )
 from ._limits import DEFAULT_MAX_PENDING_BYTES, approximate_size
 from ._observe import Observer, Outcome, RequestEnd
@@ -55,6 +57,7 @@ __all__ = [
     "Aborted",
     "Batch",
     "BatchTooLarge",
+    "ConcurrentRead",
     "ConsumerTooSlow",
     "DuplicateRequest",
     "Encoder",
@@ -74,5 +77,6 @@ __all__ = [
     "Summary",
     "TetherError",
     "UnknownRequest",
+    "WrongLoop",
     "approximate_size",
 ]

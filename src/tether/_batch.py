@@ -28,14 +28,26 @@ class Batch(Consumer):
     yields ``(index, error)`` in its place); ``await batch.result()`` returns every
     sub-request's result in order. Alternatively, read each sub-request on its own
     through :attr:`streams`; the first read decides which way the batch is read.
+
+    When one sub-request fails or is aborted (and the batch does not keep going),
+    it ends with its own error (a :class:`~tether.ProducerError` from ``fail()``,
+    an :class:`~tether.Aborted` from ``abort()``), and each of its live siblings
+    ends as :class:`~tether.Aborted` with reason ``failed_sibling``, its message
+    naming the failed rid and its ``__cause__`` the failed one's error. Counters,
+    observers (``RequestEnd``) and the sub-streams agree: the failed one is counted
+    failed (or aborted under its own reason), each sibling ``failed_sibling``.
+    The batch read whole (``result()``, ``async for``) raises the failed one's own
+    error. A consumer's own abort (``aclose()``, a disconnect, a deadline, a
+    consumer too slow) ends a batch read whole with that one error for all.
     """
 
-    __slots__ = ("_group", "_streams")
+    __slots__ = ("_group", "_rids", "_streams")
 
     def __init__(self, table: Table, group: Group) -> None:
         super().__init__(table, group.states, None)
         self._group = group
         self._streams: tuple[Stream, ...] | None = None
+        self._rids: tuple[str, ...] | None = None
 
     def __del__(self) -> None:
         # Once handed out, the sub-streams own their requests and clean up after themselves.
@@ -45,7 +57,10 @@ class Batch(Consumer):
     @property
     def rids(self) -> tuple[str, ...]:
         """The sub-requests' ids, in index order."""
-        return tuple(state.rid for state in self._states)
+        rids = self._rids
+        if rids is None:  # made once: batch.rids[i] in a loop must not cost O(n) each
+            rids = self._rids = tuple(state.rid for state in self._states)
+        return rids
 
     def __len__(self) -> int:
         return len(self._states)
@@ -81,7 +96,7 @@ class Batch(Consumer):
             raise RuntimeError(
                 "this batch's sub-streams are being read (.streams); read those instead"
             )
-        group.whole = True
+        group.read_whole()
         self._box = group
         return group
 
@@ -93,26 +108,22 @@ class Batch(Consumer):
 
         :raises ProducerError: a sub-request failed (without ``keep_going``).
         :raises Aborted: the batch was aborted.
+        :raises ConcurrentRead: another task is reading this batch (nothing changes
+            for that task).
         """
+        self._claim()
         group = self._group
         if self._box is None:
             self._first_read()
         errors = group.errors or {}
         unread = (self._take_buffered() or EMPTY) + group.take()
-        states = self._states
-        self._collect([pair for pair in unread if errors.get(pair[0]) is not pair[1]], states)
-        waited = False
-        try:
-            while group.live and group.error is None and not self._closed:
-                await self.wait_ready()
-            waited = True
-        finally:
-            if not waited:  # cancelled (or refused): what was folded stays readable
-                self._uncollect(states)
+        await self._collect_result(
+            group, [pair for pair in unread if errors.get(pair[0]) is not pair[1]]
+        )
         if group.error is not None:
             raise group.error.with_traceback(None)
         errors = group.errors or {}
         return [
             errors.get(index, None if state.acc is NOTHING else state.acc)
-            for index, state in enumerate(states)
+            for index, state in enumerate(self._states)
         ]

@@ -12,8 +12,7 @@ once, cancellation of the consuming task is an abort, and a consumer dropped
 without being closed is cleaned up by ``__del__`` with a ``ResourceWarning``
 instead of by a generator finaliser that runs later, elsewhere or never.
 
-Adapters read with :meth:`Consumer.next_ready`, which hands over every output that
-is ready at once, so that one write can carry them.
+Adapters read with :meth:`Consumer.next_ready`: every ready output at once, for one write.
 """
 
 from __future__ import annotations
@@ -25,7 +24,8 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Self
 
-from ._errors import Aborted, AbortReason
+from ._end import WHOLE, End, wrong_loop
+from ._errors import Aborted, AbortReason, ConcurrentRead
 from ._idle import IdleDeadline
 from ._scope import waiter_cancelled
 from ._state import NOTHING, Group, RequestState
@@ -37,8 +37,6 @@ if TYPE_CHECKING:
 __all__ = ["Consumer", "fold"]
 
 EMPTY: Final[list[Any]] = []
-_Future = asyncio.Future
-"""Waiters are made directly (``loop.create_future()`` adds a Python call per wait)."""
 
 
 def _idle(consumer: weakref.ref[Consumer]) -> None:
@@ -69,6 +67,7 @@ class Consumer:
         "_collecting",
         "_idle",
         "_pos",
+        "_reading",
         "_states",
         "_table",
     )
@@ -84,6 +83,9 @@ class Consumer:
         self._pos = 0
         self._closed = False
         self._collecting = False  # result() put the requests in collect mode
+        # A task is inside a read that waits (result(), or parked until it resumes):
+        # any other task's read is refused before it touches anything (ConcurrentRead).
+        self._reading = False
         # The deadline of timed waits (next_ready(timeout=...)) and its one timer,
         # made at the first timed wait.
         self._idle: IdleDeadline | None = None
@@ -121,8 +123,10 @@ class Consumer:
         states = self._states
         for state in states:
             if state.live:
+                table = self._table
+                table.check_thread(f"{type(self).__name__}.cancel()")
                 error = Aborted(states[0].rid, reason)
-                return self._table.abort(states, error, defer=False)
+                return table.end(states, End(error, WHOLE))
         return False  # the common case at the end of every response: nothing to build
 
     async def aclose(self) -> None:
@@ -165,12 +169,16 @@ class Consumer:
         if pos < len(buf):
             self._pos = pos + 1
             return buf[pos]
+        if self._reading:  # (another task owns what woke it, even before it resumes)
+            raise ConcurrentRead(self)
         box = self._box or self._first_read()
         while True:
             if self._closed:
                 raise StopAsyncIteration
             if box.pending:
                 items = box.take()
+                if not items:
+                    continue  # only an aborted sub-request's outputs waited
                 if len(items) > 1:  # (an exhausted buffer needs no reset)
                     self._buf = items
                     self._pos = 1
@@ -179,18 +187,23 @@ class Consumer:
                 raise box.error.with_traceback(None)
             if not box.live:
                 raise StopAsyncIteration
-            if box.waiter is not None or self._collecting:
-                await self.wait_ready()  # (to refuse a second reader; collect mode waits on)
-                continue
+            if box.waiter is not None:
+                raise ConcurrentRead(self)
             # The common wait, inlined: one coroutine less per output.
-            waiter = box.waiter = _Future(loop=asyncio.get_running_loop())
+            loop = asyncio.get_running_loop()
+            if loop is not self._table.loop:
+                raise wrong_loop()
+            waiter = box.park(loop)
             if self._idle is not None:
                 self._idle.deadline = None  # an untimed wait
+            self._reading = True
             try:
                 await waiter
             except asyncio.CancelledError:
                 self._cancelled(box, waiter)
                 raise
+            finally:
+                self._reading = False
 
     def ready(self) -> list[Any] | None:
         """Every output (or pair) that is ready now, oldest first, without waiting.
@@ -203,18 +216,18 @@ class Consumer:
         :raises ProducerError: as for ``__anext__``.
         :raises Aborted: as for ``__anext__``.
         """
+        if self._reading:
+            raise ConcurrentRead(self)
         box = self._box or self._first_read()
         if self._closed:
             return None
         rest = self._take_buffered()
-        if box.pending:
-            items = box.take()
-            if rest:
-                rest.extend(items)
-                return rest
-            return items
+        items = box.take() if box.pending else EMPTY
         if rest:
+            rest.extend(items)
             return rest
+        if items:
+            return items
         if box.error is not None or not box.live:
             self._stop_idle()
             if box.error is not None:
@@ -259,7 +272,7 @@ class Consumer:
         if not isinstance(box, RequestState):
             return False
         if sink is None:
-            box.sink = None
+            box.set_sink(None)
             return False
         if (
             not box.live
@@ -270,7 +283,7 @@ class Consumer:
             or self._pos < len(self._buf)
         ):
             return False
-        box.sink = sink
+        box.set_sink(sink)
         return True
 
     def _take_buffered(self) -> list[Any] | None:
@@ -284,8 +297,8 @@ class Consumer:
     def _collect(self, outputs: list[Any], states: Sequence[RequestState]) -> None:
         """Enter collect mode for ``result()``: fold what was delivered but not read
         (``outputs``: ``(index, output)`` pairs) into each state's result, after which
-        the producer folds and wakes the consumer only at the end. Once: a second
-        ``result()`` finds the results where the first left them."""
+        the producer folds and wakes the consumer only at the end; once (a second
+        ``result()`` finds the results where the first left them)."""
         if self._collecting:
             return
         self._collecting = True
@@ -294,21 +307,14 @@ class Consumer:
         for index, output in outputs:
             accs[index] = fold(merge, accs[index], output)
         for state, acc in zip(states, accs, strict=True):
-            state.acc = acc
-            state.collect = True
+            state.collect(acc)
 
     def _uncollect(self, states: Sequence[RequestState]) -> None:
-        """Leave collect mode (``result()`` ended by an exception or a cancellation):
-        what was folded becomes readable again, as one waiting output per request, so
-        that no later read loses what the producer delivered."""
-        if not self._collecting:
-            return
-        self._collecting = False
-        for state in states:
-            state.collect = False
-            acc, state.acc = state.acc, NOTHING
-            if acc is not NOTHING:
-                state.unfold(acc)
+        """Leave collect mode early (cancelled): what was folded is readable again."""
+        if self._collecting:
+            self._collecting = False
+            for state in states:
+                state.uncollect()
 
     async def wait_ready(self, *, timeout: float | None = None) -> None:
         """Wait until :meth:`ready` has something to say (an output, the end, an
@@ -318,20 +324,26 @@ class Consumer:
         producer's ``put`` (or the request's end) resolves. Cancellation of the
         waiting task is an abort of this consumer.
         """
+        if self._reading:
+            raise ConcurrentRead(self)
         box = self._box or self._first_read()
-        if not box.live or box.error is not None or self._closed:
+        if not box.live or box.error is not None or self._closed or box.pending:
             return
-        # (in collect mode a batch's list holds only keep-going errors: result() waits on)
-        if box.pending and not self._collecting:
-            return
+        self._reading = True
+        try:
+            await self._park(box, timeout)
+        finally:
+            self._reading = False
+
+    async def _park(self, box: RequestState | Group, timeout: float | None) -> None:
+        """Wait on a future made now, which the producer's ``put`` (or the request's
+        end) resolves; the caller holds ``_reading``, so nobody else parks here."""
         if box.waiter is not None:  # (a waiter resolved or dropped is always cleared)
-            raise RuntimeError(
-                f"{self!r} is already being read by another task; read a stream or a "
-                "batch from one task at a time"
-            )
+            raise ConcurrentRead(self)
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = _Future(loop=loop)
-        box.waiter = waiter
+        if loop is not self._table.loop:
+            raise wrong_loop()
+        waiter = box.park(loop)
         idle = self._idle
         if idle is None and timeout is not None:
             idle = self._idle = IdleDeadline(functools.partial(_idle, weakref.ref(self)))
@@ -345,20 +357,43 @@ class Consumer:
             self._cancelled(box, waiter)
             raise
 
+    def _claim(self) -> None:
+        """Refuse ``result()`` before it changes anything: another task reads, or this
+        is another loop than the one the requests run on."""
+        if self._reading:
+            raise ConcurrentRead(self)
+        self._table.own_loop()
+
+    async def _collect_result(self, box: RequestState | Group, outputs: list[Any]) -> None:
+        """``result()``'s wait: hold the consumer, collect the unread ``outputs``
+        (``(index, output)`` pairs), wait until ``box`` ends or the consumer closes.
+        Only this reader leaves collect mode, and only if cancelled (what was folded
+        is then readable again)."""
+        states = self._states
+        self._reading = True
+        waited = False
+        try:
+            self._collect(outputs, states)
+            # In collect mode the producer folds and wakes nobody until the end, and
+            # nothing else may read: each wake-up is the end, an error or a close.
+            while box.live and box.error is None and not self._closed:
+                await self._park(box, None)
+            waited = True
+        finally:
+            self._reading = False
+            if not waited:
+                self._uncollect(states)
+
     def _cancelled(self, box: RequestState | Group, waiter: asyncio.Future[None]) -> None:
         """The task waiting on ``waiter`` was cancelled: that is an abort of this consumer."""
-        if box.waiter is waiter:
-            box.waiter = None
+        box.unpark(waiter)
         waiter_cancelled()
         self.cancel(AbortReason.CANCELLED)
 
     def _on_idle(self) -> None:
         """The timed wait's deadline passed: it ends with nothing ready."""
-        box = self._box
-        waiter = box.waiter if box is not None else None
-        if box is not None and waiter is not None and not waiter.done():
-            box.waiter = None
-            waiter.set_result(None)
+        if self._box is not None:
+            self._box.wake()
 
     def _stop_idle(self) -> None:
         if self._idle is not None:

@@ -1,12 +1,13 @@
 """Wire framing shared by every adapter: SSE and NDJSON encoders.
 
-Encoders are pure functions of outputs to bytes. A batch's outputs carry their
-``index``: a dict output gets an ``"index"`` key first, any other output is
-wrapped as ``{"index": i, "output": value}``. JSON goes through orjson when it
-is installed, else the standard library (compact, UTF-8), and can be replaced
-with ``dumps=``. Either way a pydantic model is written as its
-``model_dump(mode="json")``: pydantic is never imported here (a model exists only
-if its program imported pydantic already), so ``import tether`` stays light.
+Encoders are pure functions of outputs to bytes. A batch's outputs are written
+in one envelope, ``{"index": i, "output": value}``, so that no field of an output
+can overwrite its sub-request's index. JSON goes through orjson when it is
+installed, else the standard library (compact, UTF-8), and can be replaced with
+``dumps=``; both paths write the same bytes for the same value (see
+:func:`jsonable` for the types beyond JSON's own). A pydantic model is written as
+its ``model_dump(mode="json")``: pydantic is never imported here (a model exists
+only if its program imported pydantic already), so ``import tether`` stays light.
 
 Shaping what goes on the wire, from the lightest touch to the heaviest:
 ``transform=`` (a function of one output to the value written, for a stream's
@@ -27,49 +28,131 @@ OpenAI-style clients read, and a browser ``EventSource`` dispatches a named
 from __future__ import annotations
 
 import copy
-import functools
+import dataclasses
+import datetime
+import enum
 import json
+import math
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Final, Self
 
 from .types import Dumps
 
-__all__ = ["NDJSON", "SSE", "Encoder", "default_dumps", "jsonable"]
+__all__ = ["NDJSON", "SSE", "Encoder", "ErrorBody", "default_dumps", "jsonable", "stdlib_dumps"]
 
 
 def jsonable(value: Any) -> Any:
     """The JSON-ready form of a value the serialiser does not know (its ``default``
-    hook): a pydantic model's ``model_dump(mode="json")``.
+    hook), the same on both paths: a pydantic model's ``model_dump(mode="json")``, a
+    dataclass's public fields (in order; a name starting with ``_`` is left out), an
+    ISO 8601 ``datetime``/``date``/``time``, a ``UUID``'s hyphenated text, an enum's
+    value.
 
     :raises TypeError: ``value`` is of no type tether knows how to write.
     """
     pydantic = sys.modules.get("pydantic")  # loaded if and only if a model can exist
     if pydantic is not None and isinstance(value, pydantic.BaseModel):
         return value.model_dump(mode="json")
+    if isinstance(value, datetime.date | datetime.time):  # (datetime is a date)
+        return value.isoformat()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            field.name: getattr(value, field.name)
+            for field in dataclasses.fields(value)
+            if not field.name.startswith("_")
+        }
+    uuid = sys.modules.get("uuid")  # (a UUID exists only if uuid was imported)
+    if uuid is not None and isinstance(value, uuid.UUID):
+        return str(value)
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def _stdlib_dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=jsonable).encode()
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity as ``None`` (what orjson writes for them)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+_encode = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), default=jsonable, allow_nan=False
+).encode
+_encode_finite = json.JSONEncoder(
+    ensure_ascii=False,
+    separators=(",", ":"),
+    default=lambda value: _finite(jsonable(value)),
+    allow_nan=False,
+).encode
+
+
+def stdlib_dumps(value: Any) -> bytes:
+    """Compact UTF-8 JSON through the standard library, written as orjson writes it:
+    NaN and infinities as ``null``, the types of :func:`jsonable`; what it cannot
+    write (a lone surrogate, a cycle, nesting too deep) raises ``TypeError``.
+
+    Floats are the same numbers on both paths; only an exponent's spelling may differ
+    (``1e-07`` here, ``1e-7`` from orjson).
+    """
+    try:
+        try:
+            text = _encode(value)
+        except ValueError as exc:
+            if "Out of range float" not in str(exc):
+                raise
+            text = _encode_finite(_finite(value))
+        return text.encode()
+    except (ValueError, RecursionError) as exc:  # (UnicodeEncodeError is a ValueError)
+        raise TypeError(f"cannot be written as JSON: {exc}") from exc
 
 
 def _pick_dumps() -> Dumps:
     try:
         import orjson
     except ImportError:
-        return _stdlib_dumps
-    # (a partial is C code: no Python frame per call on the hot path)
-    return functools.partial(orjson.dumps, default=jsonable)
+        return stdlib_dumps
+    fast = orjson.dumps
+
+    def fast_dumps(value: Any) -> bytes:
+        # Whatever orjson refuses (an int past 64 bits, a non-str key, a time with a
+        # zone, nesting past 254 levels...) goes the standard library's way, which
+        # writes it or raises: both paths give the same answer for every value.
+        try:
+            return fast(value, default=jsonable)
+        except TypeError:
+            return stdlib_dumps(value)
+
+    return fast_dumps
 
 
 default_dumps: Final[Dumps] = _pick_dumps()
-"""The JSON serialiser tether uses unless told otherwise: orjson if installed."""
+"""The JSON serialiser tether uses unless told otherwise: orjson if installed, with
+the standard library's answer for whatever orjson refuses (see :func:`stdlib_dumps`)."""
+
+
+class ErrorBody(dict[str, Any]):
+    """An error body (``{"error": {...}}``) standing in a keep-going batch's output
+    stream for a failed sub-request: written ``{"index": i, "error": {...}}``."""
+
+    __slots__ = ()
 
 
 def with_index(index: int, output: Any) -> Any:
-    """A batch output as written on the wire: tagged with its sub-request's index."""
-    if isinstance(output, dict):
+    """A batch output as written on the wire: ``{"index": i, "output": output}``, or
+    ``{"index": i, "error": {...}}`` for a keep-going batch's failed sub-request
+    (an :class:`ErrorBody`).
+
+    The envelope is the same for every output, so the batch's index can never be
+    overwritten by a field of the output (an OpenAI-style choice carries its own
+    ``"index"``): ``index`` is the sub-request's, ``output`` what it delivered.
+    """
+    if type(output) is ErrorBody:
         return {"index": index, **output}
     return {"index": index, "output": output}
 
@@ -122,7 +205,7 @@ class Encoder:
         """One output as one frame: the override point (see the class docstring).
 
         ``output`` has been through ``transform`` already; a batch's output comes
-        tagged with its index (``{"index": i, ...}``).
+        in its envelope (``{"index": i, "output": ...}``).
         """
         return self.frame(self.dumps(output))
 

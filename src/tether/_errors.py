@@ -12,6 +12,10 @@ Every error the core raises derives from :class:`TetherError`::
     │                                 it could never be admitted, so no retry helps
     ├── Overloaded                    open() beyond ``max_in_flight``
     ├── RegistryClosed                open() after ``Registry.close()`` began
+    ├── WrongLoop (RuntimeError)      the registry called from another thread or
+    │                                 event loop, or with no loop running
+    ├── ConcurrentRead (RuntimeError) a second task read a Stream or Batch that
+    │                                 another task is reading
     ├── Aborted                       the request was closed before it finished;
     │   │                             ``reason`` says why (an :class:`AbortReason`)
     │   ├── RequestTimeout (TimeoutError)  its deadline passed
@@ -36,6 +40,7 @@ __all__ = [
     "AbortReason",
     "Aborted",
     "BatchTooLarge",
+    "ConcurrentRead",
     "ConsumerTooSlow",
     "DuplicateRequest",
     "InvalidRequest",
@@ -46,6 +51,7 @@ __all__ = [
     "RequestTimeout",
     "TetherError",
     "UnknownRequest",
+    "WrongLoop",
     "check_rid",
     "client_facing",
     "declared_status",
@@ -180,6 +186,29 @@ class RegistryClosed(TetherError):
 
     def __init__(self) -> None:
         super().__init__("the registry is closed (server shutting down); no new requests")
+
+
+class WrongLoop(TetherError, RuntimeError):
+    """Raised when the registry, or one of its consumers, is used outside the event
+    loop its requests run on: from another thread (a sync FastAPI dependency runs in
+    a thread pool), from a second event loop, or with no loop running. Nothing was
+    changed; the message says what to call instead."""
+
+
+class ConcurrentRead(TetherError, RuntimeError):
+    """Raised to a task that reads a :class:`~tether.Stream` or :class:`~tether.Batch`
+    (``result()``, ``async for``, ``next_ready()``) while another task is reading it.
+
+    The refusal leaves the first reader undisturbed: it reads on as if the second
+    had never asked. Read each consumer from one task; to share a result, await it in
+    one task and hand the value on.
+    """
+
+    def __init__(self, consumer: object) -> None:
+        super().__init__(
+            f"{consumer!r} is already being read by another task; read a stream or a "
+            "batch from one task at a time (await result() once and share the value)"
+        )
 
 
 class Aborted(TetherError):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from ._encoders import Encoder
+from ._encoders import Encoder, ErrorBody
 from ._responses import error_response
 
 __all__ = ["WRITE_BYTES", "Framer", "jsonable"]
@@ -29,7 +29,7 @@ _FIRST_SLICE: Final = 4
 def jsonable(value: Any) -> Any:
     """An output as JSON can carry it: an error (a keep-going batch's) as its body."""
     if isinstance(value, BaseException):
-        return error_response(value).body
+        return ErrorBody(error_response(value).body)
     return value
 
 

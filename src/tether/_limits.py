@@ -12,50 +12,96 @@ from typing import Any, Final
 
 from .types import Merge, SizeOf
 
-__all__ = ["DEFAULT_MAX_PENDING_BYTES", "Limits", "approximate_size"]
+__all__ = ["DEFAULT_MAX_PENDING_BYTES", "TOO_LARGE", "Limits", "approximate_size"]
 
 DEFAULT_MAX_PENDING_BYTES: Final = 16 * 1024 * 1024
 """The default byte budget of one request's backlog (``Registry(max_pending_bytes=)``)."""
 
-_SIZE_NODES: Final = 4096
-"""How many values ``approximate_size`` looks at in one output before it estimates."""
+_SIZE_NODES: Final = 1 << 16
+"""How many values ``approximate_size`` walks in one output before it measures the
+output's JSON encoding instead."""
 
-_SCALARS: Final = (int, float, bool, type(None))
+TOO_LARGE: Final = sys.maxsize
+"""The weight of an output too large to walk that is no JSON either: over any budget."""
 
 
 def approximate_size(output: Any) -> int:
-    """About how many bytes ``output`` holds: the length of strings and bytes, found
-    however deep they sit in dicts, lists, tuples, sets and objects (their
-    ``__dict__``, ``__slots__``: dataclasses, pydantic models, an engine's output
-    objects), plus a word per value. Past a few thousand values it extrapolates from
-    what it saw, so its cost stays bounded whatever the output. Cheap for a token
-    stream's outputs, and it sees the megabyte string inside a tool-call delta."""
+    """About how many bytes ``output`` holds, and never less than a sixth of its JSON
+    encoding, whatever its shape: the length of every string and bytes value however
+    deep it sits in dicts, lists, tuples, sets and objects (their ``__dict__``,
+    ``__slots__``: dataclasses, pydantic models, an engine's output objects), a word
+    per value, and an int's digits.
+
+    (A string's JSON is at most six bytes per character, ``\\u001f``, and
+    two quotes; every other value's is within that of its weight.)
+
+    Every value is looked at, so that no shape hides a large string behind many
+    small values; past 65,536 values the output is measured by encoding it as JSON
+    instead (C speed with orjson), and one that is no JSON (a cycle, an unknown
+    object) weighs :data:`TOO_LARGE`. The cost is thus linear in the output and
+    bounded: cheap for a token stream's outputs, and it sees the megabyte string
+    inside a tool-call delta wherever it sits."""
     total = seen = 0
     todo = [output]
-    while todo and seen < _SIZE_NODES:
-        value = todo.pop()
+    pop, extend = todo.pop, todo.extend
+    while todo:
         seen += 1
-        total += 8  # a word per value, for its reference and header
-        if isinstance(value, str | bytes | bytearray):
-            total += len(value)
-        elif isinstance(value, _SCALARS):
-            pass
-        elif isinstance(value, dict):
-            todo.extend(value.keys())
-            todo.extend(value.values())
-        elif isinstance(value, list | tuple | set | frozenset):
-            todo.extend(value)
-        elif isinstance(value, memoryview):
-            total += value.nbytes
+        if seen > _SIZE_NODES:
+            return _encoded_size(output, total)
+        value = pop()
+        cls = type(value)
+        if cls is str or cls is bytes:
+            total += 8 + len(value)
+        elif cls is int:
+            total += 8 + (value.bit_length() >> 2)  # (>= its decimal digits)
+        elif cls is float or value is None or cls is bool:
+            total += 8
+        elif cls is dict:
+            total += 8
+            extend(value.keys())
+            extend(value.values())
+        elif cls is list or cls is tuple:
+            total += 8
+            extend(value)
         else:
-            total += _object_size(value, todo)
-    if todo:  # too many values to look at all: the rest weigh what the seen ones did
-        total += total * len(todo) // seen
+            total += 8 + _other_size(value, todo)
     return total
+
+
+def _encoded_size(output: Any, walked: int) -> int:
+    from ._encoders import default_dumps  # (the encoders import nothing of the limits)
+
+    try:
+        return max(walked, len(default_dumps(output)))
+    except TypeError:
+        return TOO_LARGE
+
+
+def _other_size(value: Any, todo: list[Any]) -> int:
+    """The weight of a value of another type (a subclass, a set, an object); what it
+    holds joins ``todo``."""
+    if isinstance(value, str | bytes | bytearray):
+        return len(value)
+    if isinstance(value, int):
+        return value.bit_length() >> 2
+    if isinstance(value, float):
+        return 0
+    if isinstance(value, dict):
+        todo.extend(value.keys())
+        todo.extend(value.values())
+        return 0
+    if isinstance(value, list | tuple | set | frozenset):
+        todo.extend(value)
+        return 0
+    if isinstance(value, memoryview):
+        return value.nbytes
+    return _object_size(value, todo)
 
 
 def _object_size(value: Any, todo: list[Any]) -> int:
     """An object's own weight; its attributes' values join ``todo``."""
+    if isinstance(value, type):
+        return 0  # a class (an enum member's __objclass__, say) is shared, not held
     fields = getattr(value, "__dict__", None)
     if isinstance(fields, dict):
         todo.extend(fields.values())

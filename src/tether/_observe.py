@@ -160,7 +160,7 @@ def opened(
     request_id = None if scope is None else scope.request_id
     if request_id is not None:
         for state in states:
-            state.request_id = request_id
+            state.label(request_id)
     if observers:
         rids = [state.rid for state in states]
         announce_open(observers, rids, batch=batch, request_id=request_id)

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ._batch import Batch
+from ._end import FINISHED, SIBLINGS, End
 from ._errors import (
     Aborted,
     AbortReason,
@@ -28,12 +29,13 @@ from ._errors import (
     DuplicateRequest,
     InvalidRequest,
     ProducerError,
+    WrongLoop,
     check_rid,
 )
 from ._limits import DEFAULT_MAX_PENDING_BYTES, Limits, approximate_size
 from ._observe import Observer, announce_first_output, opened
 from ._scope import current_scope
-from ._state import NOTHING, Group, RequestState
+from ._state import Group, RequestState
 from ._stats import RegistryStats
 from ._stream import Stream
 from ._table import Table, now
@@ -62,8 +64,9 @@ class Registry:
         Sizes are measured only while a backlog exists, never for a consumer that keeps
         up, and not for ``result()``, which keeps the whole result by design.
     :param sizeof: how many bytes an output weighs; by default
-        :func:`~tether.approximate_size` (string and bytes lengths, summed through
-        dicts, lists and tuples).
+        :func:`~tether.approximate_size` (string and bytes lengths and a word per
+        value, through dicts, lists, tuples and objects: never less than a sixth of
+        the output's JSON size, whatever its shape).
     :param merge: ``merge(older, newer) -> combined``: folds waiting outputs together
         so that at most one waits per request, and folds deltas into the result of
         ``result()``. Without it, ``result()`` returns the last output.
@@ -180,7 +183,7 @@ class Registry:
         if scope is not None or table.observers:
             opened(table.observers, (state,), scope, batch=False)
         if timeout is not None:
-            state.timer = loop.call_later(timeout, table.expire, (state,), timeout)
+            state.arm(loop.call_later(timeout, table.expire, (state,), timeout))
         stream = Stream(table, state)
         if scope is not None:
             scope.track(stream)
@@ -237,16 +240,13 @@ class Registry:
             scope.check()
         if rids is None:
             rids = [table.fresh_rid() for _ in range(count)]
-        states: list[RequestState] = []
-        group = Group(states, keep_going=keep_going)
-        opened_at = now()
-        states.extend(RequestState(rid, index, group, opened_at) for index, rid in enumerate(rids))
-        group.remaining = count
+        group = Group(rids, now(), keep_going=keep_going)
+        states = group.states
         table.insert(states)
         if scope is not None or table.observers:
             opened(table.observers, states, scope, batch=True)
         if timeout is not None:
-            group.timer = loop.call_later(timeout, table.expire, tuple(states), timeout)
+            group.arm(loop.call_later(timeout, table.expire, tuple(states), timeout))
         batch = Batch(table, group)
         if scope is not None:
             scope.track(batch)
@@ -269,35 +269,32 @@ class Registry:
 
         :returns: ``True`` if the request was in flight; ``False`` (counted as a late
             output, never raised) if it had already finished, failed or been aborted.
-        :raises RuntimeError: called outside the registry's event loop (another
-            thread, or another loop).
+        :raises WrongLoop: called outside the registry's event loop (another thread,
+            or another loop).
         """
         state = self._entries.get(rid)
         if state is None:
             self._table.late += 1
             return False
-        state.noutputs += 1
         if not state.first_at:
             self._require_own_loop(rid)
-            state.first_at = at = now()
-            self._table.ttfo.append(at - state.opened_at)
+            waited = state.first_output(now())
+            self._table.ttfo.append(waited)
             if self._table.observers:
-                announce_first_output(self._table.observers, rid, at - state.opened_at)
+                announce_first_output(self._table.observers, rid, waited)
+                if not state.live:  # an observer ended it: the output has nobody to reach
+                    return True
         try:
-            if state.collect:  # result() waits: fold into it (fold(), inlined), wake nobody
-                merge = self._limits.merge
-                acc = state.acc
-                state.acc = output if merge is None or acc is NOTHING else merge(acc, output)
-                fits = True
-            else:
-                fits = state.put(output, self._limits)
+            fits = state.put(output, self._limits)
         except Exception as exc:  # merge() raised: that request fails, the producer goes on
             self._table.merge_failed(state, exc, finished)
             return True
+        if not state.live:
+            return True  # ended inside put (merge or a finaliser re-entered): once is all
         if not fits:
             self._table.too_slow(state, finished)
         elif finished:
-            self._table.finish(state)
+            self._table.end((state,), FINISHED)
         return True
 
     def _require_own_loop(self, rid: str) -> None:
@@ -306,7 +303,7 @@ class Registry:
         except RuntimeError:
             running = None
         if running is not self._table.require_loop():
-            raise RuntimeError(
+            raise WrongLoop(
                 f"Registry.deliver({rid!r}) was called outside the registry's event loop "
                 f"(from thread {threading.current_thread().name!r}): the consumer would "
                 "not be woken. From another thread, use deliver_threadsafe() or "
@@ -326,8 +323,11 @@ class Registry:
         sub-requests are aborted unless the batch was opened with ``keep_going``.
 
         :returns: ``True`` if the request was in flight, ``False`` (counted) otherwise.
+        :raises WrongLoop: called from another thread (use :meth:`fail_threadsafe`).
         """
-        return self._table.end_rid(rid, ProducerError(rid, exc), tell=False, defer=True)
+        self._table.check_thread("Registry.fail()")
+        failure = End(ProducerError(rid, exc), SIBLINGS, tell=False)
+        return self._table.end_rid(rid, failure, defer=True)
 
     def abort(self, rid: str, reason: AbortReason = AbortReason.SERVER) -> bool:
         """Abort a request from the server side: its consumer gets :class:`~tether.Aborted`.
@@ -336,16 +336,21 @@ class Registry:
         In a batch, the other sub-requests are aborted unless it keeps going.
 
         :returns: ``True`` if the request was in flight, ``False`` (counted) otherwise.
+        :raises WrongLoop: called from another thread (use :meth:`abort_threadsafe`).
         """
+        self._table.check_thread("Registry.abort()")
         # (on_abort runs after the entry is freed: it may re-enter the registry)
-        return self._table.end_rid(rid, Aborted(rid, reason), tell=True, defer=False)
+        return self._table.end_rid(rid, End(Aborted(rid, reason), SIBLINGS), defer=False)
 
     def fail_all(self, exc: BaseException) -> int:
         """Fail every request in flight (the producer crashed); returns how many.
 
         Each consumer gets :class:`~tether.ProducerError` with ``exc`` as its cause;
         ``on_abort`` is not called.
+
+        :raises WrongLoop: called from another thread.
         """
+        self._table.check_thread("Registry.fail_all()")
         return self._table.fail_all(exc)
 
     # -- producers on other threads ------------------------------------------------------
@@ -356,7 +361,7 @@ class Registry:
         Safe from any thread; the delivery happens on the loop soon after. Use
         :meth:`deliver_many_threadsafe` for a whole engine step: one hand-over.
 
-        :raises RuntimeError: no request was ever opened (no loop known) or the loop closed.
+        :raises WrongLoop: no request was ever opened (no loop known) or the loop closed.
         """
         self._table.require_loop().call_soon_threadsafe(
             self._deliver_positional, rid, output, finished

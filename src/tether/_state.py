@@ -4,17 +4,17 @@ A :class:`RequestState` is a rid's table entry and, for a single request, the
 mailbox its consumer reads. The sub-requests of a batch share one :class:`Group`
 instead: their outputs wait there as ``(index, output)`` pairs, in arrival order,
 and one future wakes the batch. Each mailbox owns what is done to it: ``put`` (the
-producer's output, folded by ``merge`` or bounded by the :class:`Limits`),
-``take`` (everything ready, for the consumer) and ``end`` (the request's error).
-The consumer loop reads both kinds alike: ``pending``, ``take()``, ``error``,
-``live`` and a ``waiter`` future, made only when the consumer has to wait.
+producer's output, folded by ``merge`` or bounded by the :class:`Limits`, or into
+the result in collect mode), ``take`` (everything ready, for the consumer),
+``collect``/``uncollect`` (``result()``'s mode), ``park``/``wake`` (the one
+future a waiting consumer parks on) and ``close`` (the request's end, which the
+table's one end path calls). No other module writes their fields.
 
-Neither mailbox refers to the consumer that reads it or to the table, so a
-consumer dropped without being closed is freed by reference counting and its
-``__del__`` can clean up. Both use ``__slots__`` and make no reference cycle: the
-cyclic garbage collector is a large share of the cost at ten thousand live
-requests. (A group and its states do refer to each other while the batch runs;
-the table breaks that cycle when the last sub-request ends.)
+Neither mailbox refers to its consumer or to the table, so a consumer dropped
+without being closed is freed by reference counting and its ``__del__`` can clean
+up. Both use ``__slots__`` and make no reference cycle (the cyclic collector is a
+large share of the cost at ten thousand live requests); a group and its states
+refer to each other until its last sub-request ends.
 """
 
 from __future__ import annotations
@@ -22,37 +22,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any
 
 from ._errors import TetherError
 from ._limits import Limits
+from ._mailbox import NOTHING, Mailbox
 
 logger = logging.getLogger("tether")
-
-__all__ = ["NOTHING", "Group", "RequestState"]
-
-
-class _Nothing:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "NOTHING"
+__all__ = ["NOTHING", "Group", "Mailbox", "RequestState"]
 
 
-NOTHING: Final[Any] = _Nothing()
-"""Marks "no output yet" where ``None`` is a valid output."""
-
-
-def wake(waiter: asyncio.Future[None] | None) -> None:
-    """Resolve ``waiter`` if it is still pending (its consumer may have been cancelled)."""
-    if waiter is not None and not waiter.done():
-        waiter.set_result(None)
-
-
-class Group:
+class Group(Mailbox):
     """The shared mailbox of a batch's sub-requests.
 
-    ``pending`` holds ``(index, output)`` pairs. ``gen`` counts how often the
+    ``pending`` holds ``(index, output)`` pairs (less those of ``dropped`` indices,
+    left out at the next ``take``). ``gen`` counts how often the
     consumer took ``pending``: a state whose ``gen`` differs has nothing in the
     current list. The batch is read one way or the other, decided by the first
     read: ``whole`` once the batch itself was read; ``split`` once one of its
@@ -60,6 +44,7 @@ class Group:
     """
 
     __slots__ = (
+        "dropped",
         "error",
         "errors",
         "gen",
@@ -70,23 +55,50 @@ class Group:
         "split",
         "states",
         "timer",
-        "waiter",
         "whole",
     )
 
-    def __init__(self, states: list[RequestState], *, keep_going: bool) -> None:
-        self.states: Sequence[RequestState] = states  # () once all ended (Table._release)
+    def __init__(self, rids: Sequence[str], opened_at: float, *, keep_going: bool) -> None:
+        super().__init__()
+        # () once all ended (RequestState.close): the group <-> states cycle is broken
+        self.states: Sequence[RequestState] = [
+            RequestState(rid, index, self, opened_at) for index, rid in enumerate(rids)
+        ]
+        self.remaining = len(rids)
         self.keep_going = keep_going
         self.pending: list[tuple[int, Any]] = []
+        self.dropped: set[int] | None = None  # aborted indices whose pairs take() leaves out
         self.gen = 0
-        self.remaining = 0
         self.live = True
         self.error: TetherError | None = None
         self.errors: dict[int, TetherError] | None = None  # per index, made on the first
         self.split = False
         self.whole = False
-        self.waiter: asyncio.Future[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
+
+    def arm(self, timer: asyncio.TimerHandle) -> None:
+        """The batch's deadline, cancelled when its last sub-request ends."""
+        self.timer = timer
+
+    def read_whole(self) -> None:
+        """The batch itself is read (not its sub-streams)."""
+        self.whole = True
+
+    def fail_whole(self, error: TetherError) -> None:
+        """Its consumer ended the batch read whole: reading it raises ``error``."""
+        self.error = error
+
+    def ended(self) -> None:
+        """One more sub-request ended; after the last, the batch ends."""
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.live = False
+            # Break the group <-> states cycle: a finished batch is freed by
+            # reference counting, not left to the cyclic garbage collector.
+            self.states = ()
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
 
     def put(self, state: RequestState, output: Any, limits: Limits) -> bool:
         """Append (or fold) one of ``state``'s outputs; ``False`` if over a limit."""
@@ -120,6 +132,16 @@ class Group:
         if pending:
             self.pending = []
             self.gen += 1
+            dropped = self.dropped
+            if dropped is not None:
+                self.dropped = None
+                errors = self.errors or {}
+                # (a keep-going batch's error pairs stand for their sub-request: kept)
+                pending = [
+                    pair
+                    for pair in pending
+                    if pair[0] not in dropped or errors.get(pair[0]) is pair[1]
+                ]
         return pending
 
     def record(self, state: RequestState) -> None:
@@ -136,21 +158,14 @@ class Group:
         elif self.error is None:
             self.error = error
 
-    def drop(self, indices: set[int]) -> None:
-        """Forget the waiting outputs of the sub-requests at ``indices`` (aborted ones).
-
-        The others' outputs stay waiting where they were, so each survivor's place
-        in the list is moved with it (not forgotten: its next output must still fold
-        into, or count against, what already waits).
-        """
-        pending, states = self.pending, self.states
-        if not pending:
-            return
-        kept = [pair for pair in pending if pair[0] not in indices]
-        if states:  # (() once every sub-request ended: nobody puts any more)
-            for pos, (index, _) in enumerate(kept):
-                states[index].pos = pos  # the last pair of each is its newest
-        self.pending = kept
+    def drop(self, index: int) -> None:
+        """Forget the waiting outputs of the sub-request at ``index`` (aborted), in
+        O(1): its pairs are left out at the next ``take`` (which costs what the list
+        holds anyway), so ending a batch of n costs O(n), not a rebuilt list per
+        sub-request, and the survivors' places in the list stay where they fold."""
+        if self.dropped is None:
+            self.dropped = set()
+        self.dropped.add(index)
 
     def split_up(self, states: Sequence[RequestState]) -> None:
         """Make each sub-request its own mailbox: from now on each state keeps its
@@ -167,20 +182,13 @@ class Group:
             state.npending = len(state.pending)
         self.split = True
 
-    def wake(self) -> None:
-        """Wake the batch's consumer, if it waits."""
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            wake(waiter)
 
-
-class RequestState:
+class RequestState(Mailbox):
     """One rid's table entry, and the mailbox of a single request."""
 
     __slots__ = (
         "acc",
-        "collect",
+        "collecting",
         "error",
         "first_at",
         "gen",
@@ -197,10 +205,10 @@ class RequestState:
         "rid",
         "sink",
         "timer",
-        "waiter",
     )
 
     def __init__(self, rid: str, index: int, group: Group | None, opened_at: float) -> None:
+        super().__init__()
         self.rid = rid
         self.index = index
         self.group = group
@@ -209,7 +217,6 @@ class RequestState:
         self.live = True
         self.pending: list[Any] = []
         self.error: TetherError | None = None
-        self.waiter: asyncio.Future[None] | None = None
         # Called instead of waking the waiter when an output arrives (Consumer.set_sink).
         self.sink: Callable[[list[Any]], bool] | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -223,7 +230,7 @@ class RequestState:
         self.nbytes = 0
         # collect mode (result() is waiting): the producer folds into acc and
         # wakes the consumer only when the request ends.
-        self.collect = False
+        self.collecting = False
         self.acc: Any = NOTHING
         # The client's own label (X-Request-Id), for logs and observers; never a key.
         self.request_id: str | None = None
@@ -231,13 +238,82 @@ class RequestState:
     def __repr__(self) -> str:
         return f"<RequestState {self.rid!r} live={self.live}>"
 
+    def arm(self, timer: asyncio.TimerHandle) -> None:
+        """The request's deadline, cancelled when it ends."""
+        self.timer = timer
+
+    def label(self, request_id: str | None) -> None:
+        """The client's own label for it (``X-Request-Id``), for logs and observers."""
+        self.request_id = request_id
+
+    def first_output(self, at: float) -> float:
+        """The first output arrived at ``at``; seconds since the request opened."""
+        self.first_at = at
+        return at - self.opened_at
+
+    def set_sink(self, sink: Callable[[list[Any]], bool] | None) -> None:
+        """Hand outputs to ``sink`` instead of waking the consumer (see ``set_sink``)."""
+        self.sink = sink
+
+    def collect(self, acc: Any) -> None:
+        """Collect mode (``result()`` waits): from now on outputs fold into ``acc``,
+        and only the end wakes the consumer."""
+        self.acc = acc
+        self.collecting = True
+
+    def uncollect(self) -> None:
+        """Leave collect mode early: what was folded waits again, as one output ahead
+        of anything newer, where this request's consumer reads."""
+        self.collecting = False
+        acc, self.acc = self.acc, NOTHING
+        if acc is NOTHING:
+            return
+        group = self.group
+        if group is not None and not group.split:
+            group.pending.append((self.index, acc))  # (in collect mode nothing else waits)
+        else:
+            self.pending.insert(0, acc)
+            self.npending += 1
+        self.wake()
+
+    def close(self, error: TetherError | None, *, drop: bool) -> None:
+        """The request ended (the table freed its entry): its deadline goes, its batch
+        counts it, and its consumer learns how, and is woken.
+
+        :param error: why it ended early, or ``None`` when it finished.
+        :param drop: forget its unread outputs (an abort); a failed request's stay
+            readable before its error.
+        """
+        self.live = False
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if error is not None:
+            self.error = error
+        if drop:
+            self.pending = []
+            self.nbytes = self.npending = 0
+        self.sink = None  # the end always wakes the consumer
+        group = self.group
+        if group is not None:
+            group.ended()
+            if drop and not group.split:
+                group.drop(self.index)
+            group.record(self)
+        self.wake()
+
     def put(self, output: Any, limits: Limits) -> bool:
         """Add one output for the consumer; ``False`` if that puts it over a limit.
 
-        In a batch not split up, it goes to the group's shared list. ``merge`` may
-        raise: the caller fails the request. (In collect mode the producer's
-        ``deliver`` folds into ``acc`` itself and does not call this.)
+        In collect mode it folds into ``acc`` instead (``merge``, or the newer one),
+        waking nobody. In a batch not split up, it goes to the group's shared list.
+        ``merge`` may raise: the caller fails the request.
         """
+        self.noutputs += 1
+        if self.collecting:  # result() waits: fold into it (fold(), inlined), wake nobody
+            merge, acc = limits.merge, self.acc
+            self.acc = output if merge is None or acc is NOTHING else merge(acc, output)
+            return True
         group = self.group
         if group is not None and not group.split:
             return group.put(self, output, limits)
@@ -260,7 +336,7 @@ class RequestState:
         sink = self.sink
         if sink is not None and self.sink_took(sink):
             return True
-        # self.wake(), inlined: this is the producer's per-output path.
+        # self.wake() (and the group's), inlined: this is the producer's per-output path.
         waiter = self.waiter
         if waiter is not None:
             self.waiter = None
@@ -316,38 +392,9 @@ class RequestState:
             self.nbytes = self.npending = 0
         return pending
 
-    def unfold(self, acc: Any) -> None:
-        """A folded result (collect mode left early) waits again, as one output ahead
-        of anything newer, where this request's consumer reads."""
-        group = self.group
-        if group is not None and not group.split:
-            group.pending.append((self.index, acc))  # (in collect mode nothing else waits)
-        else:
-            self.pending.insert(0, acc)
-            self.npending += 1
-        self.wake()
-
-    def end(self, error: TetherError | None, *, drop: bool = False) -> None:
-        """The request ended (the table freed it): record how, and wake the consumer.
-
-        :param error: why it ended early, or ``None`` when it finished.
-        :param drop: forget its unread outputs (an abort); a failed request's stay
-            readable before its error.
-        """
-        if error is not None:
-            self.error = error
-        if drop:
-            self.pending = []
-            self.nbytes = self.npending = 0
-        self.sink = None  # the end always wakes the consumer
-        self.wake()
-
     def wake(self) -> None:
         """Wake whoever reads this request: its own waiter and, in a batch, the batch's."""
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            wake(waiter)
+        super().wake()
         group = self.group
         if group is not None:
             group.wake()

@@ -72,20 +72,15 @@ class Stream(Consumer):
         :returns: the result, or ``None`` if the request finished with no output.
         :raises ProducerError: the producer failed the request.
         :raises Aborted: the request was aborted.
+        :raises ConcurrentRead: another task is reading this stream (nothing changes
+            for that task).
         """
+        self._claim()
         if self._box is None:
             self._first_read()
         state = self._state
         unread = (self._take_buffered() or EMPTY) + state.take()
-        self._collect([(0, output) for output in unread], (state,))
-        waited = False
-        try:
-            while state.live and not self._closed:
-                await self.wait_ready()
-            waited = True
-        finally:
-            if not waited:  # cancelled (or refused): what was folded stays readable
-                self._uncollect((state,))
+        await self._collect_result(state, [(0, output) for output in unread])
         if state.error is not None:
             raise state.error.with_traceback(None)
         return None if state.acc is NOTHING else state.acc

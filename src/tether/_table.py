@@ -1,13 +1,14 @@
 """The table ``rid -> state`` and the one path by which a request ends.
 
 :class:`Table` is what :class:`~tether.Registry` stands in front of: it admits
-requests, hands out fresh ids, and ends them. Every end goes through
-:meth:`Table.finish` (the producer's last output) or :meth:`Table.end` (an error:
-the producer's failure, a server abort, a consumer closing early), which free the
-entry, count the end once, tell the observers, record it in the mailbox and wake
-the consumer; and decide, in one place, whether the producer is told through ``on_abort``. The
-batch rule lives here too: a sub-request that fails on its own ends its batch,
-unless the batch keeps going.
+requests, hands out fresh ids, and ends them. Every request ends through one
+method, :meth:`Table.end`, given an :class:`End` (finished, failed, or aborted
+with a reason, and how far it reaches in a batch): it frees the entry, counts the
+end once, closes the mailbox (which records it and wakes the consumer), tells the
+observers, applies the batch rule and decides whether the producer hears of it
+through ``on_abort``. Everything else that ends requests (the producer's last
+output, a failure, a deadline, a slow consumer, a raising ``merge``, a finaliser,
+shutdown) is a caller of it that says which :class:`End`.
 
 ``on_abort`` is called at once, except when the table is entered from the
 producer's own call (``deliver``/``fail``) or from a garbage collector's
@@ -29,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from types import MappingProxyType
 from typing import Final
 
+from ._end import ALONE, SIBLINGS, WHOLE, End, failed_sibling, wrong_loop
 from ._errors import (
     Aborted,
     AbortReason,
@@ -38,7 +40,7 @@ from ._errors import (
     ProducerError,
     RegistryClosed,
     RequestTimeout,
-    TetherError,
+    WrongLoop,
 )
 from ._limits import Limits
 from ._notify import Notifier
@@ -69,7 +71,6 @@ class Table:
         "_finished",
         "_idle",
         "_ids",
-        "_loop",
         "_notifier",
         "_opened",
         "_prefix",
@@ -79,6 +80,7 @@ class Table:
         "entries",
         "late",
         "limits",
+        "loop",
         "max_in_flight",
         "observers",
         "ttfo",
@@ -97,7 +99,8 @@ class Table:
         self.limits = limits
         self.closed = False
         self._notifier = Notifier(on_abort, abort_timeout)
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The loop requests are opened on (consumers check it on their hot path)."""
         self._thread: int | None = None
         self._idle: asyncio.Event | None = None
         self._prefix = os.urandom(4).hex()
@@ -124,9 +127,23 @@ class Table:
             raise InvalidRequest(
                 f"timeout must be a positive number of seconds or None, got {timeout}"
             )
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:
-            self._loop = loop
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise WrongLoop(
+                "Registry.open() runs on the server's event loop, and no loop runs in "
+                f"thread {threading.current_thread().name!r} (a sync FastAPI dependency "
+                "runs in a thread pool: make it 'async def'); from another thread, open "
+                "on the loop (asyncio.run_coroutine_threadsafe) and deliver with "
+                "deliver_threadsafe()"
+            ) from None
+        if loop is not self.loop:
+            if self.entries:
+                raise WrongLoop(
+                    "this registry's requests run on another event loop: open them on "
+                    "that loop, or give each event loop its own Registry"
+                )
+            self.loop = loop
             self._thread = threading.get_ident()
         if self.closed:
             raise RegistryClosed()
@@ -155,133 +172,152 @@ class Table:
     def require_loop(self) -> asyncio.AbstractEventLoop:
         """The loop requests were opened on, for hand-overs from other threads.
 
-        :raises RuntimeError: no request was opened yet.
+        :raises WrongLoop: no request was opened yet, or that loop is closed.
         """
-        loop = self._loop
+        loop = self.loop
         if loop is None:
-            raise RuntimeError(
-                "no request was opened on this registry yet: no loop to hand over to"
-            )
+            raise WrongLoop("no request was opened on this registry yet: no loop to hand over to")
+        if loop.is_closed():
+            raise WrongLoop("the event loop this registry's requests ran on is closed")
         return loop
+
+    def own_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, checked to be the one requests are opened on (a consumer
+        parks on a future that the producer resolves on that loop).
+
+        :raises WrongLoop: running on another loop.
+        """
+        loop = asyncio.get_running_loop()
+        if loop is not self.loop:
+            raise wrong_loop()
+        return loop
+
+    def check_thread(self, what: str) -> None:
+        """Refuse a call that changes the table from another thread than the loop's.
+
+        :raises WrongLoop: called from another thread.
+        """
+        thread = self._thread
+        if thread is not None and thread != threading.get_ident():
+            raise WrongLoop(
+                f"{what} was called from thread {threading.current_thread().name!r}, not "
+                "the thread of the registry's event loop: use the *_threadsafe methods "
+                "(or loop.call_soon_threadsafe)"
+            )
 
     # -- the end of a request ---------------------------------------------------------
 
-    def finish(self, state: RequestState) -> None:
-        """The producer delivered ``state``'s last output."""
-        self._finished += 1
-        self._release(state, None, None)
-        state.end(None)
+    def end(self, states: Iterable[RequestState], how: End, *, defer: bool = False) -> bool:
+        """End what is live of ``states`` as ``how`` says: the one path by which every
+        request ends.
 
-    def end(self, state: RequestState, error: TetherError, *, tell: bool, defer: bool) -> None:
-        """End one live request with ``error``, decided for it alone (the producer
-        failed it, the server aborted it, its last output overflowed a slow consumer).
+        Each one's entry is freed, its end counted once (finished, failed, or aborted
+        under a reason), its mailbox closed (its consumer learns how and is woken) and
+        the observers told. The batch rule is applied here, by ``how.reach``: a
+        failure decided for one sub-request (``SIBLINGS``) aborts its live siblings,
+        unless the batch keeps going, each with :func:`failed_sibling`; a consumer's
+        abort (``WHOLE``) ends a batch read whole (or not yet read) with it; ``ALONE``
+        ends only ``states``. Last, ``on_abort`` is called for every rid ended that the
+        producer does not know of (``how.tell``; the requests an end pulls in always
+        are), at once or, with ``defer`` (entered from the producer's own call or a
+        finaliser), soon on the loop.
 
-        :param tell: call ``on_abort`` for it (not when the producer already knows).
-        :param defer: run ``on_abort`` soon, not now (entered from the producer).
-
-        In a batch that does not keep going, the other sub-requests are aborted with
-        the same error (reason ``failed_sibling``), and the producer is told of each.
+        :returns: whether any of ``states`` was live.
         """
-        reason = error.reason if isinstance(error, Aborted) else None
-        ended = self._close((state,), error, reason)
-        siblings: list[str] = []
-        group = state.group
-        if group is not None and not group.keep_going:
-            live = [sibling for sibling in group.states if sibling.live]
-            siblings = self._close(live, error, AbortReason.FAILED_SIBLING)
+        live = [state for state in states if state.live]
+        if not live:
+            return False
+        error, reason = how.error, how.reason
+        group = live[0].group
+        others: list[RequestState] = []
+        if group is not None and how.reach is WHOLE and not group.split:
+            if error is not None:
+                group.fail_whole(error)  # reading the batch raises it
+            chosen = set(map(id, live))
+            others = [state for state in group.states if state.live and id(state) not in chosen]
+        told: list[str] = []
+        entries, observers, total = self.entries, self.observers, self._total
+        for pulled_in, batch in ((False, live), (True, others)):
+            for state in batch:
+                if not state.live:
+                    continue  # ended meanwhile (an observer or a finaliser re-entered)
+                if reason is not None:
+                    self._aborted[reason] += 1
+                elif error is not None:
+                    self._failed += 1
+                else:
+                    self._finished += 1
+                if entries.get(state.rid) is state:
+                    del entries[state.rid]
+                state.close(error, drop=reason is not None)
+                if how.tell or pulled_in:
+                    told.append(state.rid)
+                total.append(observe_end(observers, state, error, reason, now() - state.opened_at))
+        if how.reach is SIBLINGS and group is not None and not group.keep_going:
+            failed = live[0].rid
+            for sibling in [sibling for sibling in group.states if sibling.live]:
+                assert error is not None  # (a finish reaches no sibling)
+                self.end((sibling,), End(failed_sibling(sibling.rid, failed, error)), defer=defer)
+        if self._idle is not None and not entries:
+            self._idle.set()
         # Told only once the table is consistent again: on_abort may re-enter it.
-        self._tell(ended if tell else [], defer)
-        self._tell(siblings, defer)
+        self._notifier.tell(told, self.loop if defer else None)
+        return True
 
-    def end_rid(self, rid: str, error: TetherError, *, tell: bool, defer: bool) -> bool:
-        """:meth:`end` the request ``rid`` if it is live; else count a late call.
-
-        :returns: whether it was live.
-        """
+    def end_rid(self, rid: str, how: End, *, defer: bool) -> bool:
+        """:meth:`end` the request ``rid`` if it is live; else count a late call."""
         state = self.entries.get(rid)
         if state is None:
             self.late += 1
             return False
-        self.end(state, error, tell=tell, defer=defer)
-        return True
-
-    def abort(self, states: Sequence[RequestState], error: Aborted, *, defer: bool) -> bool:
-        """Abort what is live of one consumer's ``states``, telling the producer of each.
-
-        A batch read whole is aborted whole; a split batch's sub-stream only itself.
-
-        :returns: whether anything was live.
-        """
-        told = self._abort_live(states, error)
-        self._tell(told, defer)
-        return bool(told)
-
-    def _abort_live(self, states: Sequence[RequestState], error: Aborted) -> list[str]:
-        """End the live ones of one consumer's ``states`` (a batch read whole: all of
-        it, and reading it raises ``error``); the rids ended, for :meth:`_tell`."""
-        live = [state for state in states if state.live]
-        if not live:
-            return []
-        group = live[0].group
-        if group is not None and not group.split:
-            live = [state for state in group.states if state.live]
-            group.error = error
-        return self._close(live, error, error.reason)
+        return self.end((state,), how, defer=defer)
 
     def too_slow(self, state: RequestState, finished: bool) -> None:
-        """``state``'s backlog went over a limit (called from inside ``deliver``)."""
+        """``state``'s backlog went over a limit (called from inside ``deliver``): it
+        ends, or its whole batch if read whole; a finished request's producer has
+        forgotten it, so only the others are reported to ``on_abort``."""
         limits = self.limits
         max_bytes = limits.max_bytes if state.over_bytes(limits) else None
         error = ConsumerTooSlow(state.rid, limits.max_pending, max_bytes=max_bytes)
-        # The consumer is too slow: its request ends, or its whole batch if read whole.
-        # A finished request's producer has forgotten it: no abort to report for it.
-        told = self._abort_live((state,), error)
-        if finished:
-            told.remove(state.rid)
-        self._tell(told, defer=True)
+        self.end((state,), End(error, WHOLE, tell=not finished), defer=True)
 
     def merge_failed(self, state: RequestState, exc: Exception, finished: bool) -> None:
-        """``merge()`` raised while delivering to ``state``: fail that request alone.
-
-        The producer did not fail it and does not know, so unless that was its last
-        output, ``on_abort`` tells it to stop.
-        """
-        if not state.live:
-            return
-        logger.error(
-            "merge() raised for request %r; the request fails, the producer goes on",
-            state.rid,
-            exc_info=exc,
-        )
-        self.end(state, ProducerError(state.rid, exc), tell=not finished, defer=True)
+        """``merge()`` raised while delivering to ``state``: fail that request alone;
+        unless that was its last output, ``on_abort`` tells the producer to stop."""
+        if state.live:
+            logger.error(
+                "merge() raised for request %r; the request fails, the producer goes on",
+                state.rid,
+                exc_info=exc,
+            )
+        failure = End(ProducerError(state.rid, exc), SIBLINGS, tell=not finished)
+        self.end((state,), failure, defer=True)
 
     def fail_all(self, exc: BaseException) -> int:
         """Fail every live request with its own :class:`~tether.ProducerError`."""
-        live = [state for state in self.entries.values() if state.live]
-        return sum(
-            len(self._close((state,), ProducerError(state.rid, exc), None)) for state in live
-        )
+        live = list(self.entries.values())
+        return sum(self.end((s,), End(ProducerError(s.rid, exc), tell=False)) for s in live)
 
     def expire(self, states: tuple[RequestState, ...], timeout: float) -> None:
-        """A deadline passed (a timer callback)."""
+        """A deadline passed (a timer callback): what is live of ``states`` ends."""
         live = [state for state in states if state.live]
         if live:
-            self.abort(live, RequestTimeout(live[0].rid, timeout), defer=False)
+            self.end(live, End(RequestTimeout(live[0].rid, timeout), WHOLE))
 
     def abort_from_gc(self, states: Sequence[RequestState]) -> None:
         """Abort the states of a consumer that was dropped without being closed
         (called from ``__del__``, maybe on another thread, maybe with the loop gone)."""
-        error = Aborted(states[0].rid, AbortReason.CANCELLED)
-        loop = self._loop
+        how = End(Aborted(states[0].rid, AbortReason.CANCELLED), WHOLE)
+        loop = self.loop
         if self._thread == threading.get_ident() and loop is not None and not loop.is_closed():
-            self.abort(states, error, defer=True)
+            self.end(states, how, defer=True)
             return
         try:
             self.require_loop().call_soon_threadsafe(
-                functools.partial(self.abort, states, error, defer=True)
+                functools.partial(self.end, states, how, defer=True)
             )
         except RuntimeError:  # the loop is gone: free the entries, nobody is listening
-            self._close(states, error, AbortReason.CANCELLED)
+            self.end(states, End(how.error, WHOLE, tell=False))
 
     async def close(self, drain_timeout: float) -> None:
         """Stop admitting; wait up to ``drain_timeout`` for the table to empty; abort
@@ -300,70 +336,16 @@ class Table:
                 if not self.entries:
                     self._idle = None
         for state in list(self.entries.values()):
-            if state.live:
-                error = Aborted(state.rid, AbortReason.SERVER, "the server is shutting down")
-                group = state.group
-                if group is not None and group.keep_going:  # each ends in its own place
-                    self._tell(self._close((state,), error, AbortReason.SERVER), defer=False)
-                else:
-                    self.abort(group.states if group is not None else (state,), error, defer=False)
+            group = state.group  # (a keep-going batch's sub-requests each end in its place)
+            reach = ALONE if group is not None and group.keep_going else WHOLE
+            error = Aborted(state.rid, AbortReason.SERVER, "the server is shutting down")
+            self.end((state,), End(error, reach))
         await self._notifier.wait()
-
-    def _close(
-        self, states: Iterable[RequestState], error: TetherError, reason: AbortReason | None
-    ) -> list[str]:
-        """Free, count and end each of ``states`` still live with ``error``: aborted
-        under ``reason`` (their unread outputs dropped), or failed when ``reason`` is
-        None (what they delivered before stays readable). Calls nobody's code: the
-        rids it ended are returned, for :meth:`_tell` once the table is consistent."""
-        aborted = reason is not None
-        ended: list[str] = []
-        for state in states:
-            if not state.live:
-                continue  # ended meanwhile
-            ended.append(state.rid)
-            if reason is None:
-                self._failed += 1
-            else:
-                self._aborted[reason] += 1
-            self._release(state, error, reason)
-            state.end(error, drop=aborted)
-            group = state.group
-            if group is not None:
-                if aborted and not group.split:
-                    group.drop({state.index})
-                group.record(state)
-        return ended
-
-    def _release(self, state: RequestState, error: TetherError | None, why: str | None) -> None:
-        state.live = False
-        if self.entries.get(state.rid) is state:
-            del self.entries[state.rid]
-        self._total.append(observe_end(self.observers, state, error, why, now() - state.opened_at))
-        if state.timer is not None:
-            state.timer.cancel()
-            state.timer = None
-        group = state.group
-        if group is not None:
-            group.remaining -= 1
-            if group.remaining == 0:
-                group.live = False
-                # Break the group <-> states cycle: a finished batch is freed by
-                # reference counting, not left to the cyclic garbage collector.
-                group.states = ()
-                if group.timer is not None:
-                    group.timer.cancel()
-                    group.timer = None
-        if self._idle is not None and not self.entries:
-            self._idle.set()
 
     def taken(self, rid: str) -> bool:
         """Whether ``rid`` cannot be opened now: live, or freed but not yet reported to
         ``on_abort`` (see :class:`~tether._notify.Notifier`)."""
         return rid in self.entries or self._notifier.holds(rid)
-
-    def _tell(self, rids: list[str], defer: bool) -> None:
-        self._notifier.tell(rids, self._loop if defer else None)
 
     # -- figures ------------------------------------------------------------------------
 

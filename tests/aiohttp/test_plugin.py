@@ -24,7 +24,14 @@ NOT_SET_UP = r"call tether_aiohttp\.setup\(app, \.\.\.\) first"
 
 
 def test_exports_only_the_entry_points_in_a_sorted_all() -> None:
-    assert tether_aiohttp.__all__ == ["REGISTRY_KEY", "get_registry", "respond", "resume", "setup"]
+    assert tether_aiohttp.__all__ == [
+        "REGISTRY_KEY",
+        "get_registry",
+        "json_errors",
+        "respond",
+        "resume",
+        "setup",
+    ]
 
 
 @pytest.mark.parametrize("same_registry", [True, False], ids=["same-registry", "two-registries"])

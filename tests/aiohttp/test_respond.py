@@ -74,8 +74,8 @@ async def test_batch_streaming_response_tags_each_output_with_its_index(
         events = sse_events(await response.read())
     assert response.status == 200
     assert sorted(events[:-1], key=lambda event: event["index"]) == [
-        {"index": 0, "text": "0.0"},
-        {"index": 1, "text": "1.0"},
+        {"index": 0, "output": {"text": "0.0"}},
+        {"index": 1, "output": {"text": "1.0"}},
     ]
     assert events[-1] == "[DONE]"
 

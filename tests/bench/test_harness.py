@@ -1,8 +1,9 @@
 """Keeps the HTTP benchmark harness from rotting: short load runs against the
-baseline servers, the limit servers' bytes against the hand-off's, the report's
-target checks, the profile's arithmetic, and the README rewrite that must leave
-other sections alone. No benchmark numbers are checked here, only that the
-harness measures something sane."""
+baseline servers, every server's bytes against the others' for each producer shape
+and serializer, a quick run of the whole matrix, the report's target checks, the
+profile's arithmetic, the charts, and the README rewrite that must leave other
+sections alone. No benchmark numbers are checked here, only that the harness
+measures something sane."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from typing import Any
 import httpx
 import pytest
 
-from bench import json_path, processes, profiling, report, stream_path
+from bench import charts, json_path, matrix, processes, profiling, report, stream_path
+from bench.servers.handoff import SERIALIZERS
+from bench.servers.producer import SHAPES
 
 
-@pytest.mark.parametrize("variant", ["raw", "limit"], ids=["hand-off", "no-hand-off-limit"])
+@pytest.mark.parametrize("variant", ["raw", "limit"])
 def test_load_client_streams_every_event_from_a_baseline_server(variant: str) -> None:
     with processes.server("aiohttp", variant) as (pid, base):
         result = processes.client(
@@ -35,69 +38,133 @@ def test_load_client_streams_every_event_from_a_baseline_server(variant: str) ->
 
 
 @pytest.mark.parametrize("framework", processes.FRAMEWORKS)
-def test_limit_server_sends_byte_for_byte_what_the_hand_off_server_sends(framework: str) -> None:
-    bodies: dict[str, list[bytes]] = {}
-    for variant in ("raw", "limit"):
-        with processes.server(framework, variant) as (_, base), httpx.Client(timeout=10) as http:
-            answers = [http.get(f"{base}{path}") for path in ("/stream?n=5", "/json?n=5")]
-        assert [answer.status_code for answer in answers] == [200, 200]
-        bodies[variant] = [answer.content for answer in answers]
-    assert bodies["limit"] == bodies["raw"]
-    assert bodies["limit"][0].count(b"data: {") == 5
+def test_every_server_sends_the_same_bytes_for_each_producer_shape_and_serializer(
+    framework: str,
+) -> None:
+    bodies: dict[tuple[str, str, str], list[bytes]] = {}
+    for variant in ("handoff", "tether", "raw", "limit"):
+        configurable = variant in ("handoff", "tether")
+        queries = [
+            (shape, name)
+            for shape in (SHAPES if configurable else ("step",))
+            for name in (SERIALIZERS if configurable else ("orjson",))
+        ]
+        with (
+            processes.server(framework, variant, "--loop", "uvloop") as (_, base),
+            httpx.Client(timeout=10) as http,
+        ):
+            for shape, name in queries:
+                query = f"n=5&shape={shape}&json={name}"
+                answers = [http.get(f"{base}/{path}?{query}") for path in ("stream", "json")]
+                assert [answer.status_code for answer in answers] == [200, 200]
+                bodies[(variant, shape, name)] = [answer.content for answer in answers]
+    for (_, shape, name), body in bodies.items():
+        assert body == bodies[("handoff", "step", name)], (shape, name)
+    stdlib, fast = bodies[("tether", "task", "stdlib")], bodies[("tether", "task", "orjson")]
+    assert stdlib != fast  # the serializer really is the one asked for
+    assert fast[0].count(b"data: {") == 5
+    assert fast[0].endswith(b"data: [DONE]\n\n")
 
 
-def _runs(**fields: float) -> list[dict[str, Any]]:
-    return [{"requests_per_s": 1.0, "ttfe_p50_ms": 1.0, "ttfe_p99_ms": 2.0, **fields}]
-
-
-def _rendered(stream: dict[str, list[dict[str, Any]]]) -> tuple[str, list[str]]:
-    out: dict[str, Any] = {
-        "stream": stream,
-        "json": {},
-        "batch": {},
-        "disconnect": {},
-        "memory": {},
-        "meta": {
-            "date": "today",
-            "command": "python -m bench.run",
-            "seconds": 1.0,
-            "cpu": "cpu",
-            "python": "3.11",
-            "load": 0.0,
-            "versions": {},
-            "profile": {"reps": 1, "duration": 1.0, "tries": 1},
-        },
+def test_quick_matrix_measures_both_sides_of_every_cell() -> None:
+    out = matrix.run(matrix.QUICK)
+    concurrency = matrix.QUICK.concurrency
+    assert set(out["stream"]) == {
+        f"{framework}/{shape}/{name}/{conc}"
+        for framework in processes.FRAMEWORKS
+        for shape in SHAPES
+        for name in SERIALIZERS
+        for conc in concurrency
     }
-    text = report.render(out)
-    misses = [line for line in text.splitlines() if line.startswith("- streaming")]
-    return text, misses
+    assert set(out["json"]) == {
+        f"{framework}/step/orjson/{conc}"
+        for framework in processes.FRAMEWORKS
+        for conc in concurrency
+    }
+    for section in ("stream", "json"):
+        for sides in out[section].values():
+            assert set(sides) == {"handoff", "tether"}
+            for runs in sides.values():
+                (result,) = runs
+                assert result["requests"] > 0
+                assert result["bad_responses"] == 0
+                assert result["server_cpu_share"] > 0
+    assert all(runs["limit"][0]["requests"] > 0 for runs in out["limit"].values())
 
 
-def test_streaming_report_holds_tether_to_the_hand_off_and_to_the_limit() -> None:
-    text, misses = _rendered(
-        {
-            "starlette/raw/64": _runs(events_per_s=100.0, server_cpu_us_per_event=10.0),
-            "starlette/limit/64": _runs(events_per_s=200.0, server_cpu_us_per_event=5.0),
-            "starlette/tether/64": _runs(events_per_s=150.0, server_cpu_us_per_event=8.0),
-        }
+def _matrix_out(stream: dict[str, Any], json_cells: dict[str, Any]) -> dict[str, Any]:
+    meta = {
+        "date": "today",
+        "command": "python -m bench.matrix",
+        "seconds": 1.0,
+        "cpu": "cpu",
+        "python": "3.11",
+        "load": 0.0,
+        "load_start": 0.0,
+        "versions": {},
+        "plan": {"reps": 2},
+    }
+    return {"stream": stream, "json": json_cells, "limit": {}, "meta": meta}
+
+
+def _sides(rate: str, cpu: str, pairs: list[tuple[float, float, float, float]]) -> Any:
+    """Repetitions of ``(hand-off rate, hand-off CPU, tether rate, tether CPU)``."""
+    return {
+        "handoff": [{rate: a, cpu: b, "bad_responses": 0} for a, b, _, _ in pairs],
+        "tether": [{rate: c, cpu: d, "bad_responses": 0} for _, _, c, d in pairs],
+    }
+
+
+def test_matrix_headline_pairs_repetitions_and_marks_each_missed_target() -> None:
+    rate, cpu = "events_per_s", "server_cpu_us_per_event"
+    stream = {
+        # pairs 1.2x / 0.85x and 1.4x / 0.5x: medians 1.3x and 0.675x, both met
+        "aiohttp/step/orjson/64": _sides(rate, cpu, [(100, 10, 120, 8.5), (100, 10, 140, 5)]),
+        # events/s 1.1x and CPU 0.9x: both missed
+        "aiohttp/task/orjson/64": _sides(rate, cpu, [(100, 10, 110, 9), (200, 10, 220, 9)]),
+    }
+    json_cells = {
+        "aiohttp/step/orjson/64": _sides(
+            "requests_per_s", "server_cpu_us_per_request", [(100, 50, 90, 60), (100, 50, 80, 60)]
+        )
+    }
+    headline, detail = matrix.render(_matrix_out(stream, json_cells))
+    lines = headline.splitlines()
+    assert "| aiohttp | engine step (`deliver_many`) | orjson | 1.30 / 0.68 |" in lines
+    assert "| aiohttp | task per request | orjson | **1.10** ✗ / **0.90** ✗ |" in lines
+    assert "| aiohttp | JSON body, engine step | orjson | **0.85** ✗ / 1.20 |" in lines
+    assert "2 of 5 targets met." in headline
+    assert (
+        "| aiohttp | step | orjson | 64 | 100 / 130 | 10.0 / 6.8 | 1.30 / 0.68 |"
+        in detail.splitlines()
     )
-    row = next(line for line in text.splitlines() if line.startswith("| starlette | 64 | 100"))
-    assert "| **1.50** | met | **0.75** | **missed** | 10.0 / 5.0 / 8.0 | **1.60** |" in row
-    assert misses == [
-        "- streaming / limit, starlette, 64 clients: **0.75** (target ≥ 0.8)",
-        "- streaming CPU/event / limit's, starlette, 64 clients: **1.60** (target ≤ 1.25)",
-    ]
 
 
-def test_streaming_report_meets_targets_at_their_bounds() -> None:
-    _, misses = _rendered(
-        {
-            "aiohttp/raw/1": _runs(events_per_s=100.0, server_cpu_us_per_event=4.0),
-            "aiohttp/limit/1": _runs(events_per_s=125.0, server_cpu_us_per_event=4.0),
-            "aiohttp/tether/1": _runs(events_per_s=100.0, server_cpu_us_per_event=5.0),
-        }
-    )
-    assert misses == []
+def test_charts_draw_a_bar_per_side_and_concurrency_from_the_kept_results(tmp_path: Path) -> None:
+    rate, cpu = "events_per_s", "server_cpu_us_per_event"
+    stream = {
+        f"starlette/{shape}/orjson/{conc}": _sides(rate, cpu, [(100, 10, 130, 8)])
+        for shape in SHAPES
+        for conc in (1, 64)
+    }
+    out = _matrix_out(stream, {})
+    out["limit"] = {"starlette/1": {"limit": [{rate: 200.0, cpu: 5.0}]}}
+    (tmp_path / "matrix.json").write_text(json.dumps(out))
+    into = tmp_path / "charts"
+    assert charts.main(["--results", str(tmp_path), "--into", str(into)]) == 0
+    svg = (into / "streaming-events.svg").read_text()
+    assert svg.startswith("<svg")
+    assert svg.rstrip().endswith("</svg>")
+    # 3 shapes x 2 sides x 2 concurrencies, and the limit at C = 1 only
+    assert svg.count("<title>") == 13
+    assert "<title>tether, thread, C = 64: 130.0 events/s</title>" in svg
+    assert "<title>limit, C = 1: 200.0 events/s</title>" in svg
+    assert not (into / "core.svg").exists()  # no core results: skipped, not faked
+
+
+def test_chart_ticks_are_round_and_cover_the_highest_bar() -> None:
+    assert charts.nice_ticks(123_000) == [0, 25_000, 50_000, 75_000, 100_000, 125_000]
+    assert charts.nice_ticks(9.3) == [0, 2, 4, 6, 8, 10]
 
 
 def test_profile_charges_own_time_to_the_innermost_frame_and_layers_once_per_sample() -> None:
@@ -130,15 +197,16 @@ def test_profile_tables_put_tethers_top_functions_beside_the_same_in_the_baselin
 
     write = ("write", "asyncio")
     runs = {
-        "starlette/stream/tether": run(10.0, [(*write, 0.5), ("wait", "tether core", 0.5)]),
-        "starlette/stream/raw": run(8.0, [(*write, 1.0)]),
-        "starlette/stream/limit": run(4.0, [(*write, 1.0)]),
+        "starlette/step/tether": run(10.0, [(*write, 0.5), ("wait", "tether core", 0.5)]),
+        "starlette/step/handoff": run(8.0, [(*write, 1.0)]),
     }
     meta = {"date": "today", "command": "c", "window": 5.0, "load": 0.0}
     lines = profiling.render(runs, meta).splitlines()
-    assert "| `write` | asyncio | 5.0 (50.0%) | 8.0 (100.0%) | 4.0 (100.0%) |" in lines
-    assert "| `wait` | tether core | 5.0 (50.0%) | - | - |" in lines
-    assert "| tether core | 5.0 (50%) | 0.0 (0%) | 0.0 (0%) |" in lines
+    assert "#### starlette, streaming from an engine step (`deliver_many`)" in lines
+    assert "| function | area | tether | hand-off |" in lines
+    assert "| `write` | asyncio | 5.0 (50.0%) | 8.0 (100.0%) |" in lines
+    assert "| `wait` | tether core | 5.0 (50.0%) | - |" in lines
+    assert "| tether core | 5.0 (50%) | 0.0 (0%) |" in lines
     assert not any(line.startswith("#### aiohttp") for line in lines)
 
 

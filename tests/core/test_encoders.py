@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import enum
+import functools
 import json
 import subprocess
 import sys
+import uuid
+from typing import Final
 
 import orjson
 import pydantic
@@ -13,7 +18,7 @@ import pytest
 
 import tether
 import tether.http
-from tether._encoders import _stdlib_dumps, default_dumps
+from tether._encoders import default_dumps, stdlib_dumps
 
 
 def test_sse_frames_outputs_terminal_and_ping() -> None:
@@ -44,15 +49,30 @@ def test_ndjson_frames_one_value_per_line_without_terminal() -> None:
 
 
 @pytest.mark.parametrize("encoder", [tether.SSE(), tether.NDJSON()], ids=["sse", "ndjson"])
-def test_batch_outputs_are_tagged_with_their_index(encoder: tether.Encoder) -> None:
+def test_batch_outputs_are_written_in_an_envelope_with_their_index(
+    encoder: tether.Encoder,
+) -> None:
     data = encoder.encode_indexed([(0, {"text": "a"}), (1, "b")])
     lines = [line for line in data.split(b"\n") if line]
     values = [json.loads(line.removeprefix(b"data: ")) for line in lines]
-    assert values == [{"index": 0, "text": "a"}, {"index": 1, "output": "b"}]
-    assert list(values[0]) == ["index", "text"]  # the index comes first
+    assert values == [{"index": 0, "output": {"text": "a"}}, {"index": 1, "output": "b"}]
+    assert list(values[0]) == ["index", "output"]  # the index comes first
 
 
-@pytest.mark.parametrize("dumps", [_stdlib_dumps, orjson.dumps], ids=["stdlib", "orjson"])
+@pytest.mark.parametrize("encoder", [tether.SSE(), tether.NDJSON()], ids=["sse", "ndjson"])
+def test_an_output_of_its_own_index_never_overwrites_the_batch_index(
+    encoder: tether.Encoder,
+) -> None:
+    """OpenAI-style choices carry their own "index": the sub-request's is the batch's."""
+    pairs = [(0, {"index": 0, "text": "a"}), (1, {"index": 0, "text": "b"})]
+    for data in (encoder.encode_indexed(pairs), encoder.shaped(lambda o: o).encode_indexed(pairs)):
+        lines = [line for line in data.split(b"\n") if line]
+        values = [json.loads(line.removeprefix(b"data: ")) for line in lines]
+        assert [value["index"] for value in values] == [0, 1]
+        assert [value["output"] for value in values] == [output for _, output in pairs]
+
+
+@pytest.mark.parametrize("dumps", [stdlib_dumps, orjson.dumps], ids=["stdlib", "orjson"])
 def test_both_serialisers_write_compact_utf8_json(dumps: tether.types.Dumps) -> None:
     value = {"text": "héllo ✓", "n": [1, 2]}
     encoded = dumps(value)
@@ -61,7 +81,9 @@ def test_both_serialisers_write_compact_utf8_json(dumps: tether.types.Dumps) -> 
 
 
 def test_orjson_is_the_default_when_installed() -> None:
-    assert getattr(default_dumps, "func", None) is orjson.dumps
+    # The one spelling that tells them apart: orjson writes 1e-7, the stdlib 1e-07.
+    assert default_dumps([1e-7]) == orjson.dumps([1e-7]) == b"[1e-7]"
+    assert stdlib_dumps([1e-7]) == b"[1e-07]"
 
 
 class Point(pydantic.BaseModel):
@@ -69,13 +91,115 @@ class Point(pydantic.BaseModel):
     at: datetime.date
 
 
-@pytest.mark.parametrize("dumps", [_stdlib_dumps, default_dumps], ids=["stdlib", "orjson"])
+class Colour(enum.Enum):
+    RED = "red"
+
+
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
+@dataclasses.dataclass
+class Inner:
+    when: datetime.date
+    _private: str = "never written"
+
+
+@dataclasses.dataclass
+class Outer:
+    name: str
+    inner: Inner
+    tags: tuple[str, ...]
+
+
+_UTC = datetime.UTC
+_ZONE = datetime.timezone(datetime.timedelta(hours=5, minutes=30))
+
+ENCODED: Final = [
+    pytest.param({"text": "héllo ✓ 😀", "n": [1, 2]}, id="non-ascii"),
+    pytest.param([None, True, False, 0, -1, 2**63 - 1, -(2**63)], id="scalars"),
+    pytest.param([0.1, 1.5, -2.25, 1e16, 12345.678], id="floats"),
+    pytest.param([float("nan"), float("inf"), -float("inf")], id="non-finite-floats-as-null"),
+    pytest.param({"x": float("nan")}, id="nan-in-a-dict"),
+    pytest.param(2**64, id="int-past-64-bits"),
+    pytest.param({1: "a", 2: "b"}, id="int-keys"),
+    pytest.param(("a", ("b",)), id="tuples-as-lists"),
+    pytest.param(datetime.datetime(2026, 12, 1, 20, 32, 4), id="naive-datetime"),
+    pytest.param(datetime.datetime(2026, 12, 1, 20, 32, 4, 123456, tzinfo=_UTC), id="utc-datetime"),
+    pytest.param(datetime.datetime(2026, 12, 1, 20, 32, tzinfo=_ZONE), id="zoned-datetime"),
+    pytest.param(datetime.date(2026, 12, 1), id="date"),
+    pytest.param(datetime.time(20, 32, 4, 5), id="time"),
+    pytest.param(datetime.time(20, 32, tzinfo=_UTC), id="zoned-time"),
+    pytest.param(uuid.UUID("12345678-1234-5678-1234-567812345678"), id="uuid"),
+    pytest.param([Colour.RED, Level.HIGH], id="enums-as-values"),
+    pytest.param(Outer("o", Inner(datetime.date(2026, 1, 2)), ("t",)), id="nested-dataclasses"),
+    pytest.param({"points": [Point(x=1, at=datetime.date(2026, 12, 1))]}, id="pydantic"),
+    pytest.param([[[[[[[[[[[]]]]]]]]]]] * 2, id="nested"),
+    pytest.param(functools.reduce(lambda acc, _: [acc], range(300), []), id="deeper-than-orjson"),
+]
+REFUSED: Final = [
+    pytest.param({1, 2}, id="set"),
+    pytest.param(b"bytes", id="bytes"),
+    pytest.param(object(), id="object"),
+    pytest.param("lone \ud800 surrogate", id="lone-surrogate"),
+    pytest.param({("a",): 1}, id="tuple-key"),
+    pytest.param(functools.reduce(lambda acc, _: [acc], range(100_000), []), id="too-deep"),
+]
+
+
+def _stdlib_only(values: object) -> bytes:
+    """What the standard library path writes in a process without orjson."""
+    code = (
+        "import pickle, sys; sys.modules['orjson'] = None\n"
+        "from tether._encoders import default_dumps, stdlib_dumps\n"
+        "assert default_dumps is stdlib_dumps\n"
+        "sys.stdout.buffer.write(default_dumps(pickle.loads(sys.stdin.buffer.read())))"
+    )
+    import pickle
+
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        input=pickle.dumps(values),
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    return result.stdout
+
+
+@pytest.mark.parametrize("value", ENCODED)
+def test_a_value_is_written_the_same_with_and_without_orjson(value: object) -> None:
+    written = stdlib_dumps(value)
+    assert default_dumps(value) == written
+    json.loads(written)  # valid JSON (no NaN)
+
+
+@pytest.mark.parametrize("value", REFUSED)
+def test_a_value_refused_is_refused_the_same_with_and_without_orjson(value: object) -> None:
+    with pytest.raises(TypeError):
+        stdlib_dumps(value)
+    with pytest.raises(TypeError):
+        default_dumps(value)
+
+
+def test_the_stdlib_path_is_the_default_without_orjson_and_writes_the_same() -> None:
+    values = [
+        {"text": "héllo ✓ 😀"},
+        [float("nan"), 2**64, {1: "a"}],
+        datetime.datetime(2026, 12, 1, 20, 32, 4, 123456, tzinfo=_UTC),
+        uuid.UUID("12345678-1234-5678-1234-567812345678"),
+        tether.AbortReason.SERVER,
+    ]
+    assert _stdlib_only(values) == default_dumps(values)
+
+
+@pytest.mark.parametrize("dumps", [stdlib_dumps, default_dumps], ids=["stdlib", "orjson"])
 def test_pydantic_models_are_written_as_their_json_dump(dumps: tether.types.Dumps) -> None:
     value = {"points": [Point(x=1, at=datetime.date(2026, 12, 1))]}
     assert json.loads(dumps(value)) == {"points": [{"x": 1, "at": "2026-12-01"}]}
 
 
-@pytest.mark.parametrize("dumps", [_stdlib_dumps, default_dumps], ids=["stdlib", "orjson"])
+@pytest.mark.parametrize("dumps", [stdlib_dumps, default_dumps], ids=["stdlib", "orjson"])
 def test_values_of_unknown_types_still_fail_to_serialise(dumps: tether.types.Dumps) -> None:
     with pytest.raises(TypeError):
         dumps({"x": object()})

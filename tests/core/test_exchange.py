@@ -172,16 +172,18 @@ async def test_streaming_a_request_finished_without_output_sends_only_the_end(
     assert (head.status, head.body, not exchange.done) == (200, b"data: [DONE]\n\n", False)
 
 
-async def test_streaming_batch_tags_outputs_with_their_index(registry: tether.Registry) -> None:
+async def test_streaming_batch_writes_each_output_in_an_envelope_with_its_index(
+    registry: tether.Registry,
+) -> None:
     batch = registry.open_batch(2)
     registry.deliver(batch.rids[1], "b", finished=True)
-    registry.deliver(batch.rids[0], {"text": "a"}, finished=True)
+    registry.deliver(batch.rids[0], {"text": "a", "index": 7}, finished=True)
     async with asyncio.timeout(10):
         exchange = tether.http.Exchange(batch, streaming=True)
         head = await exchange.start()
     assert _sse_values(head.body) == [
         {"index": 1, "output": "b"},
-        {"index": 0, "text": "a"},
+        {"index": 0, "output": {"text": "a", "index": 7}},
         "[DONE]",
     ]
     assert exchange.done  # a batch already over is answered whole

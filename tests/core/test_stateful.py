@@ -8,6 +8,12 @@ stream or a batch (``async for``, ``next_ready()`` as the adapters read, ``resul
 or per sub-stream through ``Batch.streams``), stop, ``aclose()``, ``cancel()``, have
 their reading task cancelled, or are dropped; a clock that moves only when told, so that deadlines
 fire deterministically; and ``close(drain_timeout=0)`` in the middle or at the end.
+Misuse too: a second task reading a consumer that one task reads (``result()``,
+``async for``, ``next_ready()``, ``ready()``, in either order), calls from another
+thread, and calls after ``close()``. A dropped consumer may be held in a reference
+cycle, so that only a garbage collection frees it: the machine runs with the
+automatic collector off and forces collections at chosen points, inside ``merge``,
+inside ``on_abort``, inside an observer's hook, or as a step of its own.
 
 The model beside it is a table of requests (:class:`Req`) and of the consumers that
 read them (:class:`Con`, read through :class:`Target`). It predicts what every
@@ -25,7 +31,9 @@ observed overflow lies between them. After every step it checks:
   raises the error of what ended the request;
 - no exception reached the producer, none was unraisable, none reached the loop's
   exception handler;
-- ``stats()`` agrees: late producer calls, requests opened, finished, failed, aborted.
+- ``stats()`` agrees: late producer calls, requests opened, finished, failed, aborted;
+  and ``opened == finished + failed + sum(aborted) + in_flight`` holds after every
+  step and at every moment the core calls out (``merge``, ``on_abort``, observers).
 
 At the end of every example the producer finishes what is still in flight and every
 consumer reads to its end (invariant 1), then everything is closed and nothing may
@@ -51,6 +59,7 @@ or names separated by commas).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import gc
 import os
@@ -256,6 +265,26 @@ _last = st.sampled_from([False, False, False, True])
 """``finished=`` of a delivery: most requests have several outputs."""
 
 
+_OTHER_THREAD: Final = concurrent.futures.ThreadPoolExecutor(1, "another-thread")
+"""One thread for the calls made from another thread (a new one per call costs more
+than the rest of the step)."""
+
+
+class _Watch(tether.Observer):
+    """Checks the counters at every end, and collects garbage inside ``deliver()``."""
+
+    def __init__(self, machine: RegistryMachine) -> None:
+        self.machine = machine
+
+    def on_first_output(self, rid: str, elapsed: float) -> None:
+        self.machine.check_identity(f"on_first_output({rid!r})")
+        if "observer" in self.machine.gc_points:
+            self.machine.force_gc(in_deliver=True)
+
+    def on_end(self, end: tether.RequestEnd) -> None:
+        self.machine.check_identity(f"on_end({end.rid!r})")
+
+
 class RegistryMachine(RuleBasedStateMachine):
     """The registry, its producer and its consumers, against the model above."""
 
@@ -282,6 +311,14 @@ class RegistryMachine(RuleBasedStateMachine):
         self.unraisable: list[str] = []
         self.loop_errors: list[str] = []
         self.on_abort_too_early: list[str] = []
+        self.identity_broken: list[str] = []
+        # Garbage collection at chosen points (the automatic collector is off).
+        self.gc_points: frozenset[str] = frozenset()
+        # Dropped consumers that only a collection frees (a weak reference to each),
+        # and those a collection freed, with whether it ran inside deliver().
+        self.doomed: dict[int, tuple[Con, weakref.ref[Any]]] = {}
+        self.freed: list[tuple[Con, bool]] = []
+        self._gc_was_enabled = gc.isenabled()
         self._previous_hook = sys.unraisablehook
         sys.unraisablehook = self._on_unraisable
 
@@ -297,8 +334,40 @@ class RegistryMachine(RuleBasedStateMachine):
         self.aborts[rid] += 1
         if rid in self.reg:  # on_abort may re-enter: open(rid) again, say
             self.on_abort_too_early.append(rid)
+        self.check_identity(f"on_abort({rid!r})")
+        if "on_abort" in self.gc_points:
+            self.force_gc()
+
+    def check_identity(self, where: str) -> None:
+        """Record (never raise: a callback's exception is the core's to swallow) any
+        moment the counters do not add up."""
+        stats = self.reg.stats()
+        ended = stats.finished + stats.failed + sum(stats.aborted.values())
+        if stats.opened != ended + stats.in_flight:
+            self.identity_broken.append(f"in {where}: {stats}")
+
+    def force_gc(self, *, in_deliver: bool = False) -> None:
+        """A garbage collection now: a doomed consumer's finaliser aborts its requests.
+
+        The youngest generation is enough: what holds a doomed consumer was made when
+        it was dropped, and no collection ran since (the collector is off)."""
+        if not self.doomed:
+            return  # nothing of the machine's to free
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect(0)
+        self._note_freed(in_deliver)
+
+    def _note_freed(self, in_deliver: bool) -> None:
+        for key, (con, ref) in list(self.doomed.items()):
+            if ref() is None:
+                del self.doomed[key]
+                self.freed.append((con, in_deliver))
 
     def _merge(self, older: Any, newer: Any) -> Any:
+        self.check_identity("merge")
+        if "merge" in self.gc_points:
+            self.force_gc(in_deliver=True)
         poisoned = [-n for n in newer if n < 0]
         if poisoned:
             self.merge_raised.extend(poisoned)
@@ -606,6 +675,7 @@ class RegistryMachine(RuleBasedStateMachine):
         streams=st.integers(0, 2),
         batch=st.sampled_from([None, 2, 3]),
         keep_going=st.booleans(),
+        gc_points=st.frozensets(st.sampled_from(["merge", "on_abort", "observer"])),
     )
     def start(
         self,
@@ -616,6 +686,7 @@ class RegistryMachine(RuleBasedStateMachine):
         streams: int,
         batch: int | None,
         keep_going: bool,
+        gc_points: frozenset[str],
     ) -> None:
         """A registry, and a few requests in flight from the start: hypothesis runs
         each example with only some of the rules (swarm testing), and many would
@@ -633,6 +704,9 @@ class RegistryMachine(RuleBasedStateMachine):
             max_pending=max_pending,
             merge=self._merge if merge else None,
         )
+        self.registry.add_observer(_Watch(self))
+        self.gc_points = gc_points
+        gc.disable()  # collections happen where the machine forces them, nowhere else
         for _ in range(streams):
             self.open_stream(None, None)
         if batch is not None:
@@ -772,8 +846,15 @@ class RegistryMachine(RuleBasedStateMachine):
         async def action() -> bool:
             return self._producer(lambda: self.reg.deliver(rid, output, finished=finished))
 
+        self._take_in_gc()
         live = self._run(action)
         raised = {self.owner[n].rid for n in self.merge_raised}
+        if req is not None and (req.con, True) in self.freed:
+            # A collection inside deliver() (merge, an observer) ran the dropped
+            # consumer's finaliser: its request was aborted before the output landed.
+            assert live is True, f"deliver({rid!r}) returned {live}"
+            self._take_in_gc()
+            return
         if req is None:
             assert live is False, f"deliver({rid!r}) to a rid not in flight returned {live}"
             assert not raised, f"merge was called for {raised}, not in flight"
@@ -812,8 +893,8 @@ class RegistryMachine(RuleBasedStateMachine):
             if any(rid == other for other, *_ in step):
                 continue
             req = self._live_req(rid)
-            if req is not None and self._overflow_bounds(req)[0]:
-                continue
+            if req is not None and (self._overflow_bounds(req)[0] or id(req.con) in self.doomed):
+                continue  # (a doomed one's end inside the step would be unobservable)
             step.append((rid, self._new_output(req, poison), finished, req))
         self.merge_raised.clear()
 
@@ -1002,9 +1083,113 @@ class RegistryMachine(RuleBasedStateMachine):
         self._run(action)
         assert task.cancelled(), f"reading {self._name(target)} was not cancelled: {task!r}"
 
-    @rule(pick=_pick, now=_sometimes)
-    def drop_consumer(self, pick: int, now: bool) -> None:
-        """A consumer dropped without being closed is aborted by its finaliser."""
+    @rule(
+        pick=_pick,
+        mode=st.sampled_from(["result", "iter", "next_ready", "ready"]),
+    )
+    def second_reader(self, pick: int, mode: str) -> None:
+        """A second task reading a consumer that one task is reading is refused at once,
+        and the first reads on as if nothing had happened (the model is unchanged)."""
+        parked = [
+            target
+            for con in self.cons
+            if con.obj is not None
+            for target in [con.whole, *con.subs]
+            if target.task is not None and not target.task.done()
+        ]
+        if not parked:
+            return
+        target = parked[pick % len(parked)]
+        obj = self._obj(target)
+
+        async def action() -> object:
+            try:
+                if mode == "result":
+                    return await obj.result()
+                if mode == "iter":
+                    return await anext(obj)
+                if mode == "next_ready":
+                    return await obj.next_ready()
+                return obj.ready()
+            except tether.ConcurrentRead as exc:
+                return exc
+
+        got = self._run(action)
+        assert isinstance(got, tether.ConcurrentRead), (
+            f"a second reader ({mode}) of {self._name(target)} got {got!r}, not refused"
+        )
+
+    @precondition(lambda self: self.opened > 0)
+    @rule(
+        pick=_pick,
+        call=st.sampled_from(
+            ["open", "open_batch", "fail", "abort", "fail_all", "cancel", "deliver"]
+        ),
+    )
+    def call_from_another_thread(self, pick: int, call: str) -> None:
+        """Whatever changes the table, called from another thread than the loop's, is
+        refused at once with WrongLoop and changes nothing."""
+        rid = self._pick_rid(pick)
+        held = [con for con in self.cons if con.obj is not None]
+        fresh = [req for req in self._live() if not req.delivered]
+        con = held[pick % len(held)] if held else None
+        calls: dict[str, Callable[[], object]] = {
+            "open": lambda: self.reg.open(),
+            "open_batch": lambda: self.reg.open_batch(2),
+            "fail": lambda: self.reg.fail(rid, RuntimeError("from a thread")),
+            "abort": lambda: self.reg.abort(rid),
+            "fail_all": lambda: self.reg.fail_all(RuntimeError("from a thread")),
+        }
+        refused = True
+        if call == "cancel":
+            if con is None or con.obj is None:
+                return
+            calls["cancel"] = con.obj.cancel
+            refused = any(req.live for req in con.reqs)
+        elif call == "deliver":  # (checked at a request's first output: once per request)
+            if not fresh:
+                return
+            first = fresh[pick % len(fresh)].rid
+            calls["deliver"] = lambda: self.reg.deliver(first, (0,))
+        before = self.reg.stats()
+
+        def run() -> object:
+            try:
+                return calls[call]()
+            except tether.WrongLoop as exc:
+                return exc
+
+        outcome = [_OTHER_THREAD.submit(run).result(timeout=10)]
+        if refused:
+            assert isinstance(outcome[0], tether.WrongLoop), f"{call}() from a thread: {outcome}"
+        else:
+            assert outcome[0] is False, f"{call}() from a thread: {outcome}"
+        after = self.reg.stats()
+        assert (after.opened, after.in_flight, after.late_outputs) == (
+            before.opened,
+            before.in_flight,
+            before.late_outputs,
+        ), f"{call}() from a thread changed the table: {before} -> {after}"
+
+    @rule()
+    def collect_garbage(self) -> None:
+        async def action() -> None:
+            self.force_gc()
+
+        self._run(action)
+
+    def _take_in_gc(self) -> None:
+        """The consumers that collections freed since the model last looked: their
+        finalisers aborted what was in flight."""
+        for con, _ in self.freed:
+            self._consumer_abort(con, con.reqs, _aborted(AbortReason.CANCELLED))
+        self.freed.clear()
+
+    @rule(pick=_pick, now=_sometimes, cycle=_sometimes)
+    def drop_consumer(self, pick: int, now: bool, cycle: bool) -> None:
+        """A consumer dropped without being closed is aborted by its finaliser: at once,
+        or (held in a reference cycle) at the next garbage collection, wherever that
+        runs (inside merge, on_abort, an observer, or a step of its own)."""
         droppable = [
             con
             for con in self.cons
@@ -1021,6 +1206,18 @@ class RegistryMachine(RuleBasedStateMachine):
         con = droppable[pick % len(droppable)]
         had_live = any(req.live for req in con.reqs)
         caught: list[type[Warning]] = []
+        if cycle and had_live:
+
+            async def hold() -> None:
+                holder: list[Any] = [con.obj]
+                holder.append(holder)  # only a collection frees the consumer now
+                self.doomed[id(con)] = (con, weakref.ref(con.obj))
+                con.obj = None
+
+            self._run(hold)
+            for target in [con.whole, *con.subs]:
+                target.done = True
+            return
 
         async def action() -> None:
             assert con.obj is not None
@@ -1032,6 +1229,7 @@ class RegistryMachine(RuleBasedStateMachine):
                 seen.clear()  # a warning holds its source: the consumer
                 if had_live and ref() is not None:  # an error's traceback holds it in a cycle
                     gc.collect()
+                    self._note_freed(False)  # (doomed consumers may go too)
                     caught.extend(w.category for w in seen)
                     seen.clear()
             assert not had_live or ref() is None, (
@@ -1092,7 +1290,9 @@ class RegistryMachine(RuleBasedStateMachine):
     def registry_agrees_with_the_model(self) -> None:
         if self.registry is None:
             return
+        self._take_in_gc()
         self._collect_readers()
+        assert not self.identity_broken, f"the counters did not add up {self.identity_broken}"
         assert not self.unraisable, f"unraisable exceptions: {self.unraisable}"
         assert not self.loop_errors, f"errors in the loop's exception handler: {self.loop_errors}"
         assert not self.on_abort_too_early, (
@@ -1111,6 +1311,8 @@ class RegistryMachine(RuleBasedStateMachine):
                 f"{req.rid}: read {got}, delivered {req.delivered} (order, once, own outputs)"
             )
         stats = self.reg.stats()
+        ended = stats.finished + stats.failed + sum(stats.aborted.values())
+        assert stats.opened == ended + stats.in_flight, f"the counters do not add up: {stats}"
         low, high = self.late
         assert low <= stats.late_outputs <= high, f"late_outputs={stats.late_outputs}, {self.late}"
         assert stats.opened == self.opened
@@ -1137,6 +1339,8 @@ class RegistryMachine(RuleBasedStateMachine):
         finally:
             self._dispose()
             sys.unraisablehook = self._previous_hook
+            if self._gc_was_enabled:
+                gc.enable()
         if not failing:
             assert not self.unraisable, f"unraisable exceptions: {self.unraisable}"
             assert not self.loop_errors, (

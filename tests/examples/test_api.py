@@ -1,4 +1,5 @@
-"""The example API's framework-neutral layer: validation, statuses, OpenAI shapes."""
+"""The example API's framework-neutral layer: validation and statuses (the OpenAI
+routes' are in ``test_openai_api.py``)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,12 @@ from api import (
     MAX_BATCH,
     MAX_BODY_BYTES,
     BadRequest,
-    CompletionChunks,
     Generation,
     Service,
-    completion,
-    parse_completions,
     parse_generate,
     rejection,
 )
-from engine import Engine, expected_text, merge_outputs, output
+from engine import Engine, expected_text, merge_outputs
 
 import tether
 
@@ -60,6 +58,8 @@ def test_generate_accepts_one_prompt_or_a_batch() -> None:
         pytest.param(body(text="a", rid=""), 422, id="empty-rid"),
         pytest.param(body(text="a", timeout=0), 422, id="zero-timeout"),
         pytest.param(body(text="a", timeout="1"), 422, id="string-timeout"),
+        pytest.param(b'{"text": "a", "text": "b"}', 400, id="repeated-key"),
+        pytest.param(b'{"text": "a", "x": {"k": 1, "k": 2}}', 400, id="repeated-inner-key"),
     ],
 )
 def test_generate_refuses_bad_bodies_with_their_status(raw: bytes, status: int) -> None:
@@ -67,51 +67,6 @@ def test_generate_refuses_bad_bodies_with_their_status(raw: bytes, status: int) 
         parse_generate(raw)
     assert caught.value.status == status
     assert rejection(caught.value).body["error"]["code"] == status
-
-
-@pytest.mark.parametrize(
-    ("fields", "status"),
-    [
-        pytest.param({"model": "m"}, 422, id="missing-prompt"),
-        pytest.param({"prompt": [[1, 2, 3]]}, 422, id="token-prompt"),
-        pytest.param({"prompt": "a", "n": 2}, 422, id="n-above-one"),
-        pytest.param({"prompt": "a", "model": 3}, 422, id="model-wrong-type"),
-        pytest.param({"prompt": "a", "max_tokens": 0}, 422, id="zero-max-tokens"),
-    ],
-)
-def test_completions_refuses_what_it_cannot_honour(fields: dict[str, object], status: int) -> None:
-    with pytest.raises(BadRequest) as caught:
-        parse_completions(body(**fields))
-    assert caught.value.status == status
-
-
-def test_completions_ignores_sampling_options() -> None:
-    request = parse_completions(body(model="m", prompt=["a"], temperature=0.2, max_tokens=None))
-    assert (request.model, request.prompts, request.batched, request.max_tokens) == (
-        "m",
-        ("a",),
-        True,
-        16,
-    )
-
-
-def test_completion_chunks_are_openai_stream_events() -> None:
-    encoder = CompletionChunks("cmpl-1", "m")
-    frames = encoder.encode_indexed([(1, output("r", " x", 1, None))]) + encoder.terminal()
-    events = frames.decode().split("\n\n")
-    chunk = json.loads(events[0].removeprefix("data: "))
-    assert chunk["id"] == "cmpl-1"
-    assert chunk["object"] == "text_completion"
-    assert chunk["choices"] == [{"index": 1, "text": " x", "logprobs": None, "finish_reason": None}]
-    assert events[1] == "data: [DONE]"
-
-
-def test_completion_body_lists_one_choice_per_prompt_with_usage() -> None:
-    request = Generation(prompts=("a b", "c"), batched=True, max_tokens=2, stream=False)
-    results = [output("r1", " x y", 2, "length"), output("r2", " z w", 2, "length")]
-    shaped = completion(request, results, "cmpl-r1")
-    assert [choice["text"] for choice in shaped["choices"]] == [" x y", " z w"]
-    assert shaped["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
 
 
 async def test_service_registers_and_submits_then_tether_errors_map_to_statuses() -> None:

@@ -13,12 +13,11 @@ from api import (
     MAX_NESTING,
     BadRequest,
     ClientGone,
-    Generation,
-    parse_completions,
     parse_generate,
     read_body,
     rejection,
 )
+from openai_api import parse_completions
 
 LONE = "\\ud800"  # as a client sends it: a JSON escape, since it has no UTF-8 form
 
@@ -49,7 +48,7 @@ def escaped(template: str) -> bytes:
     ],
 )
 def test_a_lone_surrogate_anywhere_in_a_body_is_refused_with_422(
-    parse: Callable[[bytes], Generation], raw: bytes
+    parse: Callable[[bytes], object], raw: bytes
 ) -> None:
     with pytest.raises(BadRequest) as caught:
         parse(raw)

@@ -1,4 +1,4 @@
-"""Both example servers against hostile input, as subprocesses on 127.0.0.1.
+"""The three example servers against hostile input, as subprocesses on 127.0.0.1.
 
 Every string field of every route may carry any code point, lone surrogates
 included (sent as JSON ``\\udXXX`` escapes, or as their raw UTF-8-style bytes);
@@ -6,7 +6,10 @@ bodies may be nested thousands deep or hold numbers past every limit; fields may
 have the wrong type; GET routes get odd query strings. The promise: never a 5xx,
 never a hang, a JSON error body for every 4xx, an ordinary request answered
 correctly right after, ``/health`` 200 with nothing in flight, and nothing in the
-server's output that reports a failure (no traceback, no error log).
+server's output that reports a failure (no traceback, no error log). The same body
+gets the same status and body shape on all three servers, whatever its content type
+says: tether's error shape on ``/generate``, OpenAI's on ``/v1/...`` (where a 422 of
+``/generate`` is a 400).
 
 One server of each kind serves the module (its output is checked once it has
 stopped); the aborted-upload test runs its own, to read its output after stopping it,
@@ -21,11 +24,12 @@ import dataclasses
 import json
 import socket
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 import api
 import httpx
+import openai_api
 import pytest
 import pytest_asyncio
 from engine import expected_text
@@ -36,7 +40,7 @@ from .conftest import SERVER_STACKS, Served, Stack, eventually, served
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-SERVERS: Final = ("starlette", "aiohttp")
+SERVERS: Final = ("starlette", "fastapi", "aiohttp")
 JSON: Final = {"content-type": "application/json"}
 BOUND: Final = 10.0
 """A generous bound on any one exchange with a server."""
@@ -59,21 +63,34 @@ async def http(server: Served) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
+def openai_status(path: str, status: int) -> int:
+    """The status an OpenAI route answers where ``/generate`` answers ``status``."""
+    return 400 if path.startswith("/v1/") and status == 422 else status
+
+
 def assert_json_error(response: httpx.Response, status: int | None = None) -> None:
-    """A 4xx with tether's error shape: ``{"error": {"message", "type", "code"}}``."""
+    """A 4xx in the route's error shape (see :func:`assert_error_shape`)."""
     if status is not None:
-        assert response.status_code == status, response.text
+        assert response.status_code == openai_status(response.url.path, status), response.text
     assert 400 <= response.status_code < 500, response.text
     assert_error_shape(response)
 
 
 def assert_error_shape(response: httpx.Response) -> None:
+    """tether's ``{"error": {"message", "type", "code": <status>}}`` on its own routes;
+    OpenAI's ``{"error": {"message", "type", "param", "code"}}`` on ``/v1/...``."""
     assert response.headers["content-type"].startswith("application/json"), response.text
     error = response.json()["error"]
-    assert error["code"] == response.status_code
     assert isinstance(error["message"], str)
     assert error["message"]
-    assert isinstance(error["type"], str)
+    if response.url.path.startswith("/v1/"):
+        assert set(error) == {"message", "type", "param", "code"}, error
+        assert error["type"] in ("invalid_request_error", "server_error"), error
+        assert error["param"] is None or isinstance(error["param"], str), error
+        assert error["code"] is None or isinstance(error["code"], str), error
+    else:
+        assert error["code"] == response.status_code
+        assert isinstance(error["type"], str)
 
 
 async def assert_whole(http: httpx.AsyncClient, *, in_flight: int = 0) -> None:
@@ -104,8 +121,78 @@ SURROGATE_BODIES: Final = {
         "/v1/completions",
         '{"prompt": "ok", "model": "LONE", "stream": true}',
     ),
+    "chat-content": ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "LONE"}]}'),
+    "chat-role": ("/v1/chat/completions", '{"messages": [{"role": "LONE", "content": "x"}]}'),
+    "chat-text-part": (
+        "/v1/chat/completions",
+        '{"messages": [{"role": "user", "content": [{"type": "text", "text": "LONE"}]}]}',
+    ),
+    "chat-model-stream": (
+        "/v1/chat/completions",
+        '{"messages": [{"role": "user", "content": "x"}], "model": "LONE", "stream": true}',
+    ),
 }
 """A lone surrogate (``LONE``) in each string field of each route, by case id."""
+
+# -- the same hostile body, the same answer, on every route of every server ----------
+
+FIELDS: Final = {
+    "/generate": '"text": "x"',
+    "/v1/completions": '"prompt": "x"',
+    "/v1/chat/completions": '"messages": [{"role": "user", "content": "x"}]',
+}
+"""Each POST route's required field, written into a body as ``F``."""
+HOSTILE_BODIES: Final[dict[str, tuple[bytes, int]]] = {
+    "nan": (b'{F, "max_tokens": NaN}', 400),
+    "infinity": (b'{F, "max_tokens": Infinity}', 400),
+    "minus-infinity-anywhere": (b'{F, "x": [-Infinity]}', 400),
+    "minus-zero": (b'{F, "max_tokens": -0}', 422),
+    "minus-zero-float": (b'{F, "max_tokens": -0.0}', 422),
+    "float-for-int": (b'{F, "max_tokens": 2.0}', 422),
+    "float-overflow": (b'{F, "max_tokens": 1e400}', 422),
+    "int-past-64-bits": (b'{F, "max_tokens": 18446744073709551616}', 422),
+    "int-past-digit-limit": (b'{F, "max_tokens": ' + b"9" * 5000 + b"}", 400),
+    "lone-surrogate-value": (b'{F, "x": "\\ud800"}', 422),
+    "lone-surrogate-key": (b'{F, "\\udfff": 1}', 422),
+    "lone-surrogate-deep": (b'{F, "x": [{"y": ["a\\udbff"]}]}', 422),
+    "lone-surrogate-raw-bytes": (b'{F, "x": "\xed\xa0\x80"}', 422),
+    "lone-surrogate-top-level-string": (b'"\\ud800 and more"', 422),
+    "deep-nesting": (b'{F, "x": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", 400),
+    "deep-top-level": (b"[" * 50_000, 400),
+    "wrong-type-max-tokens": (b'{F, "max_tokens": "5"}', 422),
+    "wrong-type-stream": (b'{F, "stream": "yes"}', 422),
+    "boolean-for-int": (b'{F, "max_tokens": true}', 422),
+    "top-level-array": (b"[1, 2]", 422),
+    "top-level-null": (b"null", 422),
+    "top-level-number": (b"12", 422),
+    "huge-body": (b'{F, "x": "' + b"a" * api.MAX_BODY_BYTES + b'"}', 413),
+    "non-utf8": (b'{F, "x": "\xff\xfe"}', 400),
+    "empty": (b"", 400),
+    "whitespace-only": (b"  \n ", 400),
+    "truncated": (b"{F, ", 400),
+    "duplicate-key": (b'{F, "max_tokens": 1, "max_tokens": 2}', 400),
+    "duplicate-inner-key": (b'{F, "x": {"k": 1, "k": 2}}', 400),
+}
+"""A hostile body (``F``: the route's required field) and the status ``/generate``
+answers it with; an OpenAI route says 400 where ``/generate`` says 422."""
+CONTENT_TYPES: Final = {
+    "json": {"content-type": "application/json"},
+    "form": {"content-type": "application/x-www-form-urlencoded"},  # curl -d's
+    "none": {},
+}
+
+
+@pytest.mark.parametrize("path", FIELDS)
+@pytest.mark.parametrize(("template", "status"), HOSTILE_BODIES.values(), ids=HOSTILE_BODIES.keys())
+async def test_a_hostile_body_gets_the_same_json_4xx_on_every_server_and_route(
+    http: httpx.AsyncClient, path: str, template: bytes, status: int
+) -> None:
+    body = template.replace(b"F", FIELDS[path].encode(), 1) if b"{F" in template else template
+    before = (await http.get("/stats")).json()["opened"]
+    for headers in CONTENT_TYPES.values():
+        response = await http.post(path, content=body, headers=headers)
+        assert_json_error(response, status)
+    assert (await http.get("/stats")).json()["opened"] == before  # refused at the door
 
 
 @pytest.mark.parametrize(
@@ -330,8 +417,22 @@ ROUTES: Final[dict[str, dict[str, st.SearchStrategy[Any]]]] = {
         "model": st.text(max_size=6),
         "max_tokens": st.integers(1, 3),
         "stream": st.booleans(),
-        "n": st.just(1),
+        "n": st.integers(1, 2),
         "temperature": st.floats(0, 2),
+    },
+    "/v1/chat/completions": {
+        "messages": st.lists(
+            st.fixed_dictionaries(
+                {"role": st.sampled_from(["system", "user", "assistant"]), "content": PROMPTS}
+            ),
+            min_size=1,
+            max_size=2,
+        ),
+        "model": st.text(max_size=6),
+        "max_completion_tokens": st.integers(1, 3),
+        "stream": st.booleans(),
+        "n": st.integers(1, 2),
+        "top_p": st.floats(0, 1),
     },
 }
 """Each POST route's fields, with the valid values the pass mixes with hostile ones
@@ -351,7 +452,7 @@ def posts(draw: st.DrawFn) -> Case:
     members = []
     kinds = frozenset[str]()
     for field, valid in fields.items():
-        if field in ("text", "prompt") or field == lone or draw(st.booleans()):
+        if field in ("text", "prompt", "messages") or field == lone or draw(st.booleans()):
             value, made = draw(fragments(field, valid, lone=field == lone))
             members.append(f"{json.dumps(field)}: {value}")
             kinds |= made
@@ -388,6 +489,8 @@ def texts(response: httpx.Response, path: str, streaming: bool) -> dict[int, str
         body = response.json()
         if path == "/v1/completions":
             return {choice["index"]: choice["text"] for choice in body["choices"]}
+        if path == "/v1/chat/completions":
+            return {choice["index"]: choice["message"]["content"] for choice in body["choices"]}
         results = body if isinstance(body, list) else [body]
         return {index: result["text"] for index, result in enumerate(results)}
     got: dict[int, str] = collections.defaultdict(str)
@@ -402,9 +505,19 @@ def texts(response: httpx.Response, path: str, streaming: bool) -> dict[int, str
         if path == "/v1/completions":
             for choice in event["choices"]:
                 got[choice["index"]] += choice["text"]
+        elif path == "/v1/chat/completions":
+            for choice in event["choices"]:
+                got[choice["index"]] += choice["delta"]["content"]
         else:
             got[event.get("index", 0)] += event["text"]
     return dict(got)
+
+
+PARSERS: Final[dict[str, Callable[[bytes], api.Generation | openai_api.Call]]] = {
+    "/generate": api.parse_generate,
+    "/v1/completions": openai_api.parse_completions,
+    "/v1/chat/completions": openai_api.parse_chat,
+}
 
 
 def check(client: httpx.Client, case: Case) -> None:
@@ -412,22 +525,23 @@ def check(client: httpx.Client, case: Case) -> None:
     must be whole (ordinary request right, healthy, nothing in flight)."""
     response = client.request(case.method, case.target, content=case.body, headers=JSON)
     status = response.status_code
-    parse = api.parse_generate if case.target == "/generate" else api.parse_completions
+    path = case.target.partition("?")[0]
     if case.method == "GET":
         assert status == 200, (case, status, response.text)
     elif status == 200:
         assert case.body is not None
-        accepted = parse(case.body)  # the server accepted it: so must its own parser
+        accepted = PARSERS[path](case.body)  # the server accepted it: so must its parser
+        generation = accepted if isinstance(accepted, api.Generation) else accepted.generation
         expected = {
-            index: expected_text(prompt, accepted.max_tokens)
-            for index, prompt in enumerate(accepted.prompts)
+            index: expected_text(prompt, generation.max_tokens)
+            for index, prompt in enumerate(generation.prompts)
         }
-        assert texts(response, case.target, accepted.stream) == expected
+        assert texts(response, path, generation.stream) == expected
     elif status == 504 and case.target == "/generate":
         # A body may ask for a deadline of a few milliseconds (a "wrong" float that
         # is a valid timeout): a 504 is then the right answer, not a failure.
         assert case.body is not None
-        timeout = parse(case.body).timeout
+        timeout = api.parse_generate(case.body).timeout
         assert timeout is not None, (case, response.text)
         assert timeout < 5, (case, response.text)
         assert_error_shape(response)
@@ -474,6 +588,7 @@ async def test_hostile_input_on_every_route_never_gets_a_5xx_and_leaves_the_serv
     # the server's output. Every exchange is bounded by the client's timeout.
     await asyncio.to_thread(hostile_pass, server.url, seen)
     fields = {"text", "rid", "timeout", "prompt", "model", "max_tokens", "stream", "extra", "key"}
+    fields.add("messages")
     missing = {f"surrogate:{field}" for field in fields} - seen.keys()
     missing |= {"surrogate:escaped", "surrogate:raw", "deep", "huge", "query"} - seen.keys()
     assert not missing, f"the pass never sent {sorted(missing)}: {seen}"

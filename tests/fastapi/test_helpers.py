@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import httpx
 import openai
@@ -113,6 +113,48 @@ async def test_validation_errors_get_tethers_error_shape() -> None:
     assert error["type"] == "RequestValidationError"
     assert error["message"].startswith("body.words: ")
     assert error["detail"][0]["loc"] == ["body", "words"]
+
+
+HOSTILE: Final = {
+    "nan": b'{"words": NaN}',
+    "infinity-in-a-list": b'{"words": ["a", Infinity]}',
+    "lone-surrogate-top-level": b'"\\ud800 and more"',
+    "lone-surrogate-in-a-field": b'{"words": ["a"], "stream": "\\udfff"}',
+    "lone-surrogate-value": b'{"words": "\\ud800"}',
+    "huge-input": b'{"words": "' + b"x" * 200_000 + b'"}',
+}
+"""Bodies whose validation errors would carry an input FastAPI's own handler cannot
+write (NaN, a lone surrogate) or should not echo (a large body)."""
+
+
+@pytest.mark.parametrize("raw", HOSTILE.values(), ids=HOSTILE.keys())
+async def test_a_validation_error_about_a_hostile_body_is_still_a_json_422(raw: bytes) -> None:
+    registry = tether.Registry()
+    async with serve(make_app(registry)) as (url, _), httpx.AsyncClient(timeout=BOUND) as client:
+        answer = await client.post(
+            f"{url}/ask", content=raw, headers={"content-type": "application/json"}
+        )
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert (error["code"], error["type"]) == (422, "RequestValidationError")
+    assert all(set(problem) == {"type", "loc", "msg"} for problem in error["detail"])
+    assert len(answer.content) < 2000  # the input is not echoed
+    assert registry.in_flight == 0
+
+
+async def test_a_body_that_is_not_json_is_a_400_without_a_character_offset() -> None:
+    answer = await post_raw(make_app(tether.Registry()), "/ask", b'{"words": [1,')
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["message"].startswith("the request body is not valid JSON")
+    assert error["detail"] == [{"type": "json_invalid", "loc": ["body"], "msg": error["message"]}]
+
+
+async def post_raw(app: FastAPI, path: str, raw: bytes) -> httpx.Response:
+    async with serve(app) as (url, _), httpx.AsyncClient(timeout=BOUND) as client:
+        return await client.post(
+            f"{url}{path}", content=raw, headers={"content-type": "application/json"}
+        )
 
 
 async def test_without_the_handlers_fastapi_keeps_its_own_shape() -> None:

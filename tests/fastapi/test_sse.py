@@ -1,5 +1,5 @@
 """FastAPI's own server-sent events (``EventSourceResponse`` generators) reading a
-tether stream through ``tether_starlette.fastapi.events``, on a real uvicorn."""
+tether stream or batch through ``tether_starlette.fastapi.events``, on a real uvicorn."""
 
 from __future__ import annotations
 
@@ -82,3 +82,67 @@ async def test_a_client_that_leaves_ends_the_generator_quietly(
     errors = [record for record in caplog.records if record.levelno >= logging.ERROR]
     assert errors == [], [record.getMessage() for record in errors]
     assert len(producer.aborted) == 1
+
+
+def make_batch_app(
+    producer: Engine, outputs: list[Any], *, fail: bool = False, keep_going: bool = False
+) -> FastAPI:
+    """``POST /batch`` delivers one output per sub-request (a dict with its own
+    ``"index"``, as every OpenAI choice has), the last failed with ``fail``."""
+    app = FastAPI()
+    app.add_middleware(TetherMiddleware, registry=producer.registry)
+
+    @app.post("/batch", response_class=EventSourceResponse)
+    async def stream_batch(registry: RegistryDep) -> AsyncIterator[Any]:
+        batch = registry.open_batch(len(outputs), keep_going=keep_going)
+        for number, (rid, output) in enumerate(zip(batch.rids, outputs, strict=True)):
+            if fail and number == len(outputs) - 1:
+                registry.fail(rid, RuntimeError("out of memory"))
+            else:
+                registry.deliver(rid, output, finished=True)
+        async for event in events(batch):
+            yield event
+
+    return app
+
+
+async def test_a_batch_streams_each_output_under_its_own_index() -> None:
+    producer = Engine()
+    outputs = [{"index": 7, "text": "a"}, {"index": 7, "text": "b"}]
+    app = make_batch_app(producer, outputs)
+    async with serve(app) as (url, _), httpx.AsyncClient(timeout=BOUND) as client:
+        answer = await client.post(f"{url}/batch")
+    *items, done = data_lines(answer.text)
+    assert done == "[DONE]"
+    # the output's own "index" cannot stand for the sub-request's
+    assert sorted(items, key=lambda item: item["index"]) == [
+        {"index": 0, "output": {"index": 7, "text": "a"}},
+        {"index": 1, "output": {"index": 7, "text": "b"}},
+    ]
+    assert producer.registry.in_flight == 0
+
+
+async def test_a_failed_sub_request_ends_a_batch_with_one_error_event() -> None:
+    producer = Engine()
+    app = make_batch_app(producer, [{"t": 1}, {"t": 2}], fail=True)
+    async with serve(app) as (url, _), httpx.AsyncClient(timeout=BOUND) as client:
+        answer = await client.post(f"{url}/batch")
+    lines = data_lines(answer.text)
+    assert lines[-1] == "[DONE]"
+    assert lines[-2]["error"]["code"] == 500
+    assert "out of memory" not in answer.text
+    assert producer.registry.in_flight == 0
+
+
+async def test_a_keep_going_batch_reports_a_failed_sub_request_in_its_place() -> None:
+    producer = Engine()
+    app = make_batch_app(producer, [{"t": 1}, {"t": 2}], fail=True, keep_going=True)
+    async with serve(app) as (url, _), httpx.AsyncClient(timeout=BOUND) as client:
+        answer = await client.post(f"{url}/batch")
+    *items, done = data_lines(answer.text)
+    assert done == "[DONE]"
+    by_index = {item["index"]: item for item in items}
+    assert by_index[0] == {"index": 0, "output": {"t": 1}}
+    assert by_index[1]["error"]["code"] == 500
+    assert "out of memory" not in answer.text
+    assert producer.registry.in_flight == 0

@@ -23,6 +23,7 @@ def test_exports_only_the_entry_points_sorted() -> None:
         "REGISTRY_KEY",
         "TetherMiddleware",
         "get_registry",
+        "json_errors",
         "lifespan",
         "respond",
         "resume",

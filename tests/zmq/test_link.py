@@ -8,7 +8,16 @@ import pytest
 
 import tether
 import tether.http
-from tether_zmq import EngineLost, EngineUnavailable, PayloadTooLarge, RemoteFailure
+from tether_zmq import (
+    Cancellation,
+    EngineLost,
+    EngineServer,
+    EngineUnavailable,
+    LinkDown,
+    PayloadTooLarge,
+    RemoteFailure,
+    Submission,
+)
 
 from .conftest import eventually
 from .linked import echo_engine, front
@@ -216,3 +225,61 @@ async def test_failures_past_max_message_are_split_and_each_reaches_its_request(
         assert client.stats().steps > 1
         assert client.stats().malformed == 0
         assert engine.server.in_flight == 0
+
+
+async def test_calls_from_another_thread_are_refused_with_an_error_that_says_what_to_do(
+    address: str,
+) -> None:
+    async with echo_engine(address) as engine, front(engine.server.address) as client:
+        waiting = client.open({"n": 0})
+        await eventually(lambda: len(engine.submitted) == 1)
+        key = engine.submitted[0]
+        calls = {
+            "open": lambda: client.open({"n": 1}),
+            "send": lambda: engine.server.send([(key, "from a thread", True)]),
+            "receive_nowait": engine.server.receive_nowait,
+        }
+        refusals = {}
+        for name, call in calls.items():
+            try:
+                await asyncio.to_thread(call)
+            except RuntimeError as exc:
+                refusals[name] = str(exc)
+        assert set(refusals) == set(calls)
+        assert all("call_soon_threadsafe" in text for text in refusals.values())
+        assert client.registry.in_flight == 1  # (the refused open left nothing behind)
+        assert engine.server.in_flight == 1
+        engine.server.send([(key, "from its loop", True)])
+        async with asyncio.timeout(10):
+            assert await waiting.result() == "from its loop"
+
+
+async def test_a_closed_engine_server_ends_its_sessions_and_refuses_to_be_waited_on(
+    address: str,
+) -> None:
+    server = EngineServer(address, peer_timeout=2.0)
+    with pytest.raises(RuntimeError, match="before start"):
+        await server.receive()  # (not a wait for ever)
+    await server.start()
+    async with front(server.address) as client:
+        stream = client.open({"n": 0})
+        async with asyncio.timeout(10):
+            (submission,) = await server.receive()
+        assert isinstance(submission, Submission)
+        assert server.stats().fronts == 1
+        async with asyncio.timeout(10):
+            blocked = asyncio.create_task(server.receive())
+            await server.aclose()
+            (cancellation,) = await blocked  # (woken with what waits, not cancelled)
+        assert cancellation == Cancellation(submission.key, "front_lost")
+        server.send([(submission.key, "too late", True)])  # (counted, not raised)
+        assert server.stats().late_outputs == 1
+        assert server.in_flight == 0
+        with pytest.raises(LinkDown, match="closed"):
+            await server.receive()
+        with pytest.raises(RuntimeError, match="already"):
+            await server.start()
+        async with asyncio.timeout(10):
+            with pytest.raises(tether.ProducerError) as caught:
+                await stream.result()
+        assert isinstance(caught.value.__cause__, EngineLost)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import msgspec
 import pytest
@@ -208,4 +208,151 @@ async def test_a_front_drops_malformed_frames_from_the_engine(address: str) -> N
         assert client.stats().malformed % 2 == 0
 
 
+@pytest.mark.parametrize(
+    ("name", "cap", "why"),
+    [
+        pytest.param("x" * 129, 1 << 20, "name", id="name-too-long"),
+        pytest.param("\u00e9" * 65, 1 << 20, "name", id="name-too-long-in-bytes"),
+        pytest.param("tiny", 0, "max_message", id="cap-zero"),
+        pytest.param("tiny", -(2**63), "max_message", id="cap-negative"),
+        pytest.param("tiny", 1023, "max_message", id="cap-too-small"),
+    ],
+)
+async def test_a_hello_no_session_could_serve_is_refused_aloud(
+    address: str, name: str, cap: int, why: str
+) -> None:
+    async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
+        await peer.send(wire.encode(wire.Hello(0, PROTOCOL_VERSION, name, 1, cap)))
+        reply = await answer(peer)
+        assert isinstance(reply, wire.Refuse)
+        assert why in reply.reason
+        assert engine.server.stats().fronts == 0
+        await assert_still_serves(engine.server)
+
+
+async def test_an_engine_that_says_what_a_request_is_refuses_a_costly_payload_unbuilt(
+    address: str,
+) -> None:
+    # (3M empty lists: decoded as Any, about a second of the engine's loop)
+    costly = msgspec.msgpack.encode([[]] * 3_000_000)
+    codec = wire.MsgpackCodec(decodes=dict[str, int])
+    async with (
+        echo_engine(address, codec=codec) as engine,
+        front(engine.server.address, engine_timeout=0.5) as client,
+        raw_peer(zmq.DEALER, engine.server.address) as peer,
+    ):
+        await say_hello(peer)
+        await peer.send(wire.encode(wire.Submit(1, [(1, "costly", costly)])))
+        reply = await answer(peer)
+        assert isinstance(reply, wire.Step)
+        assert [(sid, status) for sid, _, status in reply.failures] == [(1, 400)]
+        async with asyncio.timeout(10):
+            assert await client.open({"n": 1}).result() == {"i": 1, "front": client.incarnation}
+        assert client.stats().links_lost == 0
+        assert engine.server.stats().submitted == 1  # (the honest front's)
+
+
+async def test_a_message_for_the_other_direction_is_refused_unread_and_holds_no_loop(
+    address: str,
+) -> None:
+    # (a Step is engine-to-front: sent to the engine, its millions of entries would be
+    # built in full before being dropped, seconds of the engine's loop)
+    flood = wire.encode(wire.Step(0, [(1, b"", False)] * 4_000_000, []))
+    async with (
+        echo_engine(address, max_message=len(flood)) as engine,
+        front(engine.server.address, engine_timeout=0.5) as client,
+        raw_peer(zmq.DEALER, engine.server.address) as peer,
+    ):
+        waiting = client.open({"n": 0})
+        await eventually(lambda: len(engine.submitted) == 1)
+        await peer.send(flood)
+        await eventually(lambda: engine.server.stats().malformed == 1)
+        async with asyncio.timeout(10):
+            assert await client.open({"n": 1}).result() == {"i": 1, "front": client.incarnation}
+        engine.server.send([(engine.submitted[0], "kept", True)])
+        async with asyncio.timeout(10):
+            assert await waiting.result() == "kept"
+        assert client.stats().links_lost == 0
+        assert engine.server.stats().no_session == 0
+
+
+@contextlib.asynccontextmanager
+async def dishonest_engine(
+    address: str,
+) -> AsyncIterator[tuple[tether_zmq.EngineClient, Callable[[wire.Message], Awaitable[None]]]]:
+    """A front with a session on a fake engine, and a way to send it anything."""
+    async with raw_peer(zmq.ROUTER, address) as fake:
+        bound = fake.getsockopt_string(zmq.LAST_ENDPOINT)
+        async with front(bound, ready=False) as client:
+            async with asyncio.timeout(10):
+                identity, frame = await fake.recv_multipart()
+            hello = wire.decode(frame)
+            assert isinstance(hello, wire.Hello)
+            welcome = wire.Welcome(0, PROTOCOL_VERSION, "fake", hello.attempt, 1 << 24)
+            await fake.send_multipart([identity, wire.encode(welcome)])
+            async with asyncio.timeout(10):
+                await client.wait_ready()
+
+            async def send(message: wire.Message) -> None:
+                await fake.send_multipart([identity, wire.encode(message)])
+
+            yield client, send
+
+
+@pytest.mark.parametrize("cap", [0, -1, wire.MIN_MESSAGE - 1])
+async def test_a_welcome_whose_cap_no_request_could_fit_opens_no_session(
+    address: str, cap: int
+) -> None:
+    async with raw_peer(zmq.ROUTER, address) as fake:
+        bound = fake.getsockopt_string(zmq.LAST_ENDPOINT)
+        async with front(bound, ready=False) as client:
+            async with asyncio.timeout(10):
+                identity, frame = await fake.recv_multipart()
+            hello = wire.decode(frame)
+            assert isinstance(hello, wire.Hello)
+            welcome = wire.Welcome(0, PROTOCOL_VERSION, "fake", hello.attempt, cap)
+            await fake.send_multipart([identity, wire.encode(welcome)])
+            await eventually(lambda: client.stats().malformed == 1)
+            assert not client.ready
+            with pytest.raises(tether_zmq.EngineUnavailable, match="max_message"):
+                client.open({"n": 1})
+            assert client.registry.in_flight == 0
+
+
+async def test_a_failure_text_from_the_engine_is_cut_before_a_client_sees_it(
+    address: str,
+) -> None:
+    async with dishonest_engine(address) as (client, send):
+        stream = client.open({"n": 1})
+        await send(wire.Step(1, [], [(1, "\u00e9" * 1_000_000, 400)]))
+        async with asyncio.timeout(10):
+            with pytest.raises(tether.ProducerError) as caught:
+                await stream.result()
+        shown = tether.http.error_response(caught.value)
+        assert shown.status == 400
+        message = shown.body["error"]["message"]
+        assert message.endswith(": " + "\u00e9" * (wire.MAX_FAILURE_TEXT // 2))  # (whole chars)
+        assert str(caught.value.__cause__) == "\u00e9" * (wire.MAX_FAILURE_TEXT // 2)
+
+
+async def test_a_step_of_more_entries_than_one_message_may_hold_ends_the_session_unread(
+    address: str,
+) -> None:
+    async with dishonest_engine(address) as (client, send):
+        stream = client.open({"n": 1})
+        await send(wire.Step(1, [(1, b"", False)] * 2_000_000, []))
+        async with asyncio.timeout(10):
+            with pytest.raises(tether.ProducerError) as caught:
+                await stream.result()
+        assert isinstance(caught.value.__cause__, tether_zmq.EngineLost)
+        assert "4096" in str(caught.value.__cause__)
+        stats = client.stats()
+        assert stats.malformed == 1
+        assert stats.late_outputs == 0  # (none of its entries was read)
+        assert stats.links_lost == 1
+        assert client.registry.in_flight == 0
+
+
+import tether  # noqa: E402
+import tether.http  # noqa: E402
 import tether_zmq  # noqa: E402  (the public names, next to the wire module above)

@@ -11,6 +11,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
+import tether
+import tether_zmq
 import tether_zmq._protocol as wire  # the hostile peers below speak the wire format itself
 from tether_zmq import CurveClient, CurveServer, EngineServer, InsecureAddress
 
@@ -119,3 +121,75 @@ async def test_a_front_s_routing_id_is_a_secret_apart_from_the_name_it_is_logged
             assert len(identity) >= 16
             assert hello.front.encode() not in identity
             assert identity.hex() not in hello.front
+
+
+class Blackhole:
+    """A loopback TCP relay between a front and the engine whose :meth:`cut` stops every
+    byte of the connections open now without closing them: a network cut without a
+    word (a cable, a firewall's state table). Later connections are relayed again."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.removeprefix("tcp://").rsplit(":", 1)
+        self._target = (host, int(port))
+        self._cut: list[asyncio.Event] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: list[asyncio.StreamWriter] = []
+        self.connections = 0
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return f"tcp://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._server.close()
+        for writer in self._writers:
+            writer.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def cut(self) -> None:
+        for stop in self._cut:
+            stop.set()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        upstream_reader, upstream_writer = await asyncio.open_connection(*self._target)
+        self._writers += [writer, upstream_writer]
+        stop = asyncio.Event()
+        self._cut.append(stop)
+        for source, sink in ((reader, upstream_writer), (upstream_reader, writer)):
+            task = asyncio.create_task(self._pump(source, sink, stop))
+            self._tasks.add(task)
+
+    async def _pump(
+        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, stop: asyncio.Event
+    ) -> None:
+        while data := await source.read(65536):
+            if stop.is_set():
+                continue  # (swallowed: neither end hears a thing, nor a close)
+            sink.write(data)
+
+
+async def test_a_front_cut_off_without_a_word_gets_a_session_again_once_the_cut_is_seen() -> None:
+    # No ROUTER_HANDOVER: the engine refuses the front's reconnection while its old
+    # connection lingers; the heartbeats (2 s) must close that one on both ends.
+    async with echo_engine("tcp://127.0.0.1:0") as engine:
+        relay = Blackhole(engine.server.address)
+        async with relay as via, front(via, engine_timeout=0.3) as client:
+            waiting = client.open({"n": 0})
+            await eventually(lambda: len(engine.submitted) == 1)
+            relay.cut()
+            async with asyncio.timeout(10):
+                with pytest.raises(tether.ProducerError) as caught:
+                    await waiting.result()
+            assert isinstance(caught.value.__cause__, tether_zmq.EngineLost)
+            await eventually(lambda: client.ready and client.stats().sessions == 2, timeout=15)
+            assert relay.connections >= 2
+            async with asyncio.timeout(10):
+                assert await client.open({"n": 1}).result() == {
+                    "i": 1,
+                    "front": client.incarnation,
+                }
+            await eventually(lambda: engine.server.in_flight == 0)
+            assert [c.reason for c in engine.cancelled] == ["front_lost"]

@@ -205,6 +205,35 @@ async def test_a_message_of_more_entries_than_a_front_may_send_is_refused_unread
             assert [o["i"] async for o in honest.open({"n": 2})] == [1, 2]
 
 
+_MANY = [1] * (wire.MAX_ENTRIES + 1)  # (an Abort's list: any ints will do)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        pytest.param(msgspec.msgpack.encode([5, -1, _MANY]), id="negative-seq"),
+        pytest.param(msgspec.msgpack.encode([5, 2**63 - 1, _MANY]), id="int64-seq"),
+        pytest.param(b"\xdc\x00\x03" + msgspec.msgpack.encode([5, 1, _MANY])[1:], id="array16"),
+        pytest.param(b"\x93\xd0\x05" + msgspec.msgpack.encode([5, 1, _MANY])[2:], id="int8-tag"),
+        pytest.param(msgspec.msgpack.encode([5, 1, _MANY, "extra"]), id="extra-field"),
+    ],
+)
+async def test_a_message_of_too_many_entries_is_refused_unread_in_any_encoding(
+    address: str, frame: bytes
+) -> None:
+    # (the decoder takes every one of these as an Abort: a count read only from the
+    # canonical encoding let millions of entries through to be built in full)
+    async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
+        await say_hello(peer)
+        assert isinstance(wire.decode(frame), wire.Abort)
+        await peer.send(frame)
+        reply = await answer(peer)
+        assert isinstance(reply, wire.Refuse)
+        assert str(wire.MAX_ENTRIES + 1) in reply.reason
+        assert engine.server.stats().too_large == 1
+        assert engine.server.stats().late_aborts == 0  # (not one entry was read)
+
+
 async def test_a_batch_of_more_submissions_than_one_message_may_hold_fails_alone_with_413(
     address: str,
 ) -> None:
@@ -280,3 +309,50 @@ async def test_a_failure_with_a_status_no_wire_can_carry_reaches_its_request_as_
             with pytest.raises(tether.ProducerError) as caught:
                 await stream.result()
         assert tether.http.error_response(caught.value).status == 500
+
+
+async def test_one_front_can_hold_no_more_live_requests_than_its_share_and_others_go_on(
+    address: str,
+) -> None:
+    async with (
+        echo_engine(address, max_front_requests=3) as engine,
+        front(engine.server.address) as greedy,
+        front(engine.server.address) as other,
+    ):
+        streams = [greedy.open({"n": 0}) for _ in range(5)]  # (live until the test ends them)
+        async with asyncio.timeout(10):
+            for stream in streams[3:]:
+                with pytest.raises(tether.ProducerError) as caught:
+                    await stream.result()
+                assert tether.http.error_response(caught.value).status == 503
+                assert "live" in str(caught.value.__cause__)
+            assert await other.open({"n": 1}).result() == {"i": 1, "front": other.incarnation}
+        await eventually(lambda: len(engine.submitted) == 4)  # greedy's first 3, the other's 1
+        engine.server.send((key, "done", True) for key in engine.submitted[:3])
+        async with asyncio.timeout(10):
+            assert [await stream.result() for stream in streams[:3]] == ["done"] * 3
+            assert await greedy.open({"n": 1}).result() == {"i": 1, "front": greedy.incarnation}
+        assert engine.server.stats().refused_submissions == 2
+        assert greedy.registry.in_flight == 0
+        assert engine.server.in_flight == 0
+
+
+async def test_a_step_of_more_outputs_than_one_message_may_hold_arrives_whole_in_parts(
+    address: str,
+) -> None:
+    count = wire.MAX_ENTRIES * 2 + 10
+    async with (
+        echo_engine(address) as engine,
+        front(engine.server.address, registry_options={"max_pending": 2 * count}) as client,
+    ):
+        batch = client.open_batch([{"n": 0}] * 2)
+        await eventually(lambda: len(engine.submitted) == 2)
+        first, second = engine.submitted
+        outputs = [(first, i, False) for i in range(count)] + [(first, count, True)]
+        engine.server.send([*outputs, (second, "last", True)])
+        async with asyncio.timeout(10):
+            got = [(index, output) async for index, output in batch]
+        assert [output for index, output in got if index == 0] == list(range(count + 1))
+        assert [output for index, output in got if index == 1] == ["last"]
+        assert client.stats().steps == 3
+        assert client.stats().links_lost == 0

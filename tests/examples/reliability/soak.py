@@ -199,7 +199,7 @@ async def _read_stream(request: Plan, response: aiohttp.ClientResponse, tokens: 
         if "error" in out:
             await response.read()
             return _refused(request, out["error"]["code"], out)
-        tokens.output(out.get("index", 0), out)
+        tokens.output(out.get("index", 0), out.get("output", out))  # (a batch: an envelope)
         events += 1
         if events == request.leave_after_events:
             response.close()  # mid-stream: the connection goes with it
