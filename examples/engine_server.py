@@ -116,7 +116,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--fail-fraction", type=float, default=0.0, help="share of requests the engine fails"
     )
     parser.add_argument(
-        "--peer-timeout", type=float, default=0.2, help="seconds of silence that lose a front"
+        "--peer-timeout", type=float, default=1.0, help="seconds of silence that lose a front"
     )
     parser.add_argument(
         "--max-message", type=int, default=DEFAULT_MAX_MESSAGE, help="bytes per frame, both ways"

@@ -139,8 +139,9 @@ class EngineServer:
         :attr:`address`). Non-local TCP needs ``curve`` or ``insecure=True``.
     :param codec: how payloads are encoded; the fronts must use the same.
     :param peer_timeout: seconds of silence after which a front is lost (fronts ping
-        every ``ping_interval``, 20 ms by default: keep this several times larger). A
-        killed front is noticed in milliseconds whatever this is (the socket monitor).
+        every ``ping_interval``, 20 ms by default: keep this several times larger, and
+        above a loaded machine's scheduling delays, measured up to 0.26 s). A killed
+        front is noticed in milliseconds whatever this is (the socket monitor).
     :param consumer_timeout: seconds the engine loop may leave events untaken (not
         calling :meth:`receive` or :meth:`receive_nowait`) before the engine counts
         as stalled: every session ends and hellos are refused until it takes them.
@@ -164,7 +165,7 @@ class EngineServer:
         address: str,
         *,
         codec: Codec | None = None,
-        peer_timeout: float = 0.2,
+        peer_timeout: float = 1.0,
         consumer_timeout: float = 1.0,
         max_message: int = DEFAULT_MAX_MESSAGE,
         hwm: int = DEFAULT_HWM,
