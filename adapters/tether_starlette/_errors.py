@@ -48,8 +48,7 @@ async def http_exception_handler(request: Request, exc: Exception) -> Response:
 
 
 def json_errors(app: Starlette, *, shape: Shape | None = None) -> None:
-    """Answer Starlette's HTTP errors with tether's JSON error body (see
-    :func:`http_exception_handler`).
+    """Answer Starlette's HTTP errors with tether's JSON error (:func:`http_exception_handler`).
 
     :param shape: rewrites each error before it is sent, given the request (another
         error shape on some routes, say); the default sends tether's.
