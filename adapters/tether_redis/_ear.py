@@ -72,7 +72,9 @@ class Ear:
         "_block_ms",
         "_client",
         "_failed",
+        "_joined",
         "_keys",
+        "_listens",
         "_spawn",
         "_task",
         "_timeout",
@@ -101,6 +103,10 @@ class Ear:
         self._failed = failed
         self._keys: dict[str, dict[Listener, Any]] = {}
         """Each key's listeners, each with the id of the last entry it had."""
+        self._listens = 0
+        self._joined: dict[Listener, int] = {}
+        """The number of each listener's latest :meth:`listen` (an upkeep's verdict on
+        a listener that listened again meanwhile is stale)."""
         self._wake_id: Any = "0-0"
         self._task: asyncio.Task[None] | None = None
         self.poke: Callable[[], Coroutine[Any, Any, None]] | None = None
@@ -111,6 +117,8 @@ class Ear:
         listens to already goes on from where it is)."""
         for key, last in keys.items():
             self._keys.setdefault(key, {}).setdefault(listener, last)
+        self._listens += 1
+        self._joined[listener] = self._listens
         if self._task is None or self._task.done():
             self._task = self._spawn(self._run())
         elif self.poke is not None:  # the read in progress does not name these keys yet
@@ -118,6 +126,7 @@ class Ear:
 
     def drop(self, listener: Listener) -> None:
         """Deliver nothing more to ``listener``."""
+        self._joined.pop(listener, None)
         for key in [key for key, held in self._keys.items() if listener in held]:
             held = self._keys[key]
             del held[listener]
@@ -141,6 +150,9 @@ class Ear:
                     await self._read()
                 if failing:
                     logger.warning("resumable streams: Redis answers again")
+                    # The upkeep at once, not a period later: an owner whose streams
+                    # Redis lacks marks it settling before other workers stop being wary.
+                    upkept = -float("inf")
                 failing = False
             except (RedisError, OSError, TimeoutError) as exc:
                 self._failed()
@@ -184,10 +196,11 @@ class Ear:
         except (RedisError, OSError, TimeoutError) as exc:
             logger.debug("resumable streams: upkeep failed (%r)", exc)
         listeners = self._listeners()
+        joined = [self._joined.get(listener) for listener in listeners]
         results = await asyncio.gather(
             *(listener.tick() for listener in listeners), return_exceptions=True
         )
-        for listener, result in zip(listeners, results, strict=True):
+        for listener, result, when in zip(listeners, results, joined, strict=True):
             if isinstance(result, asyncio.CancelledError):
                 raise result
             if isinstance(result, BaseException):
@@ -196,7 +209,9 @@ class Ear:
                 if not isinstance(result, RedisError | OSError | TimeoutError):
                     # A listener's bug must not end the reading of every other one.
                     logger.error("resumable streams: an upkeep failed", exc_info=result)
-            elif not result:
+            elif not result and self._joined.get(listener) == when:
+                # (the ticks run together, the slowest sets the pace: one that listened
+                # again meanwhile, a reconnect that just attached, goes on)
                 self.drop(listener)
 
 

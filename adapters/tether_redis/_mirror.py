@@ -60,6 +60,10 @@ class Host(Protocol):
         state lately."""
         ...
 
+    def unsettled(self) -> bool:
+        """The same, as far as the store knows without asking."""
+        ...
+
 
 class Mirror:
     """A reconnect on a worker that does not own the stream: a local channel fed from
@@ -75,6 +79,7 @@ class Mirror:
         "_closing",
         "_fid",
         "_seen",
+        "_starting",
         "_store",
         "_token",
     )
@@ -89,6 +94,9 @@ class Mirror:
         self._caught_up: asyncio.Future[None] | None = None
         self._seen = 0.0  # when Redis last answered this mirror's upkeep
         self._announce = False  # this client must tell the owner again that it is here
+        self._starting = True
+        """:meth:`start` runs: the channel has no follower yet, and must keep listening
+        (an upkeep meanwhile must not take it for a client that left)."""
 
     def _key(self, kind: str) -> str:
         return self._store.key(self._token, kind)
@@ -99,6 +107,12 @@ class Mirror:
 
         :raises StoreUnreachable: Redis cannot be reached or lost its state lately.
         """
+        try:
+            return await self._start()
+        finally:
+            self._starting = False
+
+    async def _start(self) -> Follower | None:
         store, after = self._store, self._after
         log = self._key("log")
 
@@ -139,9 +153,14 @@ class Mirror:
             first = first or count
             events.append(json.loads(fields[b"d"]))
         first = first or count + 1
-        if end is not None and (end[b"end"] == b"aborted" or after > count):
+        if end is not None and end[b"end"] == b"aborted":
             return None
-        if after < first - 1:
+        if (end is not None and after > count) or after < first - 1:
+            # Past the end, or before what the log holds: unknown, unless Redis lost
+            # state lately (its owner's copies since made a log that lacks the rest,
+            # until it publishes the whole again).
+            if store.lost(results):
+                raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
             return None
         channel = Channel(
             self,
@@ -173,6 +192,10 @@ class Mirror:
                 self._caught_up = None
             if channel.count < after:
                 store.ear.drop(self)
+                # Behind is not unknown while an owner may still be publishing what
+                # Redis lacks (it failed, or restarted empty, lately): a 503, not a 404.
+                if store.unsettled():  # (asks Redis nothing: 150 of these cost nothing)
+                    raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
                 return None
         follower = Follower(channel, after)
 
@@ -235,7 +258,7 @@ class Mirror:
         more); end if the owner is gone, or Redis has not answered for a lease period."""
         channel, store = self._channel, self._store
         if channel is None or channel.follower is None:
-            return self._caught_up is not None
+            return self._starting
         loop = asyncio.get_running_loop()
         lease_ms = 3 * store.block_ms
 
@@ -353,6 +376,9 @@ class Mirror:
 
     def attached(self, channel: Channel, follower: Follower) -> None:
         pass
+
+    def respite(self, channel: Channel) -> float:
+        return 0.0  # (a mirror is never parked: no store holds it)
 
     def detached(self, channel: Channel, follower: Follower) -> None:
         self._store.ear.drop(self)

@@ -93,9 +93,11 @@ class RedisStore(tether.resume.MemoryStore):
     """
 
     __slots__ = (
-        "_failed_at",
+        "_answered_at",
         "_known",
         "_mirrors",
+        "_ok_since",
+        "_unsettled",
         "_writers",
         "block_ms",
         "client",
@@ -145,7 +147,12 @@ class RedisStore(tether.resume.MemoryStore):
         self.epoch = f"{prefix}epoch"
         self.settling = f"{prefix}settling"
         self._known = False  # whether this store saw Redis hold the epoch
-        self._failed_at = -float("inf")  # when Redis last failed this store
+        self._answered_at = -float("inf")  # when Redis last answered this store
+        self._unsettled = False  # what the last upkeep saw: Redis settling, or empty
+        self._ok_since: float | None = -float("inf")
+        """Since when every command of this store went through (``None``: the last one
+        failed). Absence is claimed only after ``settle_ms`` of that: every owner that
+        may hold a stream Redis lacks has marked Redis ``settling`` by then."""
         self._writers: dict[str, _Writer] = {}
         self._mirrors: weakref.WeakSet[Mirror] = weakref.WeakSet()
         """The clients here of streams owned elsewhere (ended when this store closes)."""
@@ -184,7 +191,7 @@ class RedisStore(tether.resume.MemoryStore):
         )
         try:
             async with asyncio.timeout(self.timeout), slots:
-                return await job(self.client)
+                result = await job(self.client)
         except TimeoutError as exc:
             self.failed()
             raise StoreUnreachable(f"Redis did not answer within {self.timeout:g} s") from exc
@@ -193,18 +200,49 @@ class RedisStore(tether.resume.MemoryStore):
             if isinstance(exc, StoreUnreachable):
                 raise
             raise StoreUnreachable(f"Redis cannot be reached: {exc!r}") from exc
+        self.answered()
+        return result
 
     def lost(self, pipe_results: list[Any]) -> bool:
         """Whether Redis may lack streams that live: the answers to ``EXISTS settling,
         EXISTS epoch`` (the last two of a pipeline) say it lost its state lately, or
         this worker saw it fail lately (streams opened meanwhile are being published)."""
         settling, epoch = pipe_results[-2:]
-        recent = asyncio.get_running_loop().time() - self._failed_at < self.settle_ms / 1000
-        return bool(settling) or not epoch or recent
+        return bool(settling) or not epoch or self.wary()
+
+    def unsettled(self) -> bool:
+        """Whether Redis may lack streams that live, as far as this store knows without
+        asking (its last upkeep saw Redis settling or empty, or it is :meth:`wary`)."""
+        return self._unsettled or self.wary()
+
+    def wary(self) -> bool:
+        """Whether Redis failed this store lately: it has not answered every command
+        for ``settle_ms`` since (measured from when it answered again, not from when it
+        last failed: an owner marks Redis ``settling`` only once it answers)."""
+        since = self._ok_since
+        return since is None or asyncio.get_running_loop().time() - since < self.settle_ms / 1000
 
     def failed(self) -> None:
         """Redis failed a command of this store (see :meth:`lost`)."""
-        self._failed_at = asyncio.get_running_loop().time()
+        self._ok_since = None
+
+    def answered(self) -> None:
+        """Redis answered a command of this store."""
+        self._answered_at = now = asyncio.get_running_loop().time()
+        if self._ok_since is None:
+            self._ok_since = now
+
+    def respite(self, channel: Channel) -> float:
+        """While Redis fails or settles, the client of a parked stream may be held off
+        by 503s: its grace period runs on for a settling period more (the channel caps
+        the total at one more grace period)."""
+        writer = self._writers.get(channel.token)
+        unpublished = writer is not None and (writer.failing or writer.dirty)
+        # Silence counts as failure: the upkeep asks Redis something every block
+        # period, so a Redis that said nothing for two is paused or gone (its commands
+        # have not timed out yet).
+        silent = asyncio.get_running_loop().time() - self._answered_at > 2 * self.block_ms / 1000
+        return self.settle_ms / 1000 if unpublished or silent or self.wary() else 0.0
 
     async def _poke(self) -> None:
         async def poke(client: Redis) -> None:
@@ -228,7 +266,9 @@ class RedisStore(tether.resume.MemoryStore):
             async with client.pipeline(transaction=False) as pipe:
                 pipe.pexpire(self.epoch, _EPOCH_MS)
                 pipe.pexpire(self.ear_wake, 60_000)
-                held, _ = await pipe.execute()
+                pipe.exists(self.settling)
+                held, _, settling = await pipe.execute()
+            self._unsettled = not held or bool(settling)
             if held:
                 self._known = True
                 return False
@@ -245,13 +285,14 @@ class RedisStore(tether.resume.MemoryStore):
         if await self.command(mark, own=True):
             for writer in self._writers.values():
                 writer.republish()
-        if any(writer.failing for writer in self._writers.values()):
+        if any(writer.unpublished for writer in self._writers.values()):
             # Streams this worker could not publish (Redis was down or paused): until
             # they are, a stream Redis does not know may be one of them (a 503, not 404).
             async def settle(client: Redis) -> None:
                 await client.set(self.settling, "1", px=self.settle_ms)
 
             await self.command(settle, own=True)
+            self._unsettled = True
 
     # -- the owner's side ------------------------------------------------------------
 
@@ -421,6 +462,13 @@ class _Writer:
         self.tried = asyncio.Event()
         """Set once the first publication was tried (whatever came of it)."""
         self.task: asyncio.Task[None] | None = None
+
+    @property
+    def unpublished(self) -> bool:
+        """Its client may hold its token while Redis lacks it (the first publication
+        was tried and failed, or Redis lost it since): other workers must not call it
+        unknown."""
+        return self.failing or (self.dirty and self.tried.is_set())
 
     def _log_entry(self, n: int, output: Any) -> tuple[str, dict[str, str]]:
         return f"{n}-0", {"n": str(n), "d": _DUMPS(output).decode()}

@@ -91,6 +91,9 @@ class MemoryStore:
     def attached(self, channel: Channel, follower: Follower) -> None:
         """``follower`` is ``channel``'s client now."""
 
+    def respite(self, channel: Channel) -> float:
+        return 0.0  # (a client of this process can always come back)
+
     def detached(self, channel: Channel, follower: Follower) -> None:
         """``follower``, ``channel``'s client, left."""
 

@@ -53,6 +53,11 @@ class Keeper(Protocol):
         """``follower``, ``channel``'s client, left after event ``follower.pos``."""
         ...
 
+    def respite(self, channel: Channel) -> float:
+        """Seconds more ``channel``'s grace period should run because its client may
+        have been unable to come back (a shared store was unreachable); 0 for none."""
+        ...
+
 
 class Channel:
     """One resumable stream's log of events, in one process: the owner's record of
@@ -78,6 +83,7 @@ class Channel:
         "first",
         "follower",
         "grace",
+        "held_over",
         "keeper",
         "max_bytes",
         "max_events",
@@ -107,6 +113,8 @@ class Channel:
         self.token = token
         self.remote = False  # a client attached in another process (see attach_remote)
         self.grace = grace
+        self.held_over = 0.0
+        """Seconds this grace period was extended by its keeper's respites."""
         self.max_events = max_events
         self.max_bytes = max_bytes
         self.weights = None if max_bytes is None else Weights(max_bytes)
@@ -215,6 +223,7 @@ class Channel:
     def arm(self) -> None:
         """Start the grace period (again)."""
         self.disarm()
+        self.held_over = 0.0
         loop = asyncio.get_running_loop()
         self.timer = loop.call_later(self.grace, self.expire)
 
@@ -229,6 +238,13 @@ class Channel:
         """The grace period passed with no client: abort a live stream, forget its log."""
         self.timer = None
         if self.follower is not None or self.remote:
+            return
+        # A client that could not come back (its store was down) gets the time it lost,
+        # up to one more grace period: a store that never returns cannot keep it alive.
+        more = min(self.keeper.respite(self), self.grace - self.held_over)
+        if more > 0:
+            self.held_over += more
+            self.timer = asyncio.get_running_loop().call_later(more, self.expire)
             return
         self.keeper.forget(self)
         if not self.ended:

@@ -14,8 +14,6 @@ import collections
 import contextlib
 import dataclasses
 import json
-import os
-import shutil
 import socket
 from collections.abc import AsyncIterator
 from typing import Any, Final
@@ -36,11 +34,10 @@ import tether_aiohttp
 import tether_starlette
 from tests._support.loops import LAZY_AND_EAGER, PLAIN, LoopFactories
 from tests._support.ready_server import ReadyServer
+from tests._support.redis_server import redis_proc as redis_proc
 from tests._support.redis_server import redis_url as redis_url
 from tests._support.waiting import eventually as eventually
 from tether.resume import TOKEN_HEADER
-
-from .redis_process import RedisProcess, redis_process
 
 BOUND: Final = 10.0
 ADAPTERS: Final = ("starlette", "aiohttp", "aiohttp-cancel")
@@ -276,14 +273,3 @@ async def connect(
     response = await session.get(url, headers=headers, params=params)
     assert response.status == 200, (response.status, await response.text())
     return Reader(response)
-
-
-@pytest.fixture
-async def redis_proc() -> AsyncIterator[RedisProcess]:
-    """A ``redis-server`` of its own that the test may pause, restart empty or kill."""
-    if shutil.which("redis-server") is None:
-        if os.environ.get("CI"):
-            pytest.fail("redis-server is not installed (.ci/run installs it)")
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    async with redis_process() as server:
-        yield server

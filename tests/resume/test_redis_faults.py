@@ -19,10 +19,10 @@ from tether_redis import RedisStore
 
 import tether
 import tether.resume
+from tests._support.redis_server import RedisProcess, redis_process
 from tether.resume import Follower, ResumePoint, resume_point
 
 from .conftest import eventually
-from .redis_process import RedisProcess, redis_process
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -313,3 +313,113 @@ async def test_the_log_in_redis_holds_about_max_bytes_as_the_owners_does(
         ]
         await tail.aclose()
     assert aborts.total() == 1
+
+
+async def test_a_parked_stream_outlives_its_grace_while_redis_keeps_its_client_out(
+    redis_proc: RedisProcess,
+) -> None:
+    # The client can only come back through Redis; while Redis is paused it is refused
+    # with 503s. Its grace period must not run out meanwhile: that would turn the
+    # 503s it was told to retry into a 404 for a stream that existed.
+    grace = 1.0
+    async with (
+        _workers(redis_proc.url, grace=grace) as (registry, aborts, owner, other),
+        asyncio.timeout(30),
+    ):
+        stream, first = await _first_read(registry, owner, leave=True)
+        await (await _reach(other, first.token, 1)).aclose()  # in Redis; parked again
+        channel = owner.store.channel(first.token)
+        assert channel is not None
+        await eventually(lambda: channel.timer is not None)  # its grace period runs
+        redis_proc.pause()
+        try:
+            outage_ends = time.monotonic() + 1.3 * grace
+            answer = await other.reconnect({"last-event-id": f"{first.token}.1"}, {})
+            assert isinstance(answer, tether.http.ErrorResponse)
+            assert answer.status == 503  # the client is told to retry
+            # The outage lasts longer than the grace period (its length, not a wait).
+            await asyncio.sleep(max(0.0, outage_ends - time.monotonic()))
+        finally:
+            redis_proc.resume()
+        while True:
+            try:
+                back = await other.follow(_point(first.token, 1))
+                break
+            except ConnectionError:
+                await asyncio.sleep(0.02)
+        assert back is not None  # not a 404
+        assert stream.rid not in aborts
+        registry.deliver(stream.rid, 1, finished=True)
+        assert await _drain(back) == [1]
+        await back.aclose()
+    assert aborts.total() == 0
+
+
+async def test_a_reconnect_ahead_of_a_log_its_owner_cannot_copy_yet_is_told_to_retry(
+    redis_proc: RedisProcess,
+) -> None:
+    # Redis answers, but the owner's copies cannot get through for longer than a
+    # reconnect waits for the log to catch up (its copy slots are all taken, as by a
+    # backlog of copies): the client's id is ahead of Redis, not unknown. A 404 would
+    # make it give up on a stream that lives.
+    async with _workers(redis_proc.url) as (registry, aborts, owner, other), asyncio.timeout(30):
+        stream, first = await _first_read(registry, owner)
+        await (await _reach(other, first.token, 1)).aclose()  # event 1 is in Redis
+        assert isinstance(owner.store, RedisStore)
+        slots = owner.store.upkeep_slots
+        held = 0
+        while not slots.locked():
+            await slots.acquire()
+            held += 1
+        try:
+            again = await owner.follow(_point(first.token, 1))
+            assert again is not None
+            registry.deliver(stream.rid, 2)
+            registry.deliver(stream.rid, 3)
+            assert [output for _, output in await again.next_ready() or ()] == [2, 3]
+            await again.aclose()
+            with pytest.raises(ConnectionError):  # a 503: retry
+                await other.follow(_point(first.token, 3))
+        finally:
+            for _ in range(held):
+                slots.release()
+        back = await _reach(other, first.token, 3)
+        registry.deliver(stream.rid, 4, finished=True)
+        assert await _drain(back) == [4]
+        await back.aclose()
+    assert aborts.total() == 0
+
+
+async def test_hostile_resume_ids_elsewhere_are_a_404_that_costs_the_stream_nothing(
+    redis_proc: RedisProcess,
+) -> None:
+    async with _workers(redis_proc.url) as (registry, aborts, owner, other), asyncio.timeout(30):
+        stream, first = await _first_read(registry, owner, leave=True)
+        await (await _reach(other, first.token, 1)).aclose()  # (it is in Redis)
+        token = first.token
+        hostile: list[tuple[dict[str, str], dict[str, str]]] = [
+            ({"last-event-id": f"{token}.-1"}, {}),
+            ({"last-event-id": f"{token}.1e3"}, {}),
+            ({"last-event-id": f"{token}.{'9' * 100}"}, {}),  # (longer than any id)
+            ({"last-event-id": f"{token}.\u0661"}, {}),  # an Arabic-Indic digit
+            ({"last-event-id": "x" * 100_000}, {}),
+            ({"tether-resume-token": "x" * 100_000}, {}),
+            ({"tether-resume-token": "é" * 22}, {}),
+            ({"tether-resume-token": "ü:meta"}, {}),
+            ({"tether-resume-token": f"{token}:meta"}, {}),
+            ({}, {"resume_token": "\ud800\udfff\udc80"}),  # lone surrogates, from a query
+            ({}, {"last_event_id": f"\udc80{token}.1"}),
+            ({"tether-resume-token": token}, {"last_event_id": f"{token[::-1]}.1"}),
+        ]
+        for headers, query in hostile:
+            answer = await other.reconnect(headers, query)
+            assert answer is tether.resume.NOT_RESUMABLE, (headers, query, answer)
+        # An id far past every event: a 404 once the wait for the owner's writes is over.
+        answer = await other.reconnect({"last-event-id": f"{token}.{10**30}"}, {})
+        assert answer is tether.resume.NOT_RESUMABLE
+        # None of it touched the stream: it resumes elsewhere, whole.
+        back = await _reach(other, token, 1)
+        registry.deliver(stream.rid, 2, finished=True)
+        assert await _drain(back) == [2]
+        await back.aclose()
+    assert aborts.total() == 0

@@ -21,11 +21,11 @@ from typing import Any, Final
 import aiohttp
 import pytest
 
+from tests._support.redis_server import RedisProcess, redis_process
 from tether.resume import TOKEN_HEADER
 
 from .conftest import Reader
 from .fronts import front, until
-from .redis_process import RedisProcess, redis_process
 
 pytestmark = pytest.mark.timeout(120)
 
