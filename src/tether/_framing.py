@@ -15,7 +15,7 @@ from typing import Any, Final
 from ._encoders import Encoder, ErrorBody
 from ._responses import error_response
 
-__all__ = ["WRITE_BYTES", "Framer", "jsonable"]
+__all__ = ["WRITE_BYTES", "Framer", "error_inline"]
 
 WRITE_BYTES: Final = 256 * 1024
 """About how many bytes one chunk of a stream carries when a backlog is ready: ready
@@ -26,8 +26,9 @@ _FIRST_SLICE: Final = 4
 """How many outputs are encoded before their size is known."""
 
 
-def jsonable(value: Any) -> Any:
-    """An output as JSON can carry it: an error (a keep-going batch's) as its body."""
+def error_inline(value: Any) -> Any:
+    """An output, or the error (a keep-going batch's) that stands in its place as its
+    JSON body."""
     if isinstance(value, BaseException):
         return ErrorBody(error_response(value).body)
     return value
@@ -115,6 +116,6 @@ class Framer:
         if self._indexed:
             if self._errors_inline:
                 # a keep-going batch yields a failed sub-request's error in its place
-                items = [(index, jsonable(output)) for index, output in items]
+                items = [(index, error_inline(output)) for index, output in items]
             return self.encoder.encode_indexed(items)
         return self.encoder.encode_many(items)
