@@ -374,7 +374,7 @@ class Exchange:
             items = self.source.ready()
         except TetherError as exc:
             return self._failed(exc)
-        if items == []:
+        if items is not None and not items:  # (no `== []`: no list built per poll)
             return None
         return self._chunk(items)
 
