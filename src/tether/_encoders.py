@@ -118,13 +118,17 @@ def _pick_dumps() -> Dumps:
     except ImportError:
         return stdlib_dumps
     fast = orjson.dumps
+    # Dataclasses and datetimes are handed to json_default, as on the standard
+    # library's path: orjson's own writing differs (it adds a dataclass's attributes
+    # beyond its fields, and rounds a zone offset to the minute).
+    options = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
 
     def fast_dumps(value: Any) -> bytes:
         # Whatever orjson refuses (an int past 64 bits, a non-str key, a time with a
         # zone, nesting past 254 levels...) goes the standard library's way, which
         # writes it or raises: both paths give the same answer for every value.
         try:
-            return fast(value, default=json_default)
+            return fast(value, default=json_default, option=options)
         except TypeError:
             return stdlib_dumps(value)
 

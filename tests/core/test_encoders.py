@@ -106,6 +106,17 @@ class Inner:
 
 
 @dataclasses.dataclass
+class Labelled:
+    name: str
+
+
+def _labelled_with_an_attribute_beyond_its_fields() -> Labelled:
+    tagged = Labelled("t")
+    tagged.note = "not a field"  # type: ignore[attr-defined]
+    return tagged
+
+
+@dataclasses.dataclass
 class Outer:
     name: str
     inner: Inner
@@ -114,6 +125,7 @@ class Outer:
 
 _UTC = datetime.UTC
 _ZONE = datetime.timezone(datetime.timedelta(hours=5, minutes=30))
+_LMT = datetime.timezone(datetime.timedelta(minutes=19, seconds=32))  # (Amsterdam before 1937)
 
 ENCODED: Final = [
     pytest.param({"text": "héllo ✓ 😀", "n": [1, 2]}, id="non-ascii"),
@@ -127,12 +139,14 @@ ENCODED: Final = [
     pytest.param(datetime.datetime(2026, 12, 1, 20, 32, 4), id="naive-datetime"),
     pytest.param(datetime.datetime(2026, 12, 1, 20, 32, 4, 123456, tzinfo=_UTC), id="utc-datetime"),
     pytest.param(datetime.datetime(2026, 12, 1, 20, 32, tzinfo=_ZONE), id="zoned-datetime"),
+    pytest.param(datetime.datetime(1930, 1, 1, tzinfo=_LMT), id="sub-minute-offset"),
     pytest.param(datetime.date(2026, 12, 1), id="date"),
     pytest.param(datetime.time(20, 32, 4, 5), id="time"),
     pytest.param(datetime.time(20, 32, tzinfo=_UTC), id="zoned-time"),
     pytest.param(uuid.UUID("12345678-1234-5678-1234-567812345678"), id="uuid"),
     pytest.param([Colour.RED, Level.HIGH], id="enums-as-values"),
     pytest.param(Outer("o", Inner(datetime.date(2026, 1, 2)), ("t",)), id="nested-dataclasses"),
+    pytest.param(_labelled_with_an_attribute_beyond_its_fields(), id="dataclass-extra-attribute"),
     pytest.param({"points": [Point(x=1, at=datetime.date(2026, 12, 1))]}, id="pydantic"),
     pytest.param([[[[[[[[[[[]]]]]]]]]]] * 2, id="nested"),
     pytest.param(functools.reduce(lambda acc, _: [acc], range(300), []), id="deeper-than-orjson"),
