@@ -29,8 +29,8 @@ def approximate_size(output: Any) -> int:
     """About how many bytes ``output`` holds, and never less than a sixth of its JSON
     encoding, whatever its shape: the length of every string and bytes value however
     deep it sits in dicts, lists, tuples, sets and objects (their ``__dict__``,
-    ``__slots__``: dataclasses, pydantic models, an engine's output objects), a word
-    per value, and an int's digits.
+    ``__slots__``, names and values: dataclasses, pydantic models, an engine's output
+    objects), a word per value, and an int's digits.
 
     (A string's JSON is at most six bytes per character, ``\\u001f``, and
     two quotes; every other value's is within that of its weight.)
@@ -99,11 +99,13 @@ def _other_size(value: Any, todo: list[Any]) -> int:
 
 
 def _object_size(value: Any, todo: list[Any]) -> int:
-    """An object's own weight; its attributes' values join ``todo``."""
+    """An object's own weight; its attributes' names and values join ``todo`` (it is
+    written as a dict of its fields: a long name is as many bytes as a long value)."""
     if isinstance(value, type):
         return 0  # a class (an enum member's __objclass__, say) is shared, not held
     fields = getattr(value, "__dict__", None)
     if isinstance(fields, dict):
+        todo.extend(fields.keys())
         todo.extend(fields.values())
         return 64
     slots = [
@@ -113,6 +115,7 @@ def _object_size(value: Any, todo: list[Any]) -> int:
         if isinstance(name, str) and not name.startswith("__")
     ]
     if slots:
+        todo.extend(slots)
         todo.extend(getattr(value, name, None) for name in slots)
         return 64
     return sys.getsizeof(value)

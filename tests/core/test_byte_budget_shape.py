@@ -5,14 +5,17 @@ consumer of such outputs is stopped near the configured budget."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from typing import Any
+from typing import Any, Final
 
+import pydantic
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tether
+from tether._encoders import default_dumps
 
 MIB = 1024 * 1024
 FACTOR = 6
@@ -88,3 +91,24 @@ async def test_a_stalled_consumer_of_large_outputs_is_stopped_near_the_budget() 
     with pytest.raises(tether.ConsumerTooSlow) as caught:
         await stream.result()  # (what waited was dropped with the abort: the error comes first)
     assert caught.value.max_bytes == budget
+
+
+_LONG_NAMES: Final = [f"field_{'n' * 120}_{i}" for i in range(40)]
+_Wide = dataclasses.make_dataclass("_Wide", [(name, Any, None) for name in _LONG_NAMES])
+_WideSlots = dataclasses.make_dataclass(
+    "_WideSlots", [(name, Any, None) for name in _LONG_NAMES], slots=True
+)
+_WideModel = pydantic.create_model("_WideModel", **dict.fromkeys(_LONG_NAMES, (Any, None)))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param([_Wide()] * 50, id="dataclass"),
+        pytest.param([_WideSlots()] * 50, id="slotted-dataclass"),
+        pytest.param([_WideModel()] * 50, id="pydantic-model"),
+    ],
+)
+def test_an_objects_field_names_weigh_as_they_are_written(value: Any) -> None:
+    """An object is written as a dict of its fields: their names are bytes too."""
+    assert tether.approximate_size(value) * FACTOR >= len(default_dumps(value))
