@@ -137,11 +137,17 @@ class Consumer:
 
     async def aclose(self) -> None:
         """Close the consumer: unfinished requests are freed and ``on_abort`` is
-        called for each, exactly once. Idempotent; later reads end the iteration."""
+        called for each, exactly once. Idempotent; later reads end the iteration.
+
+        :raises WrongLoop: called from another thread while a request is unfinished
+            (refused before anything changes: the reader goes on).
+        """
+        # cancel() first: it refuses another thread before anything is changed, and
+        # nothing awaits in between, so the reader it wakes finds the stream closed.
+        self.cancel(AbortReason.CANCELLED)
         self._closed = True
         self._buf = EMPTY
         self._stop_idle()
-        self.cancel(AbortReason.CANCELLED)
 
     async def __aenter__(self) -> Self:
         return self

@@ -89,3 +89,21 @@ async def test_a_batch_sub_request_from_another_thread_is_refused(finished: bool
     raised = in_a_thread(lambda: registry.deliver(batch.rids[0], "out", finished=finished))
     assert isinstance(raised, RuntimeError)
     await batch.aclose()
+
+
+async def test_aclose_from_another_thread_is_refused_without_closing_the_stream() -> None:
+    registry = tether.Registry()
+    stream = registry.open()
+    registry.deliver(stream.rid, "first")
+    registry.deliver(stream.rid, "second")
+    assert await anext(stream) == "first"
+
+    raised = in_a_thread(lambda: asyncio.run(stream.aclose()))
+
+    assert isinstance(raised, tether.WrongLoop)
+    # Refused before anything changed: the stream reads on, nothing is lost.
+    assert not stream.closed
+    registry.deliver(stream.rid, "third", finished=True)
+    async with asyncio.timeout(BOUND):
+        assert [output async for output in stream] == ["second", "third"]
+    assert registry.in_flight == 0
