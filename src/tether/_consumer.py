@@ -227,6 +227,7 @@ class Consumer:
             everything finished and was read.
         :raises ProducerError: as for ``__anext__``.
         :raises Aborted: as for ``__anext__``.
+        :raises WrongLoop: called from another thread with outputs ready (nothing is taken).
         """
         if self._reading:
             raise ConcurrentRead(self)
@@ -234,8 +235,14 @@ class Consumer:
         if self._closed:
             return None
         # (the write loop polls this once per event with nothing there: no call for it)
+        pending = box.pending
+        if pending:
+            # Taking from another thread would race the producer: refused before
+            # anything is taken (only when there is something to take: an empty
+            # poll costs nothing more).
+            self._table.check_thread("ready()")
         rest = self._take_buffered() if self._pos < len(self._buf) else None
-        items = box.take() if box.pending else EMPTY
+        items = box.take() if pending else EMPTY
         if rest:
             rest.extend(items)
             return rest

@@ -107,3 +107,16 @@ async def test_aclose_from_another_thread_is_refused_without_closing_the_stream(
     async with asyncio.timeout(BOUND):
         assert [output async for output in stream] == ["second", "third"]
     assert registry.in_flight == 0
+
+
+async def test_ready_from_another_thread_is_refused_and_takes_nothing() -> None:
+    registry = tether.Registry()
+    stream = registry.open()
+    registry.deliver(stream.rid, "first")
+
+    raised = in_a_thread(stream.ready)
+
+    assert isinstance(raised, tether.WrongLoop)
+    registry.deliver(stream.rid, "second", finished=True)
+    async with asyncio.timeout(BOUND):
+        assert [output async for output in stream] == ["first", "second"]
