@@ -166,6 +166,7 @@ async def load(args: argparse.Namespace) -> dict[str, Any]:
     latencies: list[float] = []
     tally = {"requests": 0, "bad": 0}
     stop = asyncio.Event()
+    enough = asyncio.Event()  # the window has seen --min-requests end in it
 
     def noted(latency: float) -> None:
         if "start" in window and not stop.is_set():
@@ -183,6 +184,8 @@ async def load(args: argparse.Namespace) -> dict[str, Any]:
                 if "start" not in window or stop.is_set():
                     continue
                 tally["requests"] += 1
+                if tally["requests"] >= args.min_requests:
+                    enough.set()
                 if connection.status != 200 or (args.expect and connection.events != args.expect):
                     tally["bad"] += 1
         finally:
@@ -195,6 +198,10 @@ async def load(args: argparse.Namespace) -> dict[str, Any]:
         window.update(start=time.perf_counter(), cpu=cpu_seconds(args.server_pid))
         events0, own0 = counter[0], time.process_time()
         await asyncio.sleep(args.duration)
+        if args.min_requests:
+            # A smoke run on a loaded machine: a window too short for one whole
+            # response stays open until one ends in it, instead of measuring nothing.
+            await asyncio.wait_for(enough.wait(), 120)
         elapsed = time.perf_counter() - window["start"]
         events = counter[0] - events0
         server_cpu = cpu_seconds(args.server_pid) - window["cpu"]
@@ -314,6 +321,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--duration", type=float, default=2.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds before measuring")
+    parser.add_argument(
+        "--min-requests", type=int, default=0, help="keep the window open until this many end"
+    )
     parser.add_argument("--expect", type=int, default=0, help="events per response (0: any)")
     parser.add_argument("--server-pid", type=int, default=0, help="for CPU and memory readings")
     parser.add_argument("--tries", type=int, default=50)

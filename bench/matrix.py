@@ -77,6 +77,7 @@ class Plan:
     warmup: float
     serializers: tuple[str, ...] = tuple(SERIALIZERS)
     shapes: tuple[str, ...] = SHAPES
+    min_requests: int = 0
 
     def warmup_for(self, concurrency: int) -> float:
         # 512 streams start in one wave: let it break up before measuring
@@ -84,7 +85,7 @@ class Plan:
 
 
 FULL = Plan(reps=3, concurrency=(1, 64, 512), duration=1.5, warmup=0.5)
-QUICK = Plan(reps=1, concurrency=(4,), duration=0.1, warmup=0.05)
+QUICK = Plan(reps=1, concurrency=(4,), duration=0.1, warmup=0.05, min_requests=1)
 
 Runs = list[dict[str, Any]]
 
@@ -144,6 +145,7 @@ def run(plan: Plan) -> dict[str, Any]:
 def _argv(plan: Plan, mode: str, url: str, conc: int, pid: int) -> list[object]:
     argv: list[object] = [mode, url, "--concurrency", conc, "--server-pid", pid]
     argv += ["--warmup", plan.warmup_for(conc), "--duration", plan.duration]
+    argv += ["--min-requests", plan.min_requests]
     if mode == "stream":
         argv += ["--expect", EVENTS]
     return argv

@@ -49,7 +49,7 @@ import tether
 import tether.http
 import tether.resume
 from tether.http import ErrorResponse
-from tether_starlette import TetherMiddleware, lifespan, respond, resume
+from tether_starlette import TetherMiddleware, respond, resume
 from tether_starlette.fastapi import RegistryDep, add_exception_handlers, event_stream
 
 
@@ -155,10 +155,9 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> FastAPI:
         async with service.engine.running(service.registry), service.resuming():
             yield
 
-    app = FastAPI(
-        title="tether example",
-        lifespan=lifespan(service.registry, drain_timeout=drain_timeout, inner=engine_running),
-    )
+    app = FastAPI(title="tether example", lifespan=engine_running)
+    # The one drain: the middleware starts it when uvicorn's shutdown signal arrives
+    # and holds the lifespan shutdown (the engine) until it is over.
     app.add_middleware(TetherMiddleware, registry=service.registry, drain_timeout=drain_timeout)
     add_exception_handlers(app, shape=error_shape)
 

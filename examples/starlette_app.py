@@ -43,7 +43,7 @@ import tether
 import tether.http
 import tether.resume
 from tether.http import ErrorResponse
-from tether_starlette import TetherMiddleware, json_errors, lifespan, respond, resume
+from tether_starlette import TetherMiddleware, json_errors, respond, resume
 
 
 def refuse(exc: api.BadRequest | tether.TetherError) -> JSONResponse:
@@ -177,38 +177,31 @@ def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> Starlette
             Route("/", index),
         ],
         middleware=[
-            # The middleware starts the drain when uvicorn's shutdown begins.
+            # The one drain: the middleware starts it when uvicorn's shutdown signal
+            # arrives and holds the lifespan shutdown (the engine) until it is over.
             Middleware(TetherMiddleware, registry=service.registry, drain_timeout=drain_timeout)
         ],
-        # The registry drains inside the engine's lifespan: the engine still runs.
-        lifespan=lifespan(service.registry, drain_timeout=drain_timeout, inner=engine_running),
+        lifespan=engine_running,
     )
     json_errors(app, shape=error_shape)  # 404 and 405 as JSON, in each route's shape
     return app
 
 
 class Server(uvicorn.Server):
-    """uvicorn's server, announcing its URL once listening and draining tether on exit.
+    """uvicorn's server, announcing its URL once listening and exiting 0 on a signal.
 
-    uvicorn waits for open connections *before* the lifespan shutdown runs, so open
-    streams would hold the exit until they finish: the drain starts as soon as
-    shutdown begins instead (``docs/starlette.md``), and ends them after
-    ``drain_timeout``. uvicorn's own grace period (``timeout_graceful_shutdown``, past
-    which it cancels the handlers still running) must outlast the drain: ``main()``
-    sets it to the drain timeout plus :data:`cli.SHUTDOWN_MARGIN` (``cli.uvicorn_config``).
+    The drain is ``TetherMiddleware``'s (``docs/starlette.md``): it starts when the
+    shutdown signal arrives, since uvicorn waits for open connections *before* the
+    lifespan shutdown runs, and ends what is left after ``drain_timeout``. uvicorn's
+    own grace period (``timeout_graceful_shutdown``, past which it cancels the
+    handlers still running) must outlast the drain: ``main()`` sets it to the drain
+    timeout plus :data:`cli.SHUTDOWN_MARGIN` (``cli.uvicorn_config``).
 
     SIGINT and SIGTERM are the normal way to stop this server, and it exits with 0
     after either: uvicorn would raise the signal again once shut down (a
     ``KeyboardInterrupt`` traceback and exit code -2 for Ctrl-C, death by SIGTERM).
     A second Ctrl-C still forces the exit, ending the drain at once.
     """
-
-    def __init__(
-        self, config: uvicorn.Config, registry: tether.Registry, drain_timeout: float
-    ) -> None:
-        super().__init__(config)
-        self.registry = registry
-        self.drain_timeout = drain_timeout
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # uvicorn's own handler, less the note that makes it raise the signal again.
@@ -246,19 +239,14 @@ class Server(uvicorn.Server):
             cli.announce("starlette", port, http=self.config.http_protocol_class)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        drain = asyncio.create_task(
-            self.registry.close(drain_timeout=self.drain_timeout), name="tether-drain"
-        )
         try:
             await super().shutdown(sockets)
         finally:
             if self.force_exit:
-                # A second Ctrl-C: end what is left now rather than after the drain, and
-                # stop the engine, which uvicorn's forced exit would leave to asyncio.run
-                # to cancel mid-step (a traceback). Both take milliseconds.
-                await self.registry.close(drain_timeout=0)
+                # A second Ctrl-C (the middleware has ended the drain at once): stop the
+                # engine, which uvicorn's forced exit skips, leaving it to asyncio.run to
+                # cancel mid-step (a traceback). It takes milliseconds.
                 await self.lifespan.shutdown()
-            await drain
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -268,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     app = create_app(service, drain_timeout=options.drain_timeout)
     config = cli.uvicorn_config(app, options)
     sock = workers.listen(cli.HOST, options.port, options.workers)  # (returns in each worker)
-    Server(config, service.registry, options.drain_timeout).run(sockets=[sock])
+    Server(config).run(sockets=[sock])
 
 
 if __name__ == "__main__":

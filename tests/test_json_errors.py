@@ -56,11 +56,25 @@ def aiohttp_app(shape: Shape) -> web.Application:
 
 @contextlib.asynccontextmanager
 async def running(framework: str, shape: Shape = None) -> AsyncIterator[str]:
-    if framework == "starlette":
-        async with serve(starlette_app(shape)) as (url, _):
+    app = starlette_app(shape) if framework == "starlette" else aiohttp_app(shape)
+    async with served(app) as url:
+        yield url
+
+
+def install_json_errors(app: Starlette | web.Application, shape: Shape) -> None:
+    if isinstance(app, Starlette):
+        tether_starlette.json_errors(app, shape=shape)
+    else:
+        tether_aiohttp.json_errors(app, shape=shape)
+
+
+@contextlib.asynccontextmanager
+async def served(app: Starlette | web.Application) -> AsyncIterator[str]:
+    if isinstance(app, Starlette):
+        async with serve(app) as (url, _):
             yield url
         return
-    runner, port = await start_default_server(aiohttp_app(shape))
+    runner, port = await start_default_server(app)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -113,9 +127,20 @@ async def test_a_shape_rewrites_each_error_with_the_request_at_hand(framework: s
     assert "POST" in wrong.headers["allow"]  # the headers go through the shape
 
 
-def test_aiohttp_json_errors_twice_on_one_app_is_refused() -> None:
-    app = web.Application()
-    tether_aiohttp.json_errors(app)
-    with pytest.raises(RuntimeError, match="already called"):
-        tether_aiohttp.json_errors(app)
-    assert len(app.middlewares) == 1
+@pytest.mark.parametrize("framework", ["starlette", "aiohttp"])
+async def test_json_errors_twice_on_one_app_is_refused_and_the_first_still_answers(
+    framework: str,
+) -> None:
+    def first(request: Any, error: ErrorResponse) -> ErrorResponse:
+        return ErrorResponse(error.status, {"shape": "first"}, error.headers)
+
+    def second(request: Any, error: ErrorResponse) -> ErrorResponse:
+        return ErrorResponse(error.status, {"shape": "second"}, error.headers)
+
+    app = starlette_app(first) if framework == "starlette" else aiohttp_app(first)
+    with pytest.raises(RuntimeError, match=f"tether_{framework}.json_errors.. was already called"):
+        install_json_errors(app, second)
+
+    async with served(app) as url, httpx.AsyncClient(timeout=BOUND) as client:
+        missing = await client.get(f"{url}/nowhere")
+    assert (missing.status_code, missing.json()) == (404, {"shape": "first"})

@@ -16,7 +16,7 @@ PACKAGE = pathlib.Path(tether.__file__).parent
 HTTP = {"http", "_exchange", "_framing", "_responses", "_guard", "_responder", "_drain", "_shapes"}
 """``tether.http``: one HTTP exchange and its one write loop, for adapter authors."""
 
-RESUME = {"resume", "_resume", "_channel", "_replay"}
+RESUME = {"resume", "_resume", "_resume_log", "_memory_store"}
 """Resumable streams, for store authors: above the core and the exchange."""
 
 

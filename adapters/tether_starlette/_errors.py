@@ -1,11 +1,10 @@
 """json_errors(): Starlette's own errors (404, 405, any ``HTTPException``) in tether's
-JSON error shape, the bodies ``tether_aiohttp.json_errors`` sends (see
-:func:`tether.http.http_error`)."""
+JSON error shape, as ``tether_aiohttp.json_errors`` (:func:`tether.http.http_error`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -18,6 +17,7 @@ __all__ = ["answer", "http_exception_handler", "json_errors", "shaped"]
 
 Shape = Callable[[Request, ErrorResponse], ErrorResponse]
 Handler = Callable[[Request, Exception], Any]
+_INSTALLED: Final = "tether_json_errors"  # marks app.state: a second call is refused
 
 
 def _http_error(request: Request, exc: Exception) -> ErrorResponse:
@@ -48,11 +48,14 @@ async def http_exception_handler(request: Request, exc: Exception) -> Response:
 
 
 def json_errors(app: Starlette, *, shape: Shape | None = None) -> None:
-    """Answer Starlette's HTTP errors with tether's JSON error body (see
-    :func:`http_exception_handler`); calling it again replaces the handler.
+    """Answer Starlette's HTTP errors with tether's JSON error (:func:`http_exception_handler`).
 
     :param shape: rewrites each error before it is sent, given the request (another
         error shape on some routes, say); the default sends tether's.
+    :raises RuntimeError: ``json_errors()`` was already called on this app.
     """
+    if getattr(app.state, _INSTALLED, False):
+        raise RuntimeError("tether_starlette.json_errors() was already called on this app")
     handler = http_exception_handler if shape is None else shaped(_http_error, shape)
     app.add_exception_handler(HTTPException, handler)
+    setattr(app.state, _INSTALLED, True)

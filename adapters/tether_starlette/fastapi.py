@@ -49,7 +49,8 @@ def _validation_error(request: Request, exc: Exception) -> ErrorResponse:
 
 def add_exception_handlers(app: FastAPI, *, shape: Shape | None = None) -> None:
     """Answer FastAPI's validation errors and HTTP errors in tether's error shape,
-    replacing FastAPI's handlers; ``shape`` as in :func:`tether_starlette.json_errors`."""
+    replacing FastAPI's handlers; ``shape``, and the refusal of a second call, as in
+    :func:`tether_starlette.json_errors`."""
     json_errors(app, shape=shape)
     handler = validation_exception_handler if shape is None else shaped(_validation_error, shape)
     app.add_exception_handler(RequestValidationError, handler)

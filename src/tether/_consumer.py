@@ -227,7 +227,8 @@ class Consumer:
         box = self._box or self._first_read()
         if self._closed:
             return None
-        rest = self._take_buffered()
+        # (the write loop polls this once per event with nothing there: no call for it)
+        rest = self._take_buffered() if self._pos < len(self._buf) else None
         items = box.take() if box.pending else EMPTY
         if rest:
             rest.extend(items)

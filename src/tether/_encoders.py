@@ -5,7 +5,7 @@ in one envelope, ``{"index": i, "output": value}``, so that no field of an outpu
 can overwrite its sub-request's index. JSON goes through orjson when it is
 installed, else the standard library (compact, UTF-8), and can be replaced with
 ``dumps=``; both paths write the same bytes for the same value (see
-:func:`jsonable` for the types beyond JSON's own). A pydantic model is written as
+:func:`json_default` for the types beyond JSON's own). A pydantic model is written as
 its ``model_dump(mode="json")``: pydantic is never imported here (a model exists
 only if its program imported pydantic already), so ``import tether`` stays light.
 
@@ -39,10 +39,10 @@ from typing import Any, ClassVar, Final, Self
 
 from .types import Dumps
 
-__all__ = ["NDJSON", "SSE", "Encoder", "ErrorBody", "default_dumps", "jsonable", "stdlib_dumps"]
+__all__ = ["NDJSON", "SSE", "Encoder", "ErrorBody", "default_dumps", "json_default", "stdlib_dumps"]
 
 
-def jsonable(value: Any) -> Any:
+def json_default(value: Any) -> Any:
     """The JSON-ready form of a value the serialiser does not know (its ``default``
     hook), the same on both paths: a pydantic model's ``model_dump(mode="json")``, a
     dataclass's public fields (in order; a name starting with ``_`` is left out), an
@@ -82,19 +82,19 @@ def _finite(value: Any) -> Any:
 
 
 _encode = json.JSONEncoder(
-    ensure_ascii=False, separators=(",", ":"), default=jsonable, allow_nan=False
+    ensure_ascii=False, separators=(",", ":"), default=json_default, allow_nan=False
 ).encode
 _encode_finite = json.JSONEncoder(
     ensure_ascii=False,
     separators=(",", ":"),
-    default=lambda value: _finite(jsonable(value)),
+    default=lambda value: _finite(json_default(value)),
     allow_nan=False,
 ).encode
 
 
 def stdlib_dumps(value: Any) -> bytes:
     """Compact UTF-8 JSON through the standard library, written as orjson writes it:
-    NaN and infinities as ``null``, the types of :func:`jsonable`; what it cannot
+    NaN and infinities as ``null``, the types of :func:`json_default`; what it cannot
     write (a lone surrogate, a cycle, nesting too deep) raises ``TypeError``.
 
     Floats are the same numbers on both paths; only an exponent's spelling may differ
@@ -124,7 +124,7 @@ def _pick_dumps() -> Dumps:
         # zone, nesting past 254 levels...) goes the standard library's way, which
         # writes it or raises: both paths give the same answer for every value.
         try:
-            return fast(value, default=jsonable)
+            return fast(value, default=json_default)
         except TypeError:
             return stdlib_dumps(value)
 

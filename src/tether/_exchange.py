@@ -26,7 +26,7 @@ from typing import Any, Final, Protocol
 from ._batch import Batch
 from ._encoders import SSE, Encoder, default_dumps
 from ._errors import NOBODY_READS, Aborted, AbortReason, TetherError
-from ._framing import Framer, jsonable
+from ._framing import Framer, error_inline
 from ._guard import SendGuard
 from ._responses import DEFAULT_SEND_TIMEOUT, JSON_HEADERS, TOKEN_HEADER, Head, error_response
 from ._scope import RequestScope
@@ -293,7 +293,7 @@ class Exchange:
             except TetherError as exc:
                 return self._error_head(exc)
             if isinstance(result, list):
-                result = [jsonable(item) for item in result]
+                result = [error_inline(item) for item in result]
             try:
                 body = self.encoder.dumps(result)
             except Exception as exc:
@@ -374,7 +374,7 @@ class Exchange:
             items = self.source.ready()
         except TetherError as exc:
             return self._failed(exc)
-        if items == []:
+        if items is not None and not items:  # (no `== []`: no list built per poll)
             return None
         return self._chunk(items)
 

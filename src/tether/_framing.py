@@ -15,7 +15,7 @@ from typing import Any, Final
 from ._encoders import Encoder, ErrorBody
 from ._responses import error_response
 
-__all__ = ["WRITE_BYTES", "Framer", "jsonable"]
+__all__ = ["WRITE_BYTES", "Framer", "error_inline"]
 
 WRITE_BYTES: Final = 256 * 1024
 """About how many bytes one chunk of a stream carries when a backlog is ready: ready
@@ -26,8 +26,9 @@ _FIRST_SLICE: Final = 4
 """How many outputs are encoded before their size is known."""
 
 
-def jsonable(value: Any) -> Any:
-    """An output as JSON can carry it: an error (a keep-going batch's) as its body."""
+def error_inline(value: Any) -> Any:
+    """An output, or the error (a keep-going batch's) that stands in its place as its
+    JSON body."""
     if isinstance(value, BaseException):
         return ErrorBody(error_response(value).body)
     return value
@@ -42,7 +43,15 @@ class Framer:
     :param numbered: the outputs are a resumable stream's ``(event id, output)`` pairs.
     """
 
-    __slots__ = ("_errors_inline", "_frame_bytes", "_indexed", "_numbered", "carry", "encoder")
+    __slots__ = (
+        "_errors_inline",
+        "_frame_bytes",
+        "_indexed",
+        "_numbered",
+        "_single",
+        "carry",
+        "encoder",
+    )
 
     def __init__(
         self, encoder: Encoder, *, indexed: bool, errors_inline: bool, numbered: bool = False
@@ -55,6 +64,12 @@ class Framer:
         """Ready outputs that did not fit in the last chunk, for the next one."""
         # The last chunk's bytes per output, to size the next one before encoding it.
         self._frame_bytes = 0
+        # One output of a plain stream (the usual chunk) is its one frame, with no list
+        # and no join: only where encode_many would do just that (no transform, not
+        # overridden for whole chunks).
+        plain = not (indexed or numbered) and encoder.transform is None
+        whole = type(encoder).encode_many is not Encoder.encode_many
+        self._single = encoder.encode if plain and not whole else None
 
     def take_carry(self) -> list[Any] | None:
         """What is left of a backlog, if anything, now owned by the caller."""
@@ -93,11 +108,14 @@ class Framer:
 
     def encode(self, items: list[Any]) -> bytes:
         """Every one of ``items`` as consecutive frames, for one write."""
+        single = self._single
+        if single is not None and len(items) == 1:
+            return single(items[0])
         if self._numbered:
             return self.encoder.encode_events(items)
         if self._indexed:
             if self._errors_inline:
                 # a keep-going batch yields a failed sub-request's error in its place
-                items = [(index, jsonable(output)) for index, output in items]
+                items = [(index, error_inline(output)) for index, output in items]
             return self.encoder.encode_indexed(items)
         return self.encoder.encode_many(items)

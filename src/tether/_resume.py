@@ -35,11 +35,11 @@ from collections.abc import Mapping
 from typing import Final
 
 from ._batch import Batch
-from ._channel import Follower
 from ._errors import AbortReason
 from ._limits import DEFAULT_MAX_PENDING_BYTES
-from ._replay import MemoryStore
+from ._memory_store import MemoryStore
 from ._responses import TOKEN_HEADER, ErrorResponse
+from ._resume_log import Follower
 from ._scope import RequestScope, current_scope
 from ._stream import Stream
 

@@ -42,8 +42,8 @@ _current: contextvars.ContextVar[RequestScope | None] = contextvars.ContextVar(
 )
 
 
-class Consumer(Protocol):
-    """What a scope needs of what it tracks (a ``Stream`` or ``Batch``)."""
+class Tracked(Protocol):
+    """What a scope needs of what it tracks (a ``Stream``, ``Batch`` or ``Follower``)."""
 
     @property
     def finished(self) -> bool:
@@ -55,7 +55,7 @@ class Consumer(Protocol):
         ...
 
 
-def _leave(consumer: Consumer, reason: AbortReason) -> bool:
+def _leave(consumer: Tracked, reason: AbortReason) -> bool:
     """The request of ``consumer`` is over for its client: a reader that can leave
     without ending the work (a resumable stream's follower) ``detach``es, any other
     is cancelled. Whether anything was aborted."""
@@ -144,7 +144,7 @@ class RequestScope:
             for logs and observers. It never becomes a rid: a client must not be
             able to choose another client's rid."""
         self.request_id = request_id
-        self._consumers: list[Consumer] = []
+        self._consumers: list[Tracked] = []
         self._prune_at = _PRUNE_FLOOR
         self._on_first_track = on_first_track
         self._client_gone = client_gone
@@ -189,7 +189,7 @@ class RequestScope:
     ) -> None:
         self.__exit__(exc_type, exc, tb)
 
-    def track(self, consumer: Consumer) -> None:
+    def track(self, consumer: Tracked) -> None:
         """Adopt a stream or batch (``Registry.open`` does this for the current scope).
 
         The scope holds a consumer only while it may have work to cancel: a scope
@@ -207,7 +207,7 @@ class RequestScope:
             self._on_first_track = None
             hook()
 
-    def adopt(self, consumer: Consumer) -> None:
+    def adopt(self, consumer: Tracked) -> None:
         """Track ``consumer`` unless the scope already does: an adapter's ``respond()``
         calls it, so that a stream opened elsewhere (by a dispatcher task, or before
         this request) is still cancelled when this request's client leaves."""
@@ -218,7 +218,7 @@ class RequestScope:
                     return
             self.track(consumer)
 
-    def release(self, consumer: Consumer) -> None:
+    def release(self, consumer: Tracked) -> None:
         """Stop tracking ``consumer``: something else owns it now (a resumable stream
         outlives the request that opened it), so neither a disconnect nor the end of
         this scope cancels it. Releasing what is not tracked does nothing."""

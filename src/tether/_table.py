@@ -1,4 +1,5 @@
-"""The table ``rid -> state`` and the one path by which a request ends.
+"""The internal table ``rid -> state`` behind ``Registry``, and the one path by which a
+request ends.
 
 :class:`Table` is what :class:`~tether.Registry` stands in front of: it admits
 requests, hands out fresh ids, and ends them. Every request ends through one

@@ -1,4 +1,4 @@
-"""The byte budget of a resumable stream's log (``_channel``): what its events weigh,
+"""The byte budget of a resumable stream's log (``_resume_log``): what its events weigh,
 so that the bytes waiting for a client, and the bytes kept, are known in O(1).
 
 Outputs are weighed once, by :func:`~tether.approximate_size`, as they are recorded;

@@ -11,10 +11,10 @@ source). See ``docs/resume.md``. Built on :mod:`tether` and :mod:`tether.http`.
 
 from __future__ import annotations
 
-from ._channel import Channel, Follower, Keeper
-from ._replay import MemoryStore, new_token
+from ._memory_store import MemoryStore, new_token
 from ._responses import TOKEN_HEADER
 from ._resume import NOT_RESUMABLE, RESUME_UNAVAILABLE, Resume, ResumePoint, resume_point
+from ._resume_log import Channel, Follower, Keeper
 
 __all__ = [
     "NOT_RESUMABLE",

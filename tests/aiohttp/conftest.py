@@ -17,7 +17,15 @@ from pytest_aiohttp import AiohttpServer
 import tether
 import tether_aiohttp
 from tests._support.engine import HANG, Engine
+from tests._support.loops import LoopFactories, server_loops
 from tests._support.servers import start_default_server as start_default_server
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> LoopFactories:
+    """A test marked ``both_loops`` runs on asyncio's loop and on uvloop (the server
+    runs on the test's loop); every other test on asyncio's own loop."""
+    return server_loops(item)
+
 
 HOLD = "hold"
 """A request the producer never finishes: it ends only by an abort."""

@@ -5,8 +5,10 @@ handler's own write loop would, and never reaches the producer."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any, Final
 
+import pytest
 from aiohttp import web
 
 import tether
@@ -137,4 +139,50 @@ async def test_an_http_1_0_stream_is_written_unchunked_through_every_path(
     head, _, body = raw.partition(b"\r\n\r\n")
     assert b"transfer-encoding" not in head.lower()
     assert sse_events(body) == [{"n": n} for n in range(50)] + ["[DONE]"]
+    assert registry.in_flight == 0
+
+
+@pytest.mark.both_loops
+async def test_outputs_of_a_parked_stream_reach_the_socket_inside_deliver_on_every_loop(
+    start_server: StartServer,
+) -> None:
+    # uvloop's transport subclasses nothing of asyncio's: the direct write must take it
+    # all the same. Proof that deliver() itself wrote: the bytes are in the client's
+    # socket before the loop runs again (the handler's own write needs its task to run).
+    registry = tether.Registry()
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    port = await start_server(one_stream_app(registry, opened))
+    loop = asyncio.get_running_loop()
+    client = socket.create_connection(("127.0.0.1", port))
+    try:
+        client.setblocking(False)
+        async with asyncio.timeout(BOUND):
+            await loop.sock_sendall(client, http_get("/one"))
+            rid = await opened.get()
+            assert registry.deliver(rid, {"n": 0})
+            seen = b""
+            while b'{"n":0}' not in seen:
+                data = await loop.sock_recv(client, 4096)
+                assert data, seen
+                seen += data
+        frame = b'f\r\ndata: {"n":1}\n\n\r\n'
+        assert registry.deliver(rid, {"n": 1})
+        client.settimeout(BOUND)  # blocking, the loop held: only deliver() can have sent it
+        got = b""
+        while len(got) < len(frame):
+            data = client.recv(len(frame) - len(got))
+            assert data, got
+            got += data
+        assert got == frame
+        seen += got
+        client.setblocking(False)
+        async with asyncio.timeout(BOUND):
+            assert registry.deliver(rid, {"n": 2}, finished=True)
+            while not seen.endswith(b"\r\n0\r\n\r\n"):
+                data = await loop.sock_recv(client, 4096)
+                assert data, seen
+                seen += data
+    finally:
+        client.close()
+    assert sse_events(chunked_body(seen)) == [{"n": 0}, {"n": 1}, {"n": 2}, "[DONE]"]
     assert registry.in_flight == 0

@@ -27,8 +27,6 @@ import starlette_app
 import uvicorn
 from launch import SERVERS
 
-import tether
-
 from .conftest import (
     AIOHTTP_STACKS,
     STACK_SETS,
@@ -351,7 +349,7 @@ def test_uvicorns_traceback_for_a_handler_cancelled_at_shutdown_becomes_one_line
     """A handler still running when uvicorn's grace period ends is cancelled; it ends
     its response, then lets the cancellation go on, which uvicorn logs with a traceback.
     The example server says it in one line instead, and only while shutting down."""
-    server = starlette_app.Server(uvicorn.Config(app=None, log_config=None), tether.Registry(), 1.0)
+    server = starlette_app.Server(uvicorn.Config(app=None, log_config=None))
     uvicorn_log = logging.getLogger("uvicorn.error")
     uvicorn_log.addFilter(server.cancelled_at_shutdown)  # as server.run() does
     try:

@@ -9,8 +9,8 @@ import secrets
 from collections.abc import Coroutine
 from typing import Any, Final
 
-from ._channel import Channel, Follower
 from ._errors import Aborted, AbortReason, TetherError
+from ._resume_log import Channel, Follower
 from ._stream import Stream
 
 __all__ = ["MemoryStore", "new_token"]

@@ -4,8 +4,8 @@ it (:class:`Follower`); see ``_resume`` for the concept.
 A channel holds the outputs numbered from 1 and at most one follower, the newest; a
 follower hands its client the events after its position, then waits on the channel.
 While no client is attached, a timer of ``grace`` seconds runs; when it fires the
-stream is aborted (live) or forgotten (ended). A store (``_replay``) keeps channels
-and hears what happens to them (:class:`Keeper`).
+stream is aborted (live) or forgotten (ended). A store (``_memory_store``) keeps
+channels and hears what happens to them (:class:`Keeper`).
 """
 
 from __future__ import annotations
