@@ -20,6 +20,7 @@ Run it and try it::
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import signal
@@ -40,6 +41,12 @@ import tether_aiohttp
 from tether_aiohttp import respond, resume
 
 SERVICE: web.AppKey[api.Service] = web.AppKey("service", api.Service)
+json_response = functools.partial(
+    web.json_response,
+    dumps=functools.partial(json.dumps, ensure_ascii=False, allow_nan=False, separators=(",", ":")),
+)
+"""``web.json_response`` writing JSON as Starlette's ``JSONResponse`` does (compact, UTF-8):
+the same answer, byte for byte, from every example server."""
 
 
 def refuse(exc: api.BadRequest | tether.TetherError) -> web.Response:
@@ -48,7 +55,7 @@ def refuse(exc: api.BadRequest | tether.TetherError) -> web.Response:
 
 
 def refuse_with(refusal: tether.http.ErrorResponse) -> web.Response:
-    return web.json_response(refusal.body, status=refusal.status, headers=refusal.headers)
+    return json_response(refusal.body, status=refusal.status, headers=refusal.headers)
 
 
 async def read_body(request: web.Request) -> bytes:
@@ -124,7 +131,7 @@ async def openai(
     result = response.body if isinstance(response, web.Response) else None
     if response.status != 200 or not isinstance(result, bytes):
         return openai_answer(response)
-    return web.json_response(openai_api.body(call, json.loads(result), cid))
+    return json_response(openai_api.body(call, json.loads(result), cid))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -136,7 +143,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    return web.json_response(openai_api.models())
+    return json_response(openai_api.models())
 
 
 async def stop(request: web.Request) -> web.Response:
@@ -150,16 +157,16 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def stats(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE].stats())
+    return json_response(request.app[SERVICE].stats())
 
 
 async def aborts(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE].aborts())
+    return json_response(request.app[SERVICE].aborts())
 
 
 async def health(request: web.Request) -> web.Response:
     status, body = request.app[SERVICE].health()
-    return web.json_response(body, status=status)
+    return json_response(body, status=status)
 
 
 def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> web.Application:
