@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Mapping
-from typing import Final
 
 from aiohttp import hdrs, web
 
@@ -86,20 +85,17 @@ class _Writer:
         (HTTP/1.0, compression, a length set by a signal handler)."""
         transport, response = self._request.transport, self._response
         if (
-            # any transport that has the three calls: uvloop's (how aiohttp is deployed)
-            # subclasses nothing of asyncio's, so an isinstance check would refuse it
+            # duck-typed: uvloop's transport (how aiohttp is deployed) subclasses no asyncio's
             transport is None
-            or not all(hasattr(transport, name) for name in _DIRECT_CALLS)
+            or not all(
+                hasattr(transport, c) for c in ("write", "get_write_buffer_size", "is_closing")
+            )
             or response.compression
             or response.content_length is not None
             or response.headers.get(hdrs.TRANSFER_ENCODING) != "chunked"
         ):
             return None
         return _Direct(transport)
-
-
-_DIRECT_CALLS: Final = ("write", "get_write_buffer_size", "is_closing")
-"""What :class:`_Direct` calls on a transport."""
 
 
 class _Direct:

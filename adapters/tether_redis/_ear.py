@@ -7,9 +7,10 @@ One blocked connection per stream would not scale: a worker with as many resumab
 streams as its client has connections would have its writers fail. Several listeners
 may follow one key (two reconnects racing on one worker), each from its own position:
 the read starts at the earliest, and each entry reaches only the listeners that have
-not had it. A listener that joins while the read is blocked pokes the worker's wake
-stream, so that its first entries are not held up for a whole block period. The read
-and the upkeep go on whatever Redis does (down, paused, restarted empty), each bounded.
+not had it and had every one before it. A listener that joins while the read is
+blocked pokes the worker's wake stream, so that its first entries are not held up for
+a whole block period. The read and the upkeep go on whatever Redis does (down, paused,
+restarted empty), each bounded.
 """
 
 from __future__ import annotations
@@ -172,12 +173,17 @@ class Ear:
             if key == self._wake_key:
                 self._wake_id = entries[-1][0]
                 continue
+            start = _order(streams[key])
             for entry_id, fields in entries:
                 order = _order(entry_id)
                 for listener, last in list(self._keys.get(key, {}).items()):
                     now = self._keys.get(key)
                     if now is None or listener not in now or _order(last) >= order:
                         continue  # dropped meanwhile, or it had this one already
+                    if _order(last) < start:
+                        # It joined during this read, from before where the read began:
+                        # this answer lacks what comes first (the next read starts at it).
+                        continue
                     now[listener] = entry_id
                     try:
                         going = listener.heard(key, entry_id, fields)

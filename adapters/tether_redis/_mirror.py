@@ -280,6 +280,12 @@ class Mirror:
             return True
         self._seen = loop.time()
         held, alive = results[0], results[1]
+        if held is None:
+            # The lease was lost (Redis restarted) or lapsed: the owner may have parked
+            # the stream meanwhile. Tell it this client is still here, even if Redis
+            # lacks the stream now (this SET made the lease again: the next tick would
+            # find it held, and the owner, until it publishes again, cannot be told).
+            self._announce = True
         if not alive:
             if store.lost(results):
                 return True  # Redis restarted empty: the owner publishes it again
@@ -287,10 +293,7 @@ class Mirror:
             gone = "the worker that ran this request is gone"
             channel.end(tether.Aborted(channel.rid, tether.AbortReason.SERVER, gone))
             return False
-        if held is None or self._announce:
-            # The lease was lost (Redis restarted) or lapsed: the owner may have parked
-            # the stream; tell it this client is still here (again at the next tick if
-            # its control stream is not back yet).
+        if self._announce:  # (again at the next tick if its control stream is not back)
             fields = {"op": "attach", "w": store.worker, "f": self._fid}
             self._announce = not await self._send(fields)
         return True

@@ -423,3 +423,48 @@ async def test_hostile_resume_ids_elsewhere_are_a_404_that_costs_the_stream_noth
         assert await _drain(back) == [2]
         await back.aclose()
     assert aborts.total() == 0
+
+
+async def test_a_client_elsewhere_whose_lease_redis_lost_tells_the_owner_it_is_still_there(
+    redis_proc: RedisProcess,
+) -> None:
+    # The owner's own Redis user: denied every command, the owner alone cannot reach
+    # Redis (it parks the stream whose client's lease it cannot see) while the worker of
+    # that client renews its lease in a Redis that lost everything, its owner's keys too.
+    admin = Redis.from_url(redis_proc.url)
+    await admin.execute_command("ACL", "SETUSER", "owner", "on", ">secret", "~*", "&*", "+@all")
+    host = redis_proc.url.split("://", 1)[1]
+    clients = [Redis.from_url(f"redis://owner:secret@{host}"), Redis.from_url(redis_proc.url)]
+    aborts: collections.Counter[str] = collections.Counter()
+    registry = tether.Registry(lambda rid: aborts.update([rid]))
+    stores = [RedisStore(client, block=BLOCK) for client in clients]
+    owner, other = (tether.resume.Resume(grace=0.5, store=store) for store in stores)
+    try:
+        async with asyncio.timeout(30):
+            stream, first = await _first_read(registry, owner)
+            mirror = await _reach(other, first.token, 1)
+            channel = stores[0].channel(first.token)
+            assert channel is not None
+            await eventually(lambda: channel.remote)  # the owner heard of it
+            lease = stores[1].key(first.token, "lease")
+            assert await admin.exists(lease)
+            await admin.execute_command("ACL", "SETUSER", "owner", "-@all")
+            await admin.flushall()  # (as a restart empty does)
+            await eventually(lambda: not channel.remote)  # no lease seen: parked
+            await eventually(lambda: admin.exists(lease))  # renewed, by a client still there
+            await admin.execute_command("ACL", "SETUSER", "owner", "+@all")
+            # The owner publishes the stream again and hears of its client again (its
+            # lease is there, but the owner had parked the stream meanwhile).
+            await eventually(lambda: channel.remote)
+            registry.deliver(stream.rid, 1)
+            registry.deliver(stream.rid, 2, finished=True)
+            assert await _drain(mirror) == [1, 2]
+            await mirror.aclose()
+    finally:
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
+        for client in [*clients, admin]:
+            await client.aclose()
+    assert registry.in_flight == 0
+    assert aborts == {}
