@@ -45,9 +45,9 @@ __all__ = ["NDJSON", "SSE", "Encoder", "ErrorBody", "default_dumps", "json_defau
 def json_default(value: Any) -> Any:
     """The JSON-ready form of a value the serialiser does not know (its ``default``
     hook), the same on both paths: a pydantic model's ``model_dump(mode="json")``, a
-    dataclass's public fields (in order; a name starting with ``_`` is left out), an
-    ISO 8601 ``datetime``/``date``/``time``, a ``UUID``'s hyphenated text, an enum's
-    value.
+    dataclass's public attributes (its fields in order, then any set beyond them; a
+    name starting with ``_`` is left out), an ISO 8601 ``datetime``/``date``/``time``,
+    a ``UUID``'s hyphenated text, an enum's value.
 
     :raises TypeError: ``value`` is of no type tether knows how to write.
     """
@@ -59,6 +59,11 @@ def json_default(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # As orjson writes one natively (fast, so it is left to it): every public
+        # attribute of its __dict__, one set beyond the fields too.
+        attributes = getattr(value, "__dict__", None)
+        if attributes is not None:
+            return {name: item for name, item in attributes.items() if name[:1] != "_"}
         return {
             field.name: getattr(value, field.name)
             for field in dataclasses.fields(value)
@@ -118,10 +123,9 @@ def _pick_dumps() -> Dumps:
     except ImportError:
         return stdlib_dumps
     fast = orjson.dumps
-    # Dataclasses and datetimes are handed to json_default, as on the standard
-    # library's path: orjson's own writing differs (it adds a dataclass's attributes
-    # beyond its fields, and rounds a zone offset to the minute).
-    options = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+    # Datetimes are handed to json_default, as on the standard library's path:
+    # orjson's own writing rounds a zone offset to the minute.
+    options = orjson.OPT_PASSTHROUGH_DATETIME
 
     def fast_dumps(value: Any) -> bytes:
         # Whatever orjson refuses (an int past 64 bits, a non-str key, a time with a
