@@ -43,12 +43,13 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.requests import ClientDisconnect
+
+# FastAPI is Starlette underneath: the Starlette example's request-level helpers serve here.
+from starlette_app import client_gone, error_shape, openai_answer, read_body, refuse_with
 
 import tether
 import tether.http
 import tether.resume
-from tether.http import ErrorResponse
 from tether_starlette import TetherMiddleware, respond, resume
 from tether_starlette.fastapi import RegistryDep, add_exception_handlers, event_stream
 
@@ -114,36 +115,6 @@ def documented(model: type[BaseModel]) -> dict[str, Any]:
     """``openapi_extra`` documenting a JSON body the handler reads itself."""
     content = {"application/json": {"schema": model.model_json_schema()}}
     return {"requestBody": {"required": True, "content": content}}
-
-
-def refuse_with(refusal: ErrorResponse) -> JSONResponse:
-    return JSONResponse(refusal.body, refusal.status, headers=refusal.headers)
-
-
-async def read_body(request: Request) -> bytes:
-    """The request body through ``api.read_body`` (413 past the limit, as on the other
-    servers); a client that left part-way is ``ClientGone``."""
-    chunks = request.stream()
-    return await api.read_body(
-        chunks, request.headers.get("content-length"), gone=(ClientDisconnect,)
-    )
-
-
-def client_gone() -> Response:
-    return Response(status_code=tether.http.CLIENT_CLOSED_REQUEST)
-
-
-def openai_answer(response: Response) -> Response:
-    """``respond()``'s answer on an OpenAI route, an error in OpenAI's shape."""
-    if response.status_code < 400:
-        return response
-    body, items = bytes(response.body), response.headers.items()
-    return refuse_with(openai_api.reshaped_answer(response.status_code, body, items))
-
-
-def error_shape(request: Request, error: ErrorResponse) -> ErrorResponse:
-    """FastAPI's own errors (unknown route, wrong method) as the route words them."""
-    return openai_api.for_path(request.url.path, error)
 
 
 def create_app(service: api.Service, *, drain_timeout: float = 2.0) -> FastAPI:
