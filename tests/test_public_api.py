@@ -129,6 +129,7 @@ ADAPTER_AUTHORS = {
     "event_stream_responses",
     "http_error",
     "Schema",
+    "Stepped",
     "stop_tasks",
     "validation_error",
 }

@@ -281,9 +281,11 @@ class Consumer:
         ready, oldest first; the sink writes them and returns ``True``, or returns
         ``False`` (or raises) to decline: then the outputs stay readable, in order,
         the sink is removed and the reading task is woken. The end of the request,
-        its error or its abort always wakes the reading task, never the sink. Remove
-        the sink before the reading task writes by itself, so that bytes keep their
-        order. A sink runs in the producer's step: it must be quick and never block.
+        its error or its abort always wakes the reading task, never the sink; so does
+        a sink that takes outputs and removes itself (it left the reader a write to
+        finish). Remove the sink before the reading task writes by itself, so that
+        bytes keep their order. A sink runs in the producer's step: it must be quick
+        and never block.
 
         :returns: whether the sink is set; only a single request's stream that is
             live, with nothing ready, takes one (``False`` for a batch read whole).

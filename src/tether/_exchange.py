@@ -131,13 +131,16 @@ class Numbered(abc.ABC):
 
 
 class Direct(Protocol):
-    """A write that never waits, where a framework offers one (aiohttp's transport)."""
+    """A write that never waits, where a framework offers one (aiohttp's transport), or
+    one driven a step at once (an ASGI ``send``: :class:`~tether.http.Stepped`)."""
 
     def writable(self) -> bool:
         """Whether a write now goes out at once (nothing queued, the connection open)."""
 
-    def write(self, chunk: bytes) -> bool:
-        """Write ``chunk`` now if :meth:`writable`; ``False`` (nothing written) if not."""
+    def write(self, chunk: bytes) -> bool | Awaitable[object]:
+        """Write ``chunk`` now if :meth:`writable`; ``False`` (nothing written) if not; or
+        the write begun, which the writing task awaits before it writes anything else
+        (or closes, if the response is cut: nothing more of it is written)."""
 
 
 class Writer(Protocol):
@@ -189,6 +192,8 @@ class Exchange:
     """
 
     __slots__ = (
+        "_begun",
+        "_begun_chunk",
         "_direct",
         "_done",
         "_framer",
@@ -257,6 +262,9 @@ class Exchange:
         self._done = False
         self._direct: Direct | None = None
         self._sunk_at: float | None = None  # when the sink last wrote (the loop's time)
+        # A write the sink began and the write loop finishes before anything else:
+        self._begun: Awaitable[object] | None = None
+        self._begun_chunk = b""
 
     @property
     def done(self) -> bool:
@@ -446,9 +454,10 @@ class Exchange:
             framed = True  # the first chunk goes through the framework (it may hold the head)
             while True:
                 last = self._done
-                if framed or last or direct is None or not direct.write(body):
+                written = False if framed or last or direct is None else direct.write(body)
+                if written is not True:
                     begin()
-                    await write(body, last)
+                    await (write(body, last) if written is False else written)
                     end()
                     framed = False
                 if last:
@@ -476,7 +485,10 @@ class Exchange:
                 self._gone()
                 writer.drop()
                 return
-            await self._farewell(writer, started, body, last)
+            begun_chunk = self._begun_chunk if self._begun is not None else None
+            self._abandon_begun()
+            unsent = body if begun_chunk is None else begun_chunk
+            await self._farewell(writer, started, unsent, last)
             raise
         finally:
             await self.aclose()
@@ -502,26 +514,50 @@ class Exchange:
         """Wait while the producer's step writes what it delivers (:meth:`_sink`): what
         is ready once the task is woken, or ``None`` when a keep-alive is due, after
         ``ping_interval`` of silence since the sink's last write (not since parking).
-        The task wakes for the end, an error, a ping, or once the transport holds
-        bytes back (the sink declines: the outputs wait for this loop, in order)."""
-        if not stream.set_sink(self._sink):
-            await stream.wait_ready(timeout=self.ping_interval)
-            return None
+        The task wakes for the end, an error, a ping, once the transport holds bytes
+        back (the sink declines: the outputs wait for this loop, in order), or to
+        finish a write the sink began (then it parks again)."""
         now = asyncio.get_running_loop().time
         interval = timeout = self.ping_interval
         self._last_sink_write()  # (earlier writes do not count)
-        try:
-            while True:
+        while True:
+            if not stream.set_sink(self._sink):
                 await stream.wait_ready(timeout=timeout)
-                ready = self._ready_chunk()
-                sunk_at = self._last_sink_write()
-                if ready is not None or sunk_at is None:
-                    return ready
-                timeout = sunk_at + interval - now()
-                if timeout <= 0:
-                    return None
-        finally:
-            stream.set_sink(None)
+                return None
+            try:
+                await stream.wait_ready(timeout=timeout)
+            finally:
+                stream.set_sink(None)
+            begun = self._begun
+            if begun is not None:
+                await self._finish_begun(begun)
+            ready = self._ready_chunk()
+            sunk_at = self._last_sink_write()
+            if ready is not None or sunk_at is None:
+                return ready
+            timeout = sunk_at + interval - now()
+            if timeout <= 0:
+                return None
+
+    async def _finish_begun(self, begun: Awaitable[object]) -> None:
+        """Finish the write the sink began, bounded by the send timeout like any write."""
+        guard = self._guard
+        assert guard is not None  # (run() made it)
+        guard.begin()
+        await begun
+        guard.end()
+        self._begun = None
+        self._sunk_at = asyncio.get_running_loop().time()
+
+    def _abandon_begun(self) -> None:
+        """The response is cut: a write the sink began is closed, never finished."""
+        begun, self._begun = self._begun, None
+        close = getattr(begun, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception as exc:  # (a write that would not stop: nothing more to do)
+                logger.debug("%r: a begun write did not close: %r", self.source, exc)
 
     def _last_sink_write(self) -> float | None:
         """When the sink last wrote (the loop's time) since this was last asked, if it did."""
@@ -534,15 +570,29 @@ class Exchange:
         written, never an end or an abort) hands them back to the write loop."""
         direct = self._direct
         framer = self._framer
-        if direct is None or self._done or framer.carry is not None or not direct.writable():
+        if (
+            direct is None
+            or self._done
+            or framer.carry is not None
+            or self._begun is not None
+            or not direct.writable()
+        ):
             return False
         try:
             chunk = framer.encode(outputs)
         except Exception:  # the write loop meets it again, and fails the request there
             return False
-        if not direct.write(chunk):
+        written = direct.write(chunk)
+        if written is False:
             return False
         self._sunk_at = asyncio.get_running_loop().time()
+        if written is not True:
+            # Begun (suspended, or failed): the write loop finishes it before anything
+            # else. A sink that removes itself has the reading task woken for it.
+            self._begun, self._begun_chunk = written, chunk
+            source = self.source
+            if isinstance(source, Stream):
+                source.set_sink(None)
         return True
 
     async def _farewell(self, writer: Writer, started: bool, unsent: bytes, last: bool) -> None:
@@ -590,6 +640,7 @@ class Exchange:
         self._done = True
         if self._guard is not None:
             self._guard.close()
+        self._abandon_begun()
         await self.source.aclose()
 
 

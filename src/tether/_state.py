@@ -334,8 +334,9 @@ class RequestState(Mailbox):
         else:
             return False
         sink = self.sink
-        if sink is not None and self.sink_took(sink):
+        if sink is not None and self.sink_took(sink) and self.sink is not None:
             return True
+        # (a sink that took the outputs and removed itself hands the reader a write to finish)
         # self.wake() (and the group's), inlined: this is the producer's per-output path.
         waiter = self.waiter
         if waiter is not None:

@@ -50,6 +50,7 @@ from ._responses import (
 )
 from ._scope import MAX_REQUEST_ID_LENGTH, REQUEST_ID_HEADER, accept_request_id, current_scope
 from ._shapes import Schema, event_stream_responses, http_error, validation_error
+from ._stepped import Stepped
 from ._tasks import stop_tasks
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "Responder",
     "Resumable",
     "Schema",
+    "Stepped",
     "Writer",
     "accept_request_id",
     "current_scope",

@@ -1,0 +1,109 @@
+"""Stepped: a framework's awaitable write driven outside its task, one step at a time.
+
+An ASGI server's ``send`` returns an awaitable that, while the transport has room,
+completes without ever suspending (uvicorn writes to its transport at once). Driven
+one step from the producer's ``deliver()`` it writes there and then, in order, and no
+task of the handler's is woken for the event. When the step suspends instead (the
+server's flow control, a middleware that awaits), the write has *begun*: the
+suspended awaitable goes to the handler's write loop, which finishes it before it
+writes anything else (:class:`_Begun` yields on to the task what the step yielded).
+A step that raises hands the error to the write loop the same way: it never reaches
+the producer.
+
+Departure, on purpose: the steps run in a copy of the handler task's context, taken
+when the writer is made, so that a middleware wrapping ``send`` reads the request's
+context variables (a tracing span) as it would in the handler's own task.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, Final
+
+__all__ = ["Stepped"]
+
+SUSPENDS_IN_A_ROW: Final = 4
+"""Writes in a row that suspended before the first step (a checkpoint somewhere in the
+chain: anyio's memory streams behind ``BaseHTTPMiddleware``, say): from then on the
+writer declines, and the handler's task writes as it would without one."""
+
+
+class Stepped:
+    """A :class:`~tether.http.Direct` made of a framework's own write (``write(chunk,
+    last)`` returning an awaitable, an ASGI ``send``): each write is driven one step
+    now, in the context of the task that made this (the handler's).
+
+    ``write`` returns ``True`` (written: the step completed), ``False`` (not tried: the
+    writer is busy or its writes keep suspending), or the begun write: an awaitable
+    that the writing task must await before anything else is written, or ``close()``
+    if the response is cut.
+    """
+
+    __slots__ = ("_busy", "_context", "_suspended", "_write")
+
+    def __init__(self, write: Callable[[bytes, bool], Awaitable[object]]) -> None:
+        self._write = write
+        self._context = contextvars.copy_context()
+        self._busy = False  # (a write's step re-entering write(): the context is entered)
+        self._suspended = 0
+
+    def writable(self) -> bool:
+        """Whether a write is worth trying now (its writes do not keep suspending)."""
+        return self._suspended < SUSPENDS_IN_A_ROW and not self._busy
+
+    def write(self, chunk: bytes) -> bool | _Begun:
+        """Drive the write of ``chunk`` one step: ``True`` if that wrote it, ``False`` if
+        it was not tried, else the begun write (to await, or ``close()``)."""
+        if self._suspended >= SUSPENDS_IN_A_ROW or self._busy:
+            return False
+        steps = self._write(chunk, False).__await__()
+        self._busy = True
+        try:
+            yielded = self._context.run(steps.send, None)
+        except StopIteration:
+            self._suspended = 0
+            return True
+        except Exception as exc:  # the writing task meets it, as in its own write
+            return _Begun(None, exc)
+        finally:
+            self._busy = False
+        self._suspended += 1
+        return _Begun(steps, yielded)
+
+
+class _Begun:
+    """A write whose first step ran elsewhere: awaiting it yields on what that step
+    yielded (the future it waits for) and drives the rest in the awaiting task; or
+    re-raises what the step raised."""
+
+    __slots__ = ("_steps", "_yielded")
+
+    def __init__(self, steps: Generator[Any, None, object] | None, yielded: Any) -> None:
+        self._steps = steps
+        self._yielded = yielded
+
+    def __await__(self) -> Generator[Any, Any, object]:
+        steps, yielded = self._steps, self._yielded
+        self._yielded = None
+        if steps is None:
+            raise yielded
+        while True:
+            try:
+                sent = yield yielded
+            except BaseException as exc:  # thrown in (a cancellation): on to the write
+                try:
+                    yielded = steps.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    yielded = steps.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+    def close(self) -> None:
+        """Abandon the write (nothing more of it is written)."""
+        self._yielded = None
+        if self._steps is not None:
+            self._steps.close()
