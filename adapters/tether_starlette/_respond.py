@@ -1,6 +1,6 @@
-"""respond() and resume() for Starlette: :class:`tether.http.Responder`'s, writing a
-stream through an :class:`ExchangeResponse` (uvicorn writes nothing of a write cut by
-cancellation, and closes the connection of a response that ends unfinished)."""
+"""respond() and resume() for Starlette: :class:`tether.http.Responder`'s, writing a stream
+through an :class:`ExchangeResponse` (from the producer's step too: :class:`Stepped`);
+uvicorn writes nothing of a write cut by cancellation, and drops an unfinished response."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from tether.http import Exchange, Head, Responder
+from tether.http import Exchange, Head, Responder, Stepped
 
 from ._middleware import request_scope, send_whole
 
@@ -74,5 +74,5 @@ class ExchangeResponse(Response):
     def drop(self) -> None:  # uvicorn closes a connection whose response ends unfinished
         return None
 
-    def direct(self) -> None:
-        return None
+    def direct(self) -> Stepped:
+        return Stepped(self.write)

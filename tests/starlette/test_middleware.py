@@ -27,7 +27,7 @@ READ_AHEAD = 64 * 1024
 
 
 @pytest.mark.parametrize("spec_version", SPECS)
-async def test_stream_sends_start_then_one_body_per_ready_chunk_then_the_terminal(
+async def test_stream_sends_start_then_each_output_from_deliver_then_the_terminal(
     engine: Engine, spec_version: str
 ) -> None:
     engine.script = None
@@ -39,8 +39,11 @@ async def test_stream_sends_start_then_one_body_per_ready_chunk_then_the_termina
         rid = engine.submitted[0]
         engine.registry.deliver(rid, {"n": 1})
         await server.until(lambda: len(server.sent) == 2)
+        # The handler waits: each output is sent inside deliver(), before it returns.
         engine.registry.deliver(rid, {"n": 2})
+        assert len(server.sent) == 3
         engine.registry.deliver(rid, {"n": 3}, finished=True)
+        assert len(server.sent) == 4
 
     start = server.sent[0]
     assert (start["type"], start["status"]) == ("http.response.start", 200)
@@ -49,8 +52,9 @@ async def test_stream_sends_start_then_one_body_per_ready_chunk_then_the_termina
     assert (b"x-accel-buffering", b"no") in start["headers"]
     assert server.bodies == [
         (b'data: {"n":1}\n\n', True),
-        # what was ready in one message, and the end with it: the request was over
-        (b'data: {"n":2}\n\ndata: {"n":3}\n\ndata: [DONE]\n\n', False),
+        (b'data: {"n":2}\n\n', True),
+        (b'data: {"n":3}\n\n', True),
+        (b"data: [DONE]\n\n", False),
     ]
     assert engine.registry.in_flight == 0
     assert engine.aborted_at == {}
@@ -66,7 +70,7 @@ async def test_idle_stream_pings_and_the_first_ping_sends_the_headers(engine: En
 
     assert server.sent[0]["status"] == 200
     assert server.bodies[:2] == [(b": ping\n\n", True), (b": ping\n\n", True)]
-    assert server.bodies[-1] == (b'data: {"n":1}\n\ndata: [DONE]\n\n', False)
+    assert server.bodies[-2:] == [(b'data: {"n":1}\n\n', True), (b"data: [DONE]\n\n", False)]
 
 
 @pytest.mark.parametrize("spec_version", SPECS)
