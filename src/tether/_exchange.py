@@ -8,7 +8,9 @@ event and the terminal frame when the request fails after the stream has started
 an adapter's framework offers: each write is bounded by the send timeout (a client
 that stopped reading counts as gone), a handler cancelled by its server still ends
 its response (the farewell), and where the framework can write without waiting
-(:meth:`Writer.direct`) the producer's step writes what it delivers itself.
+(:meth:`Writer.direct`) the producer's step writes what it delivers itself; a write
+it began but could not finish there (:class:`~tether.http.Stepped`) is the first thing
+the write loop finishes.
 
 Departure, on purpose: the write loop is not the framework's. Adapters hand their
 writes in; they keep no loop, no framing and no error mapping of their own.
@@ -466,7 +468,7 @@ class Exchange:
                 chunk = ready_chunk()
                 if chunk is None:
                     if stream is not None and direct is not None and direct.writable():
-                        chunk = await self._parked(stream)
+                        chunk = await self._parked(stream, guard)
                     else:
                         await wait(timeout=ping_interval)
                     if chunk is None:
@@ -510,7 +512,7 @@ class Exchange:
         else:
             source.cancel(reason)
 
-    async def _parked(self, stream: Stream) -> bytes | None:
+    async def _parked(self, stream: Stream, guard: SendGuard) -> bytes | None:
         """Wait while the producer's step writes what it delivers (:meth:`_sink`): what
         is ready once the task is woken, or ``None`` when a keep-alive is due, after
         ``ping_interval`` of silence since the sink's last write (not since parking).
@@ -530,7 +532,11 @@ class Exchange:
                 stream.set_sink(None)
             begun = self._begun
             if begun is not None:
-                await self._finish_begun(begun)
+                guard.begin()  # (bounded by the send timeout, like any write)
+                await begun
+                guard.end()
+                self._begun = None
+                self._sunk_at = now()
             ready = self._ready_chunk()
             sunk_at = self._last_sink_write()
             if ready is not None or sunk_at is None:
@@ -538,16 +544,6 @@ class Exchange:
             timeout = sunk_at + interval - now()
             if timeout <= 0:
                 return None
-
-    async def _finish_begun(self, begun: Awaitable[object]) -> None:
-        """Finish the write the sink began, bounded by the send timeout like any write."""
-        guard = self._guard
-        assert guard is not None  # (run() made it)
-        guard.begin()
-        await begun
-        guard.end()
-        self._begun = None
-        self._sunk_at = asyncio.get_running_loop().time()
 
     def _abandon_begun(self) -> None:
         """The response is cut: a write the sink began is closed, never finished."""

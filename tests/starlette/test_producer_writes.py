@@ -7,6 +7,7 @@ timeout and the farewell still hold, and the send chain sees the request's conte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import gc
 import socket
@@ -229,25 +230,36 @@ def one_stream_app(
     )
 
 
+@contextlib.asynccontextmanager
+async def requested(
+    url: str, opened: asyncio.Queue[str], target: str = "/one"
+) -> AsyncIterator[tuple[asyncio.StreamReader, str]]:
+    """GET ``target`` on a raw connection to ``url``; yields its reader and the rid of
+    the stream its handler opened, all within :data:`BOUND`."""
+    port = int(url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        async with asyncio.timeout(BOUND):
+            writer.write(http_get(target))
+            yield reader, await opened.get()
+    finally:
+        writer.close()
+
+
 @pytest.mark.both_loops
 async def test_on_uvicorn_outputs_are_sent_inside_deliver_in_the_request_s_context() -> None:
     registry = tether.Registry()
     opened: asyncio.Queue[str] = asyncio.Queue()
     recorder = Recorder(one_stream_app(registry, opened))
-    async with serve(recorder, http="httptools") as (url, _):
-        port = int(url.rsplit(":", 1)[1])
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            async with asyncio.timeout(BOUND):
-                writer.write(http_get("/one?mine"))
-                rid = await opened.get()
-                for n in range(20):  # each delivered once the last one went out
-                    sent = len(recorder.sends)
-                    assert registry.deliver(rid, {"n": n}, finished=n == 19)
-                    await recorder.sent_more_than(sent)
-                _, body = await read_response(reader)
-        finally:
-            writer.close()
+    async with (
+        serve(recorder, http="httptools") as (url, _),
+        requested(url, opened, "/one?mine") as (reader, rid),
+    ):
+        for n in range(20):  # each delivered once the last one went out
+            sent = len(recorder.sends)
+            assert registry.deliver(rid, {"n": n}, finished=n == 19)
+            await recorder.sent_more_than(sent)
+        _, body = await read_response(reader)
     assert body.decode().count("data: ") == 21
     here = asyncio.current_task()
     inside_deliver = [note for note in recorder.sends if note["in"] is here]
@@ -323,21 +335,16 @@ async def test_on_uvicorn_a_silent_stream_pings_after_the_last_output_sent_insid
     registry = tether.Registry()
     opened: asyncio.Queue[str] = asyncio.Queue()
     recorder = Recorder(one_stream_app(registry, opened, ping_interval=0.1))
-    async with serve(recorder, http="httptools") as (url, _):
-        port = int(url.rsplit(":", 1)[1])
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            async with asyncio.timeout(BOUND):
-                writer.write(http_get("/one"))
-                rid = await opened.get()
-                for n in range(30):  # the workload: an output every 10 ms, for 3 intervals
-                    registry.deliver(rid, {"n": n})
-                    await asyncio.sleep(0.01)
-                await recorder.sent_more_than(30)  # silent now: a ping
-                registry.deliver(rid, {"n": 30}, finished=True)
-                _, body = await read_response(reader)
-        finally:
-            writer.close()
+    async with (
+        serve(recorder, http="httptools") as (url, _),
+        requested(url, opened) as (reader, rid),
+    ):
+        for n in range(30):  # the workload: an output every 10 ms, for 3 intervals
+            registry.deliver(rid, {"n": n})
+            await asyncio.sleep(0.01)
+        await recorder.sent_more_than(30)  # silent now: a ping
+        registry.deliver(rid, {"n": 30}, finished=True)
+        _, body = await read_response(reader)
     pings = body.split(b"\n\n").index(b": ping")
     assert pings >= 30, body[:200]  # not one while the outputs came
     assert registry.in_flight == 0
@@ -379,18 +386,11 @@ async def test_every_output_arrives_in_order_where_sends_suspend_each_time(
     app = one_stream_app(registry, opened)
 
     async def exchange(url: str) -> bytes:
-        port = int(url.rsplit(":", 1)[1])
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            async with asyncio.timeout(BOUND):
-                writer.write(http_get("/one"))
-                rid = await opened.get()
-                for n in range(50):
-                    registry.deliver(rid, {"n": n}, finished=n == 49)
-                    await asyncio.sleep(0)
-                return (await read_response(reader))[1]
-        finally:
-            writer.close()
+        async with requested(url, opened) as (reader, rid):
+            for n in range(50):
+                registry.deliver(rid, {"n": n}, finished=n == 49)
+                await asyncio.sleep(0)
+            return (await read_response(reader))[1]
 
     if stack == "hypercorn":
         body = await exchange(await hypercorn_url(app))
