@@ -10,9 +10,12 @@ writes anything else (:class:`_Begun` yields on to the task what the step yielde
 A step that raises hands the error to the write loop the same way: it never reaches
 the producer.
 
-Departure, on purpose: the steps run in a copy of the handler task's context, taken
-when the writer is made, so that a middleware wrapping ``send`` reads the request's
-context variables (a tracing span) as it would in the handler's own task.
+Departure, on purpose: every step of a write it drives runs in a copy of the handler
+task's context, taken when the writer is made, so that a middleware wrapping ``send``
+reads the request's context variables (a tracing span) as in the handler's own task,
+and resets what it set in the context it set it in. What no copy can give is the task:
+a ``send`` wrapper that binds itself to ``asyncio.current_task()`` (``asyncio.timeout``
+around the inner ``send``, an anyio cancel scope) would bind to the producer's.
 """
 
 from __future__ import annotations
@@ -65,26 +68,30 @@ class Stepped:
             self._suspended = 0
             return True
         except Exception as exc:  # the writing task meets it, as in its own write
-            return _Begun(None, exc)
+            return _Begun(None, exc, self._context)
         finally:
             self._busy = False
         self._suspended += 1
-        return _Begun(steps, yielded)
+        return _Begun(steps, yielded, self._context)
 
 
 class _Begun:
     """A write whose first step ran elsewhere: awaiting it yields on what that step
-    yielded (the future it waits for) and drives the rest in the awaiting task; or
-    re-raises what the step raised."""
+    yielded (the future it waits for) and drives the rest from the awaiting task, in
+    the same context as the first (a middleware that set a context variable around
+    its ``send`` resets it there); or re-raises what the step raised."""
 
-    __slots__ = ("_steps", "_yielded")
+    __slots__ = ("_context", "_steps", "_yielded")
 
-    def __init__(self, steps: Generator[Any, None, object] | None, yielded: Any) -> None:
+    def __init__(
+        self, steps: Generator[Any, None, object] | None, yielded: Any, context: contextvars.Context
+    ) -> None:
         self._steps = steps
         self._yielded = yielded
+        self._context = context
 
     def __await__(self) -> Generator[Any, Any, object]:
-        steps, yielded = self._steps, self._yielded
+        steps, yielded, run = self._steps, self._yielded, self._context.run
         self._yielded = None
         if steps is None:
             raise yielded
@@ -93,12 +100,12 @@ class _Begun:
                 sent = yield yielded
             except BaseException as exc:  # thrown in (a cancellation): on to the write
                 try:
-                    yielded = steps.throw(exc)
+                    yielded = run(steps.throw, exc)
                 except StopIteration as stop:
                     return stop.value
             else:
                 try:
-                    yielded = steps.send(sent)
+                    yielded = run(steps.send, sent)
                 except StopIteration as stop:
                     return stop.value
 
@@ -106,4 +113,4 @@ class _Begun:
         """Abandon the write (nothing more of it is written)."""
         self._yielded = None
         if self._steps is not None:
-            self._steps.close()
+            self._context.run(self._steps.close)

@@ -71,12 +71,29 @@ async def started(engine: Engine, server: FakeServer) -> str:
     return rid
 
 
+def setting_around_send(app: ASGIApp) -> ASGIApp:
+    """A middleware that sets :data:`REQUEST` around each ``send`` (as a tracer does
+    with its span): it resets it where it set it, even across a suspension."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_in_span(message: Message) -> None:
+            token = REQUEST.set("sending")
+            try:
+                await send(message)
+            finally:
+                REQUEST.reset(token)  # (ValueError in another context than the set's)
+
+        await app(scope, receive, send_in_span)
+
+    return wrapped
+
+
 async def test_a_send_that_suspends_in_deliver_is_finished_by_the_handler_before_the_rest() -> None:
     engine = Engine()
     engine.script = None
     server = GatedServer()
     async with asyncio.TaskGroup() as tasks:
-        tasks.create_task(server.run(make_app(engine)))
+        tasks.create_task(server.run(setting_around_send(make_app(engine))))
         rid = await started(engine, server)
         server.gate.clear()  # the transport holds bytes back from now on
         assert engine.registry.deliver(rid, {"n": 2})  # its send suspends inside deliver()
