@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,13 +77,18 @@ def pin_to(role: str) -> Callable[[], None] | None:
 
 @contextlib.contextmanager
 def server(
-    framework: str, variant: str, *extra: str, seed: int | None = None
+    framework: str,
+    variant: str,
+    *extra: str,
+    seed: int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[tuple[int, str]]:
     """Start a benchmark server; yield its pid and base URL; stop it by pid.
 
     Every server runs with glibc's malloc thresholds pinned (:data:`MALLOC_ENV`);
     ``seed`` is its ``PYTHONHASHSEED``, the same for the servers compared within a
-    repetition.
+    repetition. ``env``: more of the server's environment (``PYTHONPATH`` to run
+    another tree's tether under this harness: :mod:`bench.ab`).
     """
     LOG.parent.mkdir(parents=True, exist_ok=True)
     module = f"bench.servers.{framework}_server"
@@ -97,6 +102,7 @@ def server(
                 **os.environ,
                 **MALLOC_ENV,
                 **({} if seed is None else {"PYTHONHASHSEED": str(seed)}),
+                **(env or {}),
             },
             stdout=subprocess.PIPE,
             stderr=log,
