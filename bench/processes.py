@@ -111,7 +111,7 @@ def server(
         )
     try:
         assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        ready, _, _ = select.select([proc.stdout], [], [], 120)  # (a loaded machine imports slowly)
         line = proc.stdout.readline() if ready else ""
         if not line.startswith("PORT "):
             raise RuntimeError(f"{module} did not start (see {LOG}): {line!r}")
