@@ -393,16 +393,8 @@ class Registry:
         """
         step = list(items)
         for index, item in enumerate(step):
-            try:
-                if isinstance(item, str | bytes):  # (three characters would unpack)
-                    raise TypeError("a string is not a triple")
-                rid, _, _ = item
-                hash(rid)
-            except (TypeError, ValueError) as exc:
-                raise TypeError(
-                    f"deliver_many_threadsafe() takes (rid, output, finished) triples; "
-                    f"item {index} is {reprlib.repr(item)}: nothing of this step was delivered"
-                ) from exc
+            if type(item) is not tuple or len(item) != 3 or type(item[0]) is not str:
+                _check_triple(index, item)  # (the usual item costs one test, not this)
         self._table.require_loop().call_soon_threadsafe(self.deliver_many, step)
 
     def fail_threadsafe(self, rid: str, exc: BaseException) -> None:
@@ -425,3 +417,17 @@ class Registry:
         event. Waits (bounded) for asynchronous ``on_abort`` calls. Idempotent.
         """
         await self._table.close(drain_timeout)
+
+
+def _check_triple(index: int, item: Any) -> None:
+    """Refuse ``item`` of a step unless it unpacks to a triple with a hashable rid."""
+    try:
+        if isinstance(item, str | bytes):  # (three characters would unpack)
+            raise TypeError("a string is not a triple")
+        rid, _, _ = item
+        hash(rid)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"deliver_many_threadsafe() takes (rid, output, finished) triples; "
+            f"item {index} is {reprlib.repr(item)}: nothing of this step was delivered"
+        ) from exc
