@@ -169,7 +169,8 @@ class Writer(Protocol):
         """The client stopped reading: drop its connection where the framework can."""
 
     def direct(self) -> Direct | None:
-        """The write that never waits, once started, if the framework has one."""
+        """The write that never waits, once started, if the framework has one (or its
+        own write, driven a step at a time: :class:`~tether.http.Stepped`)."""
 
 
 class Exchange:

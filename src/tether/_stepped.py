@@ -27,9 +27,9 @@ from typing import Any, Final
 __all__ = ["Stepped"]
 
 SUSPENDS_IN_A_ROW: Final = 4
-"""Writes in a row that suspended before the first step (a checkpoint somewhere in the
-chain: anyio's memory streams behind ``BaseHTTPMiddleware``, say): from then on the
-writer declines, and the handler's task writes as it would without one."""
+"""Writes in a row whose first step suspended (a checkpoint somewhere in the chain:
+anyio's memory streams behind ``BaseHTTPMiddleware``, say): from then on the writer
+declines, and the handler's task writes as it would without one."""
 
 
 class Stepped:
