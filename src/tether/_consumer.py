@@ -281,7 +281,8 @@ class Consumer:
         ready, oldest first; the sink writes them and returns ``True``, or returns
         ``False`` (or raises) to decline: then the outputs stay readable, in order,
         the sink is removed and the reading task is woken. The end of the request,
-        its error or its abort always wakes the reading task, never the sink. Remove
+        its error or its abort always wakes the reading task, never the sink; so does
+        the last output (``finished=True``), which it writes with the end. Remove
         the sink before the reading task writes by itself, so that bytes keep their
         order. A sink runs in the producer's step: it must be quick and never block.
 
