@@ -20,6 +20,7 @@ import abc
 import asyncio
 import copy
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
@@ -43,6 +44,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("tether")
+
+_now = time.monotonic  # read once per producer-side write: cheaper than the loop's time()
 
 FAREWELL_TIMEOUT: Final = 1.0
 """Seconds the last write of a response whose handler the server cancelled may take:
@@ -256,7 +259,7 @@ class Exchange:
         self._framer = Framer(encoder, indexed=batch, errors_inline=inline, numbered=numbered)
         self._done = False
         self._direct: Direct | None = None
-        self._sunk_at: float | None = None  # when the sink last wrote (the loop's time)
+        self._sunk_at: float | None = None  # when the sink last wrote (monotonic)
 
     @property
     def done(self) -> bool:
@@ -507,7 +510,7 @@ class Exchange:
         if not stream.set_sink(self._sink):
             await stream.wait_ready(timeout=self.ping_interval)
             return None
-        now = asyncio.get_running_loop().time
+        now = _now
         interval = timeout = self.ping_interval
         self._last_sink_write()  # (earlier writes do not count)
         try:
@@ -524,7 +527,7 @@ class Exchange:
             stream.set_sink(None)
 
     def _last_sink_write(self) -> float | None:
-        """When the sink last wrote (the loop's time) since this was last asked, if it did."""
+        """When the sink last wrote (monotonic time) since this was last asked, if it did."""
         sunk_at, self._sunk_at = self._sunk_at, None
         return sunk_at
 
@@ -534,15 +537,16 @@ class Exchange:
         written, never an end or an abort) hands them back to the write loop."""
         direct = self._direct
         framer = self._framer
-        if direct is None or self._done or framer.carry is not None or not direct.writable():
+        if direct is None or self._done or framer.carry is not None:
             return False
         try:
             chunk = framer.encode(outputs)
         except Exception:  # the write loop meets it again, and fails the request there
             return False
+        # (write() checks the transport itself: a decline, rare, wastes one encoding)
         if not direct.write(chunk):
             return False
-        self._sunk_at = asyncio.get_running_loop().time()
+        self._sunk_at = _now()
         return True
 
     async def _farewell(self, writer: Writer, started: bool, unsent: bytes, last: bool) -> None:
