@@ -2,8 +2,7 @@
 through aiohttp's ``write()`` (which waits for flow control) or, when the transport
 holds no bytes, straight to it (:class:`_Direct`, from the producer's step). A client
 that stopped reading for the send timeout has its connection dropped at once; a write
-cut by cancellation went out (aiohttp writes before it waits): no farewell resends it.
-"""
+cut by cancellation went out (aiohttp writes before it waits): no farewell resends it."""
 
 from __future__ import annotations
 
@@ -38,9 +37,14 @@ class _Aiohttp:  # what tether.http.Responder needs of aiohttp
     ) -> web.StreamResponse:
         if exchange.done:  # HEAD: the headers alone
             return self.whole(head)
-        response = web.StreamResponse(status=head.status, headers=head.headers)
+        response = _Streamed(status=head.status, headers=head.headers)
         await exchange.run(_Writer(request, response), head.body)
         return response
+
+
+class _Streamed(web.StreamResponse):
+    # The head waits for the first chunk, written right after it: one send, not two.
+    _send_headers_immediately = False
 
 
 _RESPONDER = Responder(_Aiohttp())
@@ -49,8 +53,7 @@ resume = _RESPONDER.resume
 
 
 class _Writer:
-    """A prepared-on-start :class:`~aiohttp.web.StreamResponse` as the writer of
-    :meth:`tether.http.Exchange.run`."""
+    """A :class:`~aiohttp.web.StreamResponse` as :meth:`tether.http.Exchange.run`'s writer."""
 
     __slots__ = ("_request", "_response")
 
@@ -99,12 +102,10 @@ class _Writer:
 
 
 class _Direct:
-    """Writes a chunk of a started response straight to its transport when that
-    cannot wait: nothing is queued before it (so flow control has not paused
-    writing) and the connection is open. Both this and aiohttp's writer end in the
-    same ``transport.write``, in program order, so switching keeps bytes in order.
-    (aiohttp's own byte count of the response, the access log's ``%b``, misses these.)
-    """
+    """Writes a chunk of a started response straight to its transport when nothing is
+    queued before it (flow control has not paused writing) and the connection is open.
+    This and aiohttp's writer end in the same ``transport.write``, in program order: bytes
+    keep their order (aiohttp's byte count, the access log's ``%b``, misses these)."""
 
     __slots__ = ("_transport",)
 

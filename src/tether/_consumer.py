@@ -283,7 +283,8 @@ class Consumer:
         the sink is removed and the reading task is woken. The end of the request,
         its error or its abort always wakes the reading task, never the sink; so does
         a sink that takes outputs and removes itself (it left the reader a write to
-        finish). Remove the sink before the reading task writes by itself, so that
+        finish), and the last output (``finished=True``), which the reader writes with
+        the end. Remove the sink before the reading task writes by itself, so that
         bytes keep their order. A sink runs in the producer's step: it must be quick
         and never block.
 

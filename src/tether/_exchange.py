@@ -22,6 +22,7 @@ import abc
 import asyncio
 import copy
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
@@ -45,6 +46,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("tether")
+
+_now = time.monotonic  # read once per producer-side write: cheaper than the loop's time()
 
 FAREWELL_TIMEOUT: Final = 1.0
 """Seconds the last write of a response whose handler the server cancelled may take:
@@ -264,7 +267,7 @@ class Exchange:
         self._framer = Framer(encoder, indexed=batch, errors_inline=inline, numbered=numbered)
         self._done = False
         self._direct: Direct | None = None
-        self._sunk_at: float | None = None  # when the sink last wrote (the loop's time)
+        self._sunk_at: float | None = None  # when the sink last wrote (monotonic)
         # A write the sink began and the write loop finishes before anything else:
         self._begun: Awaitable[object] | None = None
         self._begun_chunk = b""
@@ -520,7 +523,7 @@ class Exchange:
         The task wakes for the end, an error, a ping, once the transport holds bytes
         back (the sink declines: the outputs wait for this loop, in order), or to
         finish a write the sink began (then it parks again)."""
-        now = asyncio.get_running_loop().time
+        now = _now
         interval = timeout = self.ping_interval
         self._last_sink_write()  # (earlier writes do not count)
         while True:
@@ -557,7 +560,7 @@ class Exchange:
                 logger.debug("%r: a begun write did not close: %r", self.source, exc)
 
     def _last_sink_write(self) -> float | None:
-        """When the sink last wrote (the loop's time) since this was last asked, if it did."""
+        """When the sink last wrote (monotonic time) since this was last asked, if it did."""
         sunk_at, self._sunk_at = self._sunk_at, None
         return sunk_at
 
@@ -567,22 +570,17 @@ class Exchange:
         written, never an end or an abort) hands them back to the write loop."""
         direct = self._direct
         framer = self._framer
-        if (
-            direct is None
-            or self._done
-            or framer.carry is not None
-            or self._begun is not None
-            or not direct.writable()
-        ):
+        if direct is None or self._done or framer.carry is not None or self._begun is not None:
             return False
         try:
             chunk = framer.encode(outputs)
         except Exception:  # the write loop meets it again, and fails the request there
             return False
+        # (write() checks the transport itself: a decline, rare, wastes one encoding)
         written = direct.write(chunk)
         if written is False:
             return False
-        self._sunk_at = asyncio.get_running_loop().time()
+        self._sunk_at = _now()
         if written is not True:
             # Begun (suspended, or failed): the write loop finishes it before anything
             # else. A sink that removes itself has the reading task woken for it.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from ._encoders import Encoder, ErrorBody
+from ._encoders import Encoder, ErrorBody, one_frame
 from ._responses import error_response
 
 __all__ = ["WRITE_BYTES", "Framer", "error_inline"]
@@ -69,7 +69,7 @@ class Framer:
         # overridden for whole chunks).
         plain = not (indexed or numbered) and encoder.transform is None
         whole = type(encoder).encode_many is not Encoder.encode_many
-        self._single = encoder.encode if plain and not whole else None
+        self._single = one_frame(encoder) if plain and not whole else None
 
     def take_carry(self) -> list[Any] | None:
         """What is left of a backlog, if anything, now owned by the caller."""

@@ -5,7 +5,9 @@ handler's own write loop would, and never reaches the producer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import pytest
@@ -48,32 +50,57 @@ def one_stream_app(
     return app
 
 
-async def test_outputs_go_out_inside_deliver_and_an_unencodable_one_ends_with_an_error_event(
-    start_server: StartServer,
-) -> None:
-    aborted: list[str] = []
-    registry = tether.Registry(aborted.append)
+@contextlib.asynccontextmanager
+async def one_stream(
+    start_server: StartServer, registry: tether.Registry, writes: list[bytes]
+) -> AsyncIterator[tuple[str, asyncio.StreamReader]]:
+    """A GET of ``/one`` on a real server, bounded: its stream's rid and the client's reader."""
     opened: asyncio.Queue[str] = asyncio.Queue()
-    writes: list[bytes] = []
     port = await start_server(one_stream_app(registry, opened, writes))
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         async with asyncio.timeout(BOUND):
             writer.write(http_get("/one"))
-            rid = await opened.get()
-            assert registry.deliver(rid, {"n": 0})
-            seen = await read_until(reader, b'{"n":0}')
-            # The handler is parked now: the output reaches the socket inside deliver(),
-            # before anything else runs (no task of the handler's was woken for it).
-            written = len(writes)
-            assert registry.deliver(rid, {"n": 1})
-            assert writes[written:] == [b'f\r\ndata: {"n":1}\n\n\r\n']
-            seen += await read_until(reader, b'{"n":1}')
-            assert registry.deliver(rid, object())  # not JSON: never raised to the producer
-            seen += await read_until(reader, b"\r\n0\r\n\r\n")
+            yield await opened.get(), reader
     finally:
         writer.close()
         await writer.wait_closed()
+
+
+async def test_the_head_goes_with_the_first_output_and_the_last_with_the_end_in_one_send(
+    start_server: StartServer,
+) -> None:
+    registry = tether.Registry()
+    writes: list[bytes] = []
+    async with one_stream(start_server, registry, writes) as (rid, reader):
+        assert registry.deliver(rid, {"n": 0})
+        await read_until(reader, b'{"n":0}')
+        assert registry.deliver(rid, {"n": 1}, finished=True)
+        await read_until(reader, b"\r\n0\r\n\r\n")
+    head, _, body = writes[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert body == b'f\r\ndata: {"n":0}\n\n\r\n'
+    # the last output, the terminal frame and the end of the body: one send as well
+    assert writes[1:] == [b'1d\r\ndata: {"n":1}\n\ndata: [DONE]\n\n\r\n0\r\n\r\n']
+
+
+async def test_outputs_go_out_inside_deliver_and_an_unencodable_one_ends_with_an_error_event(
+    start_server: StartServer,
+) -> None:
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    writes: list[bytes] = []
+    async with one_stream(start_server, registry, writes) as (rid, reader):
+        assert registry.deliver(rid, {"n": 0})
+        seen = await read_until(reader, b'{"n":0}')
+        # The handler is parked now: the output reaches the socket inside deliver(),
+        # before anything else runs (no task of the handler's was woken for it).
+        written = len(writes)
+        assert registry.deliver(rid, {"n": 1})
+        assert writes[written:] == [b'f\r\ndata: {"n":1}\n\n\r\n']
+        seen += await read_until(reader, b'{"n":1}')
+        assert registry.deliver(rid, object())  # not JSON: never raised to the producer
+        seen += await read_until(reader, b"\r\n0\r\n\r\n")
     events = sse_events(chunked_body(seen))
     assert events[:2] == [{"n": 0}, {"n": 1}]
     assert events[2]["error"]["code"] == 500

@@ -18,7 +18,7 @@ import pytest
 
 import tether
 import tether.http
-from tether._encoders import default_dumps, stdlib_dumps
+from tether._encoders import default_dumps, one_frame, stdlib_dumps
 
 
 def test_sse_frames_outputs_terminal_and_ping() -> None:
@@ -241,6 +241,26 @@ def test_overriding_encode_changes_every_frame_of_a_chunk() -> None:
     assert tagged.encode_many([1, 2]) == b"event: out\ndata: 1\n\nevent: out\ndata: 2\n\n"
     assert tagged.encode_indexed([(0, "a")]) == b'event: out\ndata: {"index":0,"output":"a"}\n\n'
     assert tagged.error({"error": {}}) == b'data: {"error":{}}\n\n'  # not an output
+
+
+class Framed(tether.NDJSON):
+    """Overrides only frame(): every line is prefixed."""
+
+    __slots__ = ()
+
+    def frame(self, payload: bytes) -> bytes:
+        return b"> " + super().frame(payload)
+
+
+@pytest.mark.parametrize(
+    "encoder",
+    [tether.SSE(), tether.NDJSON(), tether.SSE(dumps=stdlib_dumps), Tagged(), Framed()],
+    ids=["sse", "ndjson", "sse-stdlib", "own-encode", "own-frame"],
+)
+def test_the_one_output_write_frames_it_as_encode_does(encoder: tether.Encoder) -> None:
+    single = one_frame(encoder)
+    for output in ({"n": 1, "delta": "lorem"}, "é", [1.5, None], 7):
+        assert single(output) == encoder.encode(output)
 
 
 def test_a_transform_shapes_outputs_but_not_errors() -> None:
