@@ -225,32 +225,8 @@ class Exchange:
         transform: Callable[[Any], Any] | None = None,
         scope: RequestScope | None = None,
     ) -> None:
-        if not isinstance(source, Stream | Batch | Numbered):
-            raise TypeError(f"expected a tether Stream or Batch, got {type(source).__name__}")
-        if not isinstance(source, Numbered) and source.closed:
-            # (it would answer an empty success: its outputs went to the first response)
-            raise RuntimeError(
-                f"{source!r} was already answered or closed; a response takes a stream "
-                "once: open another stream for another response"
-            )
-        if encoder is None:
-            encoder = _SSE
-        elif isinstance(encoder, type):
-            encoder = encoder()
+        encoder = answer_encoder(source, streaming, encoder, ping_interval, send_timeout, transform)
         numbered = isinstance(source, Numbered)
-        bad = None
-        if numbered and not (streaming and encoder.has_event_ids):
-            bad = "a resumable stream is streamed with event ids: streaming=True and SSE"
-        elif not ping_interval > 0:
-            bad = f"ping_interval must be positive, got {ping_interval}"
-        elif send_timeout is not None and not send_timeout > 0:
-            bad = f"send_timeout must be positive or None, got {send_timeout}"
-        if bad is not None:
-            # the exchange owned the source all the same: nothing is left open
-            source.cancel()
-            raise ValueError(bad)
-        if transform is not None:
-            encoder = _shaped(encoder, transform, streaming=streaming)
         self.source = source
         self.streaming = streaming
         self.encoder: Encoder = encoder
@@ -302,18 +278,8 @@ class Exchange:
             await self.aclose()
             return Head(200, self._success_headers(), b"")
         if not self.streaming:
-            try:
-                result = await self.source.result()
-            except TetherError as exc:
-                return self._error_head(exc)
-            if isinstance(result, list):
-                result = [error_inline(item) for item in result]
-            try:
-                body = self.encoder.dumps(result)
-            except Exception as exc:
-                return self._unencodable_head(exc)
             self._done = True
-            return Head(200, self._success_headers(), body)
+            return await answer_whole(self.source, self.encoder)
         try:
             items = await self.source.next_ready(timeout=self.ping_interval)
         except TetherError as exc:
@@ -337,10 +303,7 @@ class Exchange:
         return Head(200, headers, first + chunk if first else chunk)
 
     def _unencodable(self, exc: Exception) -> None:
-        logger.error(
-            "%r: an output could not be encoded; the request is aborted", self.source, exc_info=exc
-        )
-        self.source.cancel(AbortReason.SERVER)
+        _abort_unencodable(self.source, exc)
 
     def _unencodable_head(self, exc: Exception) -> Head:
         self._unencodable(exc)
@@ -637,6 +600,67 @@ class Exchange:
             self._guard.close()
         self._abandon_begun()
         await self.source.aclose()
+
+
+def answer_encoder(
+    source: Stream | Batch | Numbered,
+    streaming: bool,
+    encoder: Encoder | type[Encoder] | None,
+    ping_interval: float,
+    send_timeout: float | None,
+    transform: Callable[[Any], Any] | None,
+) -> Encoder:
+    """The encoder of an answer from ``source`` with these options (an
+    :class:`Exchange`'s), once they are checked: see the exchange's ``:raises:``."""
+    numbered = not isinstance(source, Stream | Batch)  # (no ABC check for them)
+    if numbered and not isinstance(source, Numbered):
+        raise TypeError(f"expected a tether Stream or Batch, got {type(source).__name__}")
+    if isinstance(source, Stream | Batch) and source.closed:
+        # (it would answer an empty success: its outputs went to the first response)
+        raise RuntimeError(
+            f"{source!r} was already answered or closed; a response takes a stream "
+            "once: open another stream for another response"
+        )
+    if encoder is None:
+        encoder = _SSE
+    elif isinstance(encoder, type):
+        encoder = encoder()
+    bad = None
+    if numbered and not (streaming and encoder.has_event_ids):
+        bad = "a resumable stream is streamed with event ids: streaming=True and SSE"
+    elif not ping_interval > 0:
+        bad = f"ping_interval must be positive, got {ping_interval}"
+    elif send_timeout is not None and not send_timeout > 0:
+        bad = f"send_timeout must be positive or None, got {send_timeout}"
+    if bad is not None:
+        # the answer owned the source all the same: nothing is left open
+        source.cancel()
+        raise ValueError(bad)
+    return encoder if transform is None else _shaped(encoder, transform, streaming=streaming)
+
+
+async def answer_whole(source: Stream | Batch | Numbered, encoder: Encoder) -> Head:
+    """The one JSON body answering ``source`` (``streaming=False``): its result (a
+    batch's results in order, an error standing in place as its error body), or the
+    failure's status and JSON body (:func:`error_head`); a result that ``encoder``
+    cannot serialise is a 500, and the work is aborted. ``source`` is left open."""
+    try:
+        result = await source.result()
+    except TetherError as exc:
+        return error_head(exc)
+    if isinstance(result, list):
+        result = [error_inline(item) for item in result]
+    try:
+        body = encoder.dumps(result)
+    except Exception as exc:
+        _abort_unencodable(source, exc)
+        return error_head(exc)
+    return Head(200, dict(JSON_HEADERS), body)
+
+
+def _abort_unencodable(source: Stream | Batch | Numbered, exc: Exception) -> None:
+    logger.error("%r: an output could not be encoded; the request is aborted", source, exc_info=exc)
+    source.cancel(AbortReason.SERVER)
 
 
 def _shaped(encoder: Encoder, transform: Callable[[Any], Any], *, streaming: bool) -> Encoder:

@@ -13,7 +13,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ._batch import Batch
 from ._encoders import Encoder, default_dumps
-from ._exchange import Exchange, Numbered
+from ._exchange import Exchange, Numbered, answer_encoder, answer_whole
 from ._responses import DEFAULT_SEND_TIMEOUT, JSON_HEADERS, ErrorResponse, Head
 from ._scope import RequestScope
 from ._stream import Stream
@@ -123,6 +123,16 @@ class Responder(Generic[Req, Resp]):
                 source.cancel()
                 raise
             source = await resume.open(source)  # (not a Stream: aborted, TypeError)
+        elif not streaming and not framework.head_only(request):
+            # One JSON body: no exchange, the answer is waited for in one frame less.
+            # (bad options: the source, which the answer owns, is aborted, and it raises)
+            shaped = answer_encoder(source, False, encoder, ping_interval, send_timeout, transform)
+            try:
+                framework.scope(request).adopt(source)
+                head = await answer_whole(source, shaped)
+            finally:
+                await source.aclose()
+            return framework.whole(_with_headers(head, headers))
         exchange = Exchange(  # (bad options: it aborts the source, which it owns, and raises)
             source,
             streaming=streaming,
@@ -142,9 +152,7 @@ class Responder(Generic[Req, Resp]):
         except BaseException:
             await exchange.aclose()
             raise
-        if headers:
-            extra = {name.lower(): value for name, value in headers.items()}
-            head = Head(head.status, {**head.headers, **extra}, head.body)
+        head = _with_headers(head, headers)
         if exchange.done and not head_only:
             await exchange.aclose()
             return framework.whole(head)
@@ -184,3 +192,11 @@ class Responder(Generic[Req, Resp]):
             headers=headers,
             send_timeout=send_timeout,
         )
+
+
+def _with_headers(head: Head, headers: Mapping[str, str] | None) -> Head:
+    """``head`` with the extra ``headers`` of ``respond()``, which take precedence."""
+    if not headers:
+        return head
+    extra = {name.lower(): value for name, value in headers.items()}
+    return Head(head.status, {**head.headers, **extra}, head.body)
