@@ -6,6 +6,7 @@ Run from the repository root, with the project's virtual environment::
     .venv/bin/python -m bench.core --sizes 10000 --reps 5 --loops uvloop
     .venv/bin/python -m bench.core --observability   # collector and tracing costs
     .venv/bin/python -m bench.core --write    # what make bench runs: results kept
+    .venv/bin/python -m bench.core --sizes 10000 --reps 9 --cpu --merge with,without
 
 The workload, for each N: N requests open at once, each read by its own task
 with ``async for``; a producer emits one output to every live request per step,
@@ -14,7 +15,15 @@ yields to the loop after each step. The figure is outputs per second over the
 whole run (open, deliver, read, free). Implementations run interleaved, each
 repetition in a fresh event loop, and the medians are reported with the ratios
 tether/baseline, on asyncio's loop and on uvloop's (``--loops``). It also reports
-tracemalloc's memory per open idle ``Stream``. Baselines: ``core_baselines.py``
+tracemalloc's memory per open idle ``Stream``. ``--cpu`` counts outputs per CPU
+second of the process instead (on a shared machine, wall time counts the other
+jobs). ``--merge with`` runs the with-merge workload instead (``with,without``:
+both): the registry is built with a ``merge`` (list concatenation; each output is
+a one-item list) and the producer delivers :data:`BEHIND` outputs to every
+request before it yields, so that every reader is behind at every wake-up and
+outputs merge (tether hands the first to the reader that waits for it and merges
+the rest; the baselines fold all of them, with the same ``merge`` where they can;
+the figure still counts outputs delivered). Baselines: ``core_baselines.py``
 beside this file. ``--write`` keeps the figures in ``bench/results/core.json``
 (which :mod:`bench.charts` draws) and their table between the ``core:begin`` /
 ``core:end`` markers of ``bench/RESULTS.md``.
@@ -59,6 +68,8 @@ from .report import RESULTS, rewrite_readme
 
 OUTPUTS_PER_REQUEST = 64
 """Changed by ``--outputs``."""
+BEHIND = 4
+"""The with-merge workload's outputs per request between two yields to the loop."""
 
 
 async def _drain(reader: AsyncIterator[Any]) -> int:
@@ -68,21 +79,43 @@ async def _drain(reader: AsyncIterator[Any]) -> int:
     return count
 
 
+async def _drain_merged(reader: AsyncIterator[list[Any]]) -> int:
+    count = 0
+    async for outputs in reader:
+        count += len(outputs)
+    return count
+
+
+def _concat(older: list[Any], newer: list[Any]) -> list[Any]:
+    return older + newer
+
+
 async def run_tether(n: int, registry: tether.Registry | None = None) -> int:
     registry = registry or tether.Registry()
     streams = [registry.open() for _ in range(n)]
     return await _produce(registry.deliver, [s.rid for s in streams], [_drain(s) for s in streams])
 
 
-def _baseline(table_type: type[EventTable | SlotTable | QueueTable]) -> Runner:
+async def run_tether_merged(n: int) -> int:
+    registry = tether.Registry(merge=_concat)
+    streams = [registry.open() for _ in range(n)]
+    readers = [_drain_merged(s) for s in streams]
+    return await _produce(registry.deliver, [s.rid for s in streams], readers, merged=True)
+
+
+def _baseline(
+    table_type: type[EventTable | SlotTable | QueueTable], *, merged: bool = False
+) -> Runner:
     async def run(n: int) -> int:
-        table = table_type()
+        table = table_type(_concat) if merged else table_type()
         opened = [table.open() for _ in range(n)]
 
         def deliver(rid: str, output: Any, *, finished: bool) -> None:
             table.deliver(rid, output, finished)
 
-        return await _produce(deliver, [rid for rid, _ in opened], [_drain(r) for _, r in opened])
+        drain = _drain_merged if merged else _drain
+        readers = [drain(r) for _, r in opened]
+        return await _produce(deliver, [rid for rid, _ in opened], readers, merged=merged)
 
     return run
 
@@ -91,14 +124,22 @@ async def _produce(
     deliver: Callable[..., object],
     rids: list[str],
     readers: list[Coroutine[Any, Any, int]],
+    *,
+    merged: bool = False,
 ) -> int:
+    """Deliver the outputs, yielding to the loop after every step (``merged``: after
+    every :data:`BEHIND` steps, each output a one-item list, so that the readers are
+    behind)."""
     tasks = [asyncio.create_task(reader) for reader in readers]
     await asyncio.sleep(0)  # every reader starts and parks, as handlers would
     last = OUTPUTS_PER_REQUEST - 1
     for step in range(OUTPUTS_PER_REQUEST):
         finished = step == last
+        output = [step] if merged else step
         for rid in rids:
-            deliver(rid, step, finished=finished)
+            deliver(rid, output, finished=finished)
+        if merged and step % BEHIND != BEHIND - 1 and not finished:
+            continue  # the readers fall behind: the next output merges with this one
         await asyncio.sleep(0)  # one engine step: the readers run
     counts = await asyncio.gather(*tasks)
     total = sum(counts)
@@ -201,6 +242,14 @@ IMPLEMENTATIONS: dict[str, Runner] = {
     "c:queue": _baseline(QueueTable),
 }
 
+MERGED: dict[str, Runner] = {
+    "tether": run_tether_merged,
+    "a:event+wait_for": _baseline(EventTable, merged=True),
+    "b:merging-slot": _baseline(SlotTable, merged=True),
+    "c:queue": _baseline(QueueTable, merged=True),
+}
+"""The with-merge workload (``--merge with``): the same names, so the same ratios."""
+
 
 LOOPS: dict[str, Callable[[], Callable[[], asyncio.AbstractEventLoop] | None]] = {
     "asyncio": lambda: None,
@@ -256,25 +305,34 @@ def main() -> None:
         "--observability", action="store_true", help="tether with collectors and tracing"
     )
     parser.add_argument("--outputs", type=int, default=OUTPUTS_PER_REQUEST)
+    parser.add_argument(
+        "--cpu", action="store_true", help="outputs per CPU second of the process (see above)"
+    )
+    parser.add_argument(
+        "--merge", default="without", help="workloads: without, with, or with,without"
+    )
     parser.add_argument("--write", action="store_true", help="keep the figures (see above)")
     args = parser.parse_args()
     OUTPUTS_PER_REQUEST = args.outputs
     sizes = [int(size) for size in args.sizes.split(",")]
     loops = args.loops.split(",")
-    implementations = OBSERVABILITY if args.observability else IMPLEMENTATIONS
+    workloads = args.merge.split(",")
+    if args.observability or not set(workloads) <= {"with", "without"}:
+        workloads = ["without"]
     # Costs of a few percent drown in a shared machine's wall-clock noise: the
     # observability runs count the process's CPU time (one thread: the loop's).
-    clock = time.process_time if args.observability else time.perf_counter
+    cpu = args.cpu or args.observability
+    clock = time.process_time if cpu else time.perf_counter
     # ... and keep each variant's best run, as timeit does: what slows a run down on
     # a busy machine (another process's cache traffic, a late GC) is not the variant's.
     summary = max if args.observability else statistics.median
-    names = list(implementations)
+    names = list(OBSERVABILITY if args.observability else IMPLEMENTATIONS)
 
     python = f"Python {platform.python_version()} on {platform.machine()}"
-    print(f"{python}; tether {tether.__version__}")
+    print(f"{python}; tether {tether.__version__}; load average {os.getloadavg()[0]:.2f}")
     command = " ".join(["python -m bench.core", *sys.argv[1:]])
     print(f"command: {command}")
-    unit = "per CPU second" if args.observability else "per second"
+    unit = "per CPU second" if cpu else "per second"
     kind = "best" if args.observability else "medians"
     print(f"{OUTPUTS_PER_REQUEST} outputs per request, {unit}; {kind} of {args.reps} runs")
     header = f"{'N':>6} | " + " | ".join(f"{name:>16}" for name in names)
@@ -284,25 +342,32 @@ def main() -> None:
     verdicts: list[str] = []
     results: dict[str, dict[str, dict[str, float]]] = {}
     for loop in loops:
-        print(f"\n{loop} loop\n{header}\n{'-' * len(header)}")
-        for n in sizes:
-            samples: dict[str, list[float]] = {name: [] for name in names}
-            reps = args.reps if n > 1 else max(args.reps, 50)  # N=1 is too short to time once
-            for rep in range(reps):
-                order = names[rep % len(names) :] + names[: rep % len(names)]
-                for name in order:
-                    samples[name].append(measure(implementations[name], n, clock, loop))
-            medians = {name: summary(values) for name, values in samples.items()}
-            results.setdefault(loop, {})[str(n)] = medians
-            if args.observability:
-                ratios = [medians[name] / medians["tether"] for name in names[1:]]
-            else:
-                ratios = [medians["tether"] / medians[name] for name in names[1:]]
-            row = f"{n:>6} | " + " | ".join(f"{medians[name]:>14,.0f}/s" for name in names)
-            row += " | " + " | ".join(f"{ratio:>7.2f}x" for ratio in ratios)
-            print(row, flush=True)
-            if n == TARGET_N and not args.observability:
-                verdicts.extend(f"{loop}: {line}" for line in _verdicts(medians))
+        for workload in workloads:
+            implementations = (
+                OBSERVABILITY
+                if args.observability
+                else (MERGED if workload == "with" else IMPLEMENTATIONS)
+            )
+            title = loop if workload == "without" else f"{loop}, with merge"
+            print(f"\n{title} loop\n{header}\n{'-' * len(header)}")
+            for n in sizes:
+                samples: dict[str, list[float]] = {name: [] for name in names}
+                reps = args.reps if n > 1 else max(args.reps, 50)  # N=1 is too short to time once
+                for rep in range(reps):
+                    order = names[rep % len(names) :] + names[: rep % len(names)]
+                    for name in order:
+                        samples[name].append(measure(implementations[name], n, clock, loop))
+                medians = {name: summary(values) for name, values in samples.items()}
+                results.setdefault(title, {})[str(n)] = medians
+                if args.observability:
+                    ratios = [medians[name] / medians["tether"] for name in names[1:]]
+                else:
+                    ratios = [medians["tether"] / medians[name] for name in names[1:]]
+                row = f"{n:>6} | " + " | ".join(f"{medians[name]:>14,.0f}/s" for name in names)
+                row += " | " + " | ".join(f"{ratio:>7.2f}x" for ratio in ratios)
+                print(row, flush=True)
+                if n == TARGET_N and not args.observability:
+                    verdicts.extend(f"{title}: {line}" for line in _verdicts(samples))
     if args.observability:
         costs = per_request_cost()
         print(f"\none request alone (open, one finishing output, end): {costs['tether']:,.0f} ns")
@@ -355,14 +420,18 @@ TARGETS = {"b:merging-slot": 1.25, "a:event+wait_for": 2.0}
 """Issue 12's targets at N = 10,000: tether's outputs/s over each baseline's, at least."""
 
 
-def _verdicts(medians: dict[str, float]) -> list[str]:
-    """One line per target of :data:`TARGETS`, met or missed."""
+def _verdicts(samples: dict[str, list[float]]) -> list[str]:
+    """One line per target of :data:`TARGETS`, met or missed, by the median of the
+    repetitions' paired ratios (each repetition runs every implementation once, back
+    to back), with their spread."""
     lines = []
     for name, target in TARGETS.items():
-        ratio = medians["tether"] / medians[name]
+        paired = sorted(t / b for t, b in zip(samples["tether"], samples[name], strict=True))
+        ratio = statistics.median(paired)
         verdict = "met" if ratio >= target else "MISSED"
         lines.append(
-            f"target at N = {TARGET_N:,}: tether / {name} >= {target}x: {ratio:.2f}x, {verdict}"
+            f"target at N = {TARGET_N:,}: tether / {name} >= {target}x: {ratio:.2f}x "
+            f"(paired, {len(paired)} repetitions, {paired[0]:.2f}-{paired[-1]:.2f}), {verdict}"
         )
     return lines
 

@@ -12,20 +12,26 @@ path: open a request, route outputs to it, read them, free it when finished.
 
 All three capture the state when the reader is built (the table entry may be
 freed by the finishing output before the reader first runs), so that they
-complete the same workload tether does.
+complete the same workload tether does. Given a ``merge`` (the with-merge
+workload), (a) folds an output into the newest one waiting and (b) folds into
+its slot, as tether's registry does with its ``merge``, so that a reader that
+is behind reads one merged output; a queue (c) has nothing to fold into.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 __all__ = ["EventTable", "QueueTable", "SlotTable"]
 
 _WAIT_TIMEOUT: Final = 4.0  # the waiter's "is the client still there?" poll interval
 _DONE: Final = object()
+_EMPTY: Final = object()
+
+Merge = Callable[[Any, Any], Any]
 
 
 class _EventState:
@@ -40,9 +46,10 @@ class _EventState:
 class EventTable:
     """(a) ``rid -> state(Event, outputs)``; readers poll with ``wait_for``."""
 
-    def __init__(self) -> None:
+    def __init__(self, merge: Merge | None = None) -> None:
         self._table: dict[str, _EventState] = {}
         self._ids = itertools.count()
+        self._merge = merge
 
     def open(self) -> tuple[str, AsyncIterator[Any]]:
         rid = str(next(self._ids))
@@ -66,7 +73,11 @@ class EventTable:
         state = self._table.get(rid)
         if state is None:
             return
-        state.outputs.append(output)
+        outputs = state.outputs
+        if self._merge is not None and outputs:
+            outputs[-1] = self._merge(outputs[-1], output)
+        else:
+            outputs.append(output)
         if finished:
             state.finished = True
             del self._table[rid]
@@ -77,33 +88,41 @@ class _Slot:
     __slots__ = ("finished", "output", "ready")
 
     def __init__(self) -> None:
-        self.output: list[Any] | None = None
+        self.output: Any = None
         self.finished = False
         self.ready = asyncio.Event()
 
 
 class SlotTable:
-    """(b) one slot per request; a reader that is behind gets the merged outputs."""
+    """(b) one slot per request; a reader that is behind gets the merged outputs
+    (a list of them, or with ``merge`` the one they fold into)."""
 
-    def __init__(self) -> None:
+    def __init__(self, merge: Merge | None = None) -> None:
         self._table: dict[str, _Slot] = {}
         self._ids = itertools.count()
+        self._merge = merge
 
     def open(self) -> tuple[str, AsyncIterator[Any]]:
         rid = str(next(self._ids))
         slot = self._table[rid] = _Slot()
-        return rid, self._read(slot)
+        if self._merge is not None:
+            slot.output = _EMPTY
+            return rid, self._read(slot, _EMPTY, unpack=False)
+        return rid, self._read(slot, None, unpack=True)
 
-    async def _read(self, slot: _Slot) -> AsyncIterator[Any]:
+    async def _read(self, slot: _Slot, empty: Any, *, unpack: bool) -> AsyncIterator[Any]:
         while True:
             output = slot.output
-            if output is None:
+            if output is empty:
                 if slot.finished:
                     return
                 await slot.ready.wait()
                 continue
-            slot.output = None
+            slot.output = empty
             slot.ready.clear()
+            if not unpack:
+                yield output  # the one they were merged into
+                continue
             for item in output:  # the merged outputs, oldest first
                 yield item
 
@@ -111,7 +130,10 @@ class SlotTable:
         slot = self._table.get(rid)
         if slot is None:
             return
-        if slot.output is None:
+        merge = self._merge
+        if merge is not None:
+            slot.output = output if slot.output is _EMPTY else merge(slot.output, output)
+        elif slot.output is None:
             slot.output = [output]
         else:
             slot.output.append(output)  # merge: the reader is behind
@@ -124,7 +146,7 @@ class SlotTable:
 class QueueTable:
     """(c) one ``asyncio.Queue`` per request, ended by a sentinel."""
 
-    def __init__(self) -> None:
+    def __init__(self, merge: Merge | None = None) -> None:  # (nothing to fold into)
         self._table: dict[str, asyncio.Queue[Any]] = {}
         self._ids = itertools.count()
 
