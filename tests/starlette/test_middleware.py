@@ -42,8 +42,9 @@ async def test_stream_sends_start_then_each_output_from_deliver_then_the_termina
         # The handler waits: each output is sent inside deliver(), before it returns.
         engine.registry.deliver(rid, {"n": 2})
         assert len(server.sent) == 3
+        # The last output is the write loop's: it goes with the terminal frame and the end.
         engine.registry.deliver(rid, {"n": 3}, finished=True)
-        assert len(server.sent) == 4
+        await server.until(lambda: len(server.sent) == 4)
 
     start = server.sent[0]
     assert (start["type"], start["status"]) == ("http.response.start", 200)
@@ -53,8 +54,7 @@ async def test_stream_sends_start_then_each_output_from_deliver_then_the_termina
     assert server.bodies == [
         (b'data: {"n":1}\n\n', True),
         (b'data: {"n":2}\n\n', True),
-        (b'data: {"n":3}\n\n', True),
-        (b"data: [DONE]\n\n", False),
+        (b'data: {"n":3}\n\ndata: [DONE]\n\n', False),
     ]
     assert engine.registry.in_flight == 0
     assert engine.aborted_at == {}
