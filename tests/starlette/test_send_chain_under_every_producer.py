@@ -1,0 +1,205 @@
+"""The server's ``send`` chain (tether's middleware, the user's middlewares, uvicorn)
+behaves the same whichever producer shape delivers the outputs: a task per request
+(``deliver``), one engine step on the loop (``deliver_many``), or an engine thread
+(``deliver_many_threadsafe``). A middleware that wraps ``send`` sees what it would
+see if the handler's task wrote every event itself: a running task, one context
+across the response, a timeout bound to the request, never to the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+from typing import Any, Final
+
+import pytest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+import tether
+from tests._support.raw_http import read_response
+from tests._support.stalled import http_get, stalled_client
+from tether_starlette import TetherMiddleware, respond
+
+from .conftest import BOUND, serve
+
+SHAPES: Final = ("task", "step", "thread")
+OUTPUTS: Final = 40
+PAD: Final = "x" * 2048
+
+SENT: contextvars.ContextVar[int] = contextvars.ContextVar("SENT", default=0)
+"""Body messages sent so far in this request, as a middleware counts them."""
+
+
+def app_with(registry: tether.Registry, opened: asyncio.Queue[str], **options: Any) -> Starlette:
+    async def handle(request: Request) -> Response:
+        stream = registry.open()
+        opened.put_nowait(stream.rid)
+        return await respond(request, stream, streaming=True, **options)
+
+    return Starlette(
+        routes=[Route("/one", handle)],
+        middleware=[Middleware(TetherMiddleware, registry=registry)],
+    )
+
+
+def timed_send(app: ASGIApp, seconds: float) -> ASGIApp:
+    """A pure ASGI middleware that bounds each ``send`` with ``asyncio.timeout`` (a
+    common way to cap a write to a slow client)."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_within(message: Message) -> None:
+            async with asyncio.timeout(seconds):
+                await send(message)
+
+        await app(scope, receive, send_within)
+
+    return wrapped
+
+
+class Producer:
+    """Delivers ``outputs`` to ``rid`` in one of :data:`SHAPES`, one output per step."""
+
+    def __init__(self, registry: tether.Registry, shape: str) -> None:
+        self.registry = registry
+        self.shape = shape
+
+    async def run(self, rid: str, outputs: list[Any]) -> None:
+        registry, last = self.registry, len(outputs) - 1
+        if self.shape == "thread":
+            loop = asyncio.get_running_loop()
+
+            def engine() -> None:
+                for index, item in enumerate(outputs):
+                    registry.deliver_many_threadsafe([(rid, item, index == last)])
+                    # the loop ran the step before the next one (a handshake, no sleep)
+                    asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(BOUND)
+
+            await asyncio.to_thread(engine)
+            return
+        for index, item in enumerate(outputs):
+            if self.shape == "task":
+                registry.deliver(rid, item, finished=index == last)
+            else:
+                registry.deliver_many([(rid, item, index == last)])
+            await asyncio.sleep(0)
+
+
+def sse(outputs: list[Any]) -> bytes:
+    frames = (f"data: {json.dumps(item, separators=(',', ':'))}\n\n" for item in outputs)
+    return ("".join(frames) + "data: [DONE]\n\n").encode()
+
+
+async def one_response(url: str, opened: asyncio.Queue[str], producer: Producer) -> bytes:
+    port = int(url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        async with asyncio.timeout(BOUND):
+            writer.write(http_get("/one"))
+            rid = await opened.get()
+            outputs = [{"n": n} for n in range(OUTPUTS)]
+            run = asyncio.create_task(producer.run(rid, outputs))
+            status, body = await read_response(reader)
+            await run
+        assert status == 200
+        return body
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+async def test_a_middleware_that_bounds_send_with_asyncio_timeout_streams_whole(
+    shape: str,
+) -> None:
+    registry = tether.Registry()
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    app = timed_send(app_with(registry, opened), BOUND)
+    async with serve(app, http="httptools") as (url, _):
+        body = await one_response(url, opened, Producer(registry, shape))
+    assert body == sse([{"n": n} for n in range(OUTPUTS)])
+    assert registry.in_flight == 0
+    assert registry.stats().aborted == {}
+
+
+async def test_a_middleware_s_send_timeout_cuts_that_request_never_the_engine_s_task() -> None:
+    """A send that stalls past a middleware's ``asyncio.timeout`` fails its own request
+    (the timeout is the request's); the engine's task, which delivered the output
+    whose send stalled, goes on serving every other request."""
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    # tether's own send timeout far away: the middleware's 0.3 s is what must fire.
+    app = timed_send(app_with(registry, opened, send_timeout=BOUND), 0.3)
+    async with serve(app, http="httptools") as (url, _):
+        port = int(url.rsplit(":", 1)[1])
+        async with stalled_client(port, http_get("/one")):
+            async with asyncio.timeout(BOUND):
+                rid = await opened.get()
+            stop = asyncio.Event()
+            delivered = 0
+
+            async def engine() -> None:  # one task for every request, as engines run
+                nonlocal delivered
+                while not stop.is_set():
+                    registry.deliver(rid, {"i": delivered, "pad": PAD})
+                    delivered += 1
+                    await asyncio.sleep(0.005)  # the engine's pace
+
+            engine_task = asyncio.create_task(engine())
+            try:
+                async with asyncio.timeout(BOUND):
+                    while rid not in aborted and not engine_task.done():
+                        await asyncio.sleep(0.05)
+            finally:
+                stop.set()
+            await asyncio.wait((engine_task,), timeout=BOUND)
+    assert not engine_task.cancelled(), "the middleware's timeout cancelled the engine's task"
+    assert engine_task.exception() is None
+    assert aborted == [rid]
+    assert registry.in_flight == 0
+
+
+def counting_sends(app: ASGIApp, totals: list[int]) -> ASGIApp:
+    """A middleware that counts body messages in a context variable (set, not reset:
+    the count lives in the request's context) and records the count at the last."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                SENT.set(SENT.get() + 1)
+                if not message.get("more_body", False):
+                    totals.append(SENT.get())
+            await send(message)
+
+        await app(scope, receive, counted)
+
+    return wrapped
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+async def test_a_send_chain_sees_one_context_for_the_whole_response(shape: str) -> None:
+    registry = tether.Registry()
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    totals: list[int] = []
+    bodies: list[int] = []
+
+    def counting_bodies(app: ASGIApp) -> ASGIApp:
+        async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+            async def count(message: Message) -> None:
+                if message["type"] == "http.response.body":
+                    bodies.append(1)
+                await send(message)
+
+            await app(scope, receive, count)
+
+        return wrapped
+
+    app = counting_bodies(counting_sends(app_with(registry, opened), totals))
+    async with serve(app, http="httptools") as (url, _):
+        await one_response(url, opened, Producer(registry, shape))
+    assert totals == [len(bodies)]  # every body message counted in one context
+    assert registry.in_flight == 0
