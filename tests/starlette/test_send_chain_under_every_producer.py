@@ -130,7 +130,13 @@ async def test_a_middleware_s_send_timeout_cuts_that_request_never_the_engine_s_
     (the timeout is the request's); the engine's task, which delivered the output
     whose send stalled, goes on serving every other request."""
     aborted: list[str] = []
-    registry = tether.Registry(aborted.append)
+    ended = asyncio.Event()
+
+    def on_abort(rid: str) -> None:
+        aborted.append(rid)
+        ended.set()
+
+    registry = tether.Registry(on_abort)
     opened: asyncio.Queue[str] = asyncio.Queue()
     # tether's own send timeout far away: the middleware's 0.3 s is what must fire.
     app = timed_send(app_with(registry, opened, send_timeout=BOUND), 0.3)
@@ -150,12 +156,14 @@ async def test_a_middleware_s_send_timeout_cuts_that_request_never_the_engine_s_
                     await asyncio.sleep(0.005)  # the engine's pace
 
             engine_task = asyncio.create_task(engine())
-            try:
-                async with asyncio.timeout(BOUND):
-                    while rid not in aborted and not engine_task.done():
-                        await asyncio.sleep(0.05)
+            abort_seen = asyncio.create_task(ended.wait())
+            try:  # the request ends, or the engine's task does (it must not)
+                await asyncio.wait(
+                    (engine_task, abort_seen), timeout=BOUND, return_when=asyncio.FIRST_COMPLETED
+                )
             finally:
                 stop.set()
+                abort_seen.cancel()
             await asyncio.wait((engine_task,), timeout=BOUND)
     assert not engine_task.cancelled(), "the middleware's timeout cancelled the engine's task"
     assert engine_task.exception() is None
