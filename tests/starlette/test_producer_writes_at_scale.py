@@ -1,0 +1,337 @@
+"""Writes from the producer's step on a real uvicorn, many clients at once: fast and
+slow readers (the sink and the write loop take turns), every producer shape, outputs
+of a few bytes to hundreds of KB, non-ASCII text; a client that leaves while a write
+begun inside ``deliver()`` waits; an output that cannot be encoded, delivered in the
+same step as healthy ones. Every event arrives once, in order; nothing reaches the
+loop's exception handler; every request ends once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import itertools
+import json
+import socket
+import struct
+import warnings
+from typing import Any, Final
+
+import pytest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+import tether
+from tests._support.stalled import stalled_client
+from tether_starlette import TetherMiddleware, respond
+
+from .conftest import BOUND, FakeServer, serve
+
+CLIENTS: Final = 24
+OUTPUTS: Final = 48
+BIG: Final = "y" * 200_000
+TEXT: Final = "é✓𝄞 ünïcödé " * 20
+PAD: Final = "x" * 2048
+
+
+def output(client: int, n: int) -> dict[str, Any]:
+    text = BIG if n % 17 == 5 else TEXT if n % 5 == 0 else "lorem"
+    return {"c": client, "n": n, "t": text}
+
+
+def app_for(registry: tether.Registry, opened: asyncio.Queue[str]) -> Starlette:
+    async def handle(request: Request) -> Response:
+        stream = registry.open(request.query_params.get("rid"))
+        opened.put_nowait(stream.rid)
+        return await respond(request, stream, streaming=True)
+
+    return Starlette(
+        routes=[Route("/one", handle)],
+        middleware=[Middleware(TetherMiddleware, registry=registry)],
+    )
+
+
+def get(target: str) -> bytes:
+    return f"GET {target} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".encode()
+
+
+def dechunk(raw: bytes) -> bytes:
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head[:200]
+    body = b""
+    while True:
+        line, _, rest = rest.partition(b"\r\n")
+        size = int(line.split(b";")[0], 16)
+        if size == 0:
+            return body
+        body, rest = body + rest[:size], rest[size + 2 :]
+
+
+def events(body: bytes) -> list[Any]:
+    frames = body.split(b"\n\n")
+    assert frames[-2:] == [b"data: [DONE]", b""], frames[-3:]
+    return [json.loads(frame.removeprefix(b"data: ")) for frame in frames[:-2]]
+
+
+async def client(port: int, index: int, *, slow: bool) -> bytes:
+    """One client reading its whole response; a slow one has a tiny receive window
+    and reads a little at a time (the server's flow control pauses and resumes)."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if slow:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    try:
+        writer.write(get(f"/one?rid=c{index}"))
+        raw = b""
+        while data := await reader.read(1024 if slow else 65536):
+            raw += data
+            if slow:
+                await asyncio.sleep(0.001)  # (a slow reader's pace, not a synchronisation)
+        return raw
+    finally:
+        writer.close()
+
+
+async def produce(registry: tether.Registry, shape: str, rids: list[str]) -> None:
+    clients = [int(rid[1:]) for rid in rids]
+    last = OUTPUTS - 1
+    if shape == "task":
+
+        async def one(rid: str, index: int) -> None:
+            for n in range(OUTPUTS):
+                registry.deliver(rid, output(index, n), finished=n == last)
+                await asyncio.sleep(0)
+
+        async with asyncio.TaskGroup() as tasks:
+            for rid, index in zip(rids, clients, strict=True):
+                tasks.create_task(one(rid, index))
+        return
+    steps = [
+        [(rid, output(index, n), n == last) for rid, index in zip(rids, clients, strict=True)]
+        for n in range(OUTPUTS)
+    ]
+    if shape == "step":
+        for step in steps:
+            registry.deliver_many(step)
+            await asyncio.sleep(0)
+        return
+    loop = asyncio.get_running_loop()
+
+    def engine() -> None:
+        for step in steps:
+            registry.deliver_many_threadsafe(step)
+            asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(BOUND)
+
+    await asyncio.to_thread(engine)
+
+
+@contextlib.contextmanager
+def watched_loop() -> Any:
+    """Collects what reaches the loop's exception handler, and the runtime warnings."""
+    loop = asyncio.get_running_loop()
+    seen: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: seen.append(context))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield seen
+            gc.collect()
+        finally:
+            loop.set_exception_handler(previous)
+    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []
+
+
+@pytest.mark.both_loops
+@pytest.mark.parametrize("shape", ["task", "step", "thread"])
+async def test_many_fast_and_slow_clients_get_every_event_once_in_order(shape: str) -> None:
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append, max_pending=100_000, max_pending_bytes=None)
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    with watched_loop() as seen:
+        async with serve(app_for(registry, opened), http="httptools") as (url, _):
+            port = int(url.rsplit(":", 1)[1])
+            async with asyncio.timeout(60):
+                readers = [
+                    asyncio.create_task(client(port, index, slow=index % 2 == 1))
+                    for index in range(CLIENTS)
+                ]
+                rids = [await opened.get() for _ in range(CLIENTS)]
+                await produce(registry, shape, rids)
+                raws = await asyncio.gather(*readers)
+    for index, raw in enumerate(raws):
+        assert events(dechunk(raw)) == [output(index, n) for n in range(OUTPUTS)], index
+    assert seen == []
+    assert aborted == []
+    assert registry.in_flight == 0
+    stats = registry.stats()
+    assert stats.opened == stats.finished == CLIENTS
+
+
+class Pending:
+    """Pure ASGI, outside the app: how many body sends are under way right now."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.now = 0
+        self.changed = asyncio.Event()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def watched(message: Message) -> None:
+            self.now += 1
+            self.changed.set()
+            try:
+                await send(message)
+            finally:
+                self.now -= 1
+                self.changed.set()
+
+        await self.app(scope, receive, watched)
+
+
+@pytest.mark.both_loops
+@pytest.mark.parametrize("shape", ["task", "thread"])
+async def test_a_client_that_leaves_while_a_write_begun_in_deliver_waits_is_aborted_at_once(
+    shape: str,
+) -> None:
+    aborted: list[str] = []
+    gone = asyncio.Event()
+
+    def on_abort(rid: str) -> None:
+        aborted.append(rid)
+        gone.set()
+
+    registry = tether.Registry(on_abort, max_pending=100_000, max_pending_bytes=None)
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    pending = Pending(app_for(registry, opened))
+    loop = asyncio.get_running_loop()
+    with watched_loop() as seen:
+        async with serve(pending, http="httptools") as (url, _):
+            port = int(url.rsplit(":", 1)[1])
+            async with stalled_client(port, get("/one")) as sock:
+                async with asyncio.timeout(BOUND):
+                    rid = await opened.get()
+                    for n in itertools.count():  # until a send stays under way
+                        item = {"i": n, "pad": PAD}
+                        if shape == "task":
+                            registry.deliver(rid, item)
+                            await asyncio.sleep(0)  # (the engine's step)
+                        else:
+                            await asyncio.to_thread(
+                                registry.deliver_many_threadsafe, [(rid, item, False)]
+                            )
+                        if pending.now:
+                            break
+                # The client resets its connection (SO_LINGER 0): gone, mid-write.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                left = loop.time()
+                sock.close()
+                try:
+                    async with asyncio.timeout(2):
+                        await gone.wait()
+                except TimeoutError:
+                    pytest.fail("the client left 2 s ago and its request is still in flight")
+                took = loop.time() - left
+                assert registry.deliver(rid, {"late": True}) is False
+                async with asyncio.timeout(BOUND):
+                    while pending.now:
+                        pending.changed.clear()
+                        await pending.changed.wait()
+    assert took < 2
+    assert aborted == [rid]
+    assert registry.in_flight == 0
+    assert registry.stats().aborted == {"client_disconnected": 1}
+    assert seen == []
+
+
+@pytest.mark.parametrize("shape", ["step", "thread"])
+async def test_an_unencodable_output_fails_its_request_alone_in_a_shared_step(shape: str) -> None:
+    registry = tether.Registry(max_pending=100_000)
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    with watched_loop() as seen:
+        async with serve(app_for(registry, opened), http="httptools") as (url, _):
+            port = int(url.rsplit(":", 1)[1])
+            async with asyncio.timeout(BOUND):
+                readers = [asyncio.create_task(client(port, i, slow=False)) for i in range(3)]
+                rids = sorted([await opened.get() for _ in range(3)])
+                loop = asyncio.get_running_loop()
+                for n in range(20):
+                    step = [
+                        (
+                            rid,
+                            {"n": n, "t": "\ud800" if (rid == "c1" and n == 7) else "ok"},
+                            n == 19,
+                        )
+                        for rid in rids
+                    ]
+                    if shape == "step":
+                        registry.deliver_many(step)
+                        await asyncio.sleep(0)
+                    else:
+
+                        def handover(step: list[tuple[str, Any, bool]] = step) -> None:
+                            registry.deliver_many_threadsafe(step)
+                            asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(BOUND)
+
+                        await asyncio.to_thread(handover)
+                raws = await asyncio.gather(*readers)
+    for index, raw in enumerate(raws):
+        got = events(dechunk(raw))
+        if index == 1:
+            assert got[:7] == [{"n": n, "t": "ok"} for n in range(7)]
+            assert list(got[7]) == ["error"]  # one error event, then the end
+            assert len(got) == 8
+        else:
+            assert got == [{"n": n, "t": "ok"} for n in range(20)]
+    assert seen == []
+    assert registry.in_flight == 0
+
+
+async def test_on_asgi_2_4_a_gone_client_in_a_step_whose_on_abort_reenters_ends_each_once() -> None:
+    """deliver_many for three requests; the first one's send finds its client gone
+    (OSError), and its ``on_abort`` (inside the step) delivers to the second and
+    aborts the third. The step goes on; every request ends once."""
+    ended: list[str] = []
+    registry: tether.Registry
+
+    def on_abort(rid: str) -> None:
+        ended.append(rid)
+        if rid == "a":
+            registry.deliver("b", {"from": "on_abort"})
+            registry.abort("c")
+
+    registry = tether.Registry(on_abort)
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    app = app_for(registry, opened)
+    servers = {
+        rid: FakeServer(spec_version="2.4", path="/one", query=f"rid={rid}") for rid in "abc"
+    }
+    with watched_loop() as seen:
+        async with asyncio.TaskGroup() as tasks:
+            for server in servers.values():
+                tasks.create_task(server.run(app))
+            assert sorted([await opened.get() for _ in range(3)]) == ["a", "b", "c"]
+            registry.deliver_many([(rid, {"n": 0}, False) for rid in "abc"])
+            for server in servers.values():
+                await server.until(lambda server=server: len(server.bodies) >= 1)  # type: ignore[misc]
+            servers["a"].disconnect(tell_receive=False)  # only its send finds out
+            live = registry.deliver_many([(rid, {"n": 1}, False) for rid in "abc"])
+            assert live == 2  # (c was aborted inside the step, before its turn)
+            registry.deliver_many([(rid, {"n": 2}, True) for rid in "abc"])
+    assert sorted(ended) == ["a", "c"]
+    assert ended.count("a") == 1
+    got_b = b"".join(body for body, _ in servers["b"].bodies)
+    assert events(got_b) == [{"n": 0}, {"n": 1}, {"from": "on_abort"}, {"n": 2}] or events(
+        got_b
+    ) == [{"n": 0}, {"from": "on_abort"}, {"n": 1}, {"n": 2}]
+    stats = registry.stats()
+    assert stats.opened == stats.finished + sum(stats.aborted.values()) + stats.failed
+    assert registry.in_flight == 0
+    assert seen == []
