@@ -335,3 +335,67 @@ async def test_on_asgi_2_4_a_gone_client_in_a_step_whose_on_abort_reenters_ends_
     assert stats.opened == stats.finished + sum(stats.aborted.values()) + stats.failed
     assert registry.in_flight == 0
     assert seen == []
+
+
+class Handlers(Pending):
+    """:class:`Pending`, that also keeps the server's task for each request (the one
+    a server cancels at a forced shutdown)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        super().__init__(app)
+        self.tasks: list[asyncio.Task[Any]] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            task = asyncio.current_task()
+            assert task is not None
+            self.tasks.append(task)
+        await super().__call__(scope, receive, send)
+
+
+@pytest.mark.both_loops
+@pytest.mark.parametrize("shape", ["task", "thread"])
+async def test_a_server_that_cuts_a_write_begun_in_deliver_ends_the_stream_with_it_once(
+    shape: str,
+) -> None:
+    """The server cancels the handler (its shutdown's grace ran out) while a write begun
+    inside ``deliver()`` waits for flow control: the client, reading again, gets every
+    event once, in order, then one error event and the terminal frame."""
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append, max_pending=100_000, max_pending_bytes=None)
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    handlers = Handlers(app_for(registry, opened))
+    with watched_loop() as seen:
+        async with serve(handlers, http="httptools") as (url, _):
+            port = int(url.rsplit(":", 1)[1])
+            async with stalled_client(port, get("/one")) as sock:
+                async with asyncio.timeout(BOUND):
+                    rid = await opened.get()
+                    delivered = 0
+                    for n in itertools.count():  # until a send stays under way
+                        item = {"i": n, "pad": PAD}
+                        if shape == "task":
+                            registry.deliver(rid, item)
+                            await asyncio.sleep(0)  # (the engine's step)
+                        else:
+                            await asyncio.to_thread(
+                                registry.deliver_many_threadsafe, [(rid, item, False)]
+                            )
+                        delivered = n + 1
+                        if handlers.now:
+                            break
+                    await asyncio.sleep(0)  # (the handler takes the begun write over)
+                    (task,) = handlers.tasks
+                    task.cancel()  # the server's forced shutdown
+                    reader, writer = await asyncio.open_connection(sock=sock)  # reads now
+                    raw = await reader.read()  # (uvicorn closes an unfinished response)
+                    writer.close()
+                    await asyncio.wait((task,))
+    frames = dechunk(raw + b"0\r\n\r\n" if not raw.endswith(b"0\r\n\r\n") else raw).split(b"\n\n")
+    assert frames[-2:] == [b"data: [DONE]", b""], frames[-3:]
+    assert frames[-3].startswith(b'data: {"error":'), frames[-3][:200]
+    indices = [json.loads(frame.removeprefix(b"data: "))["i"] for frame in frames[:-3]]
+    assert indices == list(range(delivered))
+    assert aborted == [rid]
+    assert registry.in_flight == 0
+    assert seen == []
