@@ -8,13 +8,19 @@ across the response, a timeout bound to the request, never to the engine."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import json
+import socket
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
+import hypercorn.asyncio
+import hypercorn.config
 import pytest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -210,4 +216,118 @@ async def test_a_send_chain_sees_one_context_for_the_whole_response(shape: str) 
     async with serve(app, http="httptools") as (url, _):
         await one_response(url, opened, Producer(registry, shape))
     assert totals == [len(bodies)]  # every body message counted in one context
+    assert registry.in_flight == 0
+
+
+def reentering(app: ASGIApp, registry: tether.Registry, rids: list[str], how: str) -> ASGIApp:
+    """A middleware whose ``send`` calls back into the registry when it sees the body
+    of output 3: it aborts its own request (a byte quota, say), or delivers one more
+    output to it (an echo)."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_and_call_back(message: Message) -> None:
+            if b'"n":3}' in message.get("body", b""):
+                if how == "abort":
+                    registry.abort(rids[0])
+                else:
+                    registry.deliver(rids[0], {"n": "echo"})
+            await send(message)
+
+        await app(scope, receive, send_and_call_back)
+
+    return wrapped
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("how", ["abort", "deliver"])
+async def test_a_send_chain_that_reenters_the_registry_ends_its_request_once_in_order(
+    shape: str, how: str
+) -> None:
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    rids: list[str] = []
+
+    inner = app_with(registry, opened)
+    app = reentering(inner, registry, rids, how)
+    loop = asyncio.get_running_loop()
+    seen: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: seen.append(context))
+    try:
+        async with serve(app, http="httptools") as (url, _):
+            port = int(url.rsplit(":", 1)[1])
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                async with asyncio.timeout(BOUND):
+                    writer.write(http_get("/one"))
+                    rid = await opened.get()
+                    rids.append(rid)
+                    run = asyncio.create_task(
+                        Producer(registry, shape).run(rid, [{"n": n} for n in range(8)])
+                    )
+                    _, body = await read_response(reader)
+                    await run
+            finally:
+                writer.close()
+    finally:
+        loop.set_exception_handler(None)
+    frames = body.split(b"\n\n")
+    assert frames[-2:] == [b"data: [DONE]", b""]
+    got = [json.loads(frame.removeprefix(b"data: ")) for frame in frames[:-2]]
+    if how == "abort":
+        assert got[:4] == [{"n": n} for n in range(4)]
+        assert list(got[4]) == ["error"]
+        assert len(got) == 5
+        assert aborted == [rid]
+    else:
+        assert got == [{"n": n} for n in range(4)] + [{"n": "echo"}] + [
+            {"n": n} for n in range(4, 8)
+        ]
+        assert aborted == []
+    assert seen == []
+    assert registry.in_flight == 0
+
+
+class Passing(BaseHTTPMiddleware):
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        return await call_next(request)
+
+
+@contextlib.asynccontextmanager
+async def hypercorn_serving(app: ASGIApp) -> AsyncIterator[str]:
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = hypercorn.config.Config()
+    config.bind = [f"fd://{sock.detach()}"]
+    config.accesslog = config.errorlog = None
+    stop = asyncio.Event()
+    task = asyncio.create_task(hypercorn.asyncio.serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop.set()
+        async with asyncio.timeout(BOUND):
+            await task
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("stack", ["hypercorn", "uvicorn-h11", "uvicorn-base-http-middleware"])
+async def test_every_server_stack_streams_whole_under_every_producer_shape(
+    stack: str, shape: str
+) -> None:
+    registry = tether.Registry()
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    app = app_with(registry, opened)
+    producer = Producer(registry, shape)
+    if stack == "hypercorn":
+        async with hypercorn_serving(app) as url:
+            body = await one_response(url, opened, producer)
+    elif stack == "uvicorn-h11":
+        async with serve(app, http="h11") as (url, _):
+            body = await one_response(url, opened, producer)
+    else:
+        app.user_middleware.insert(0, Middleware(Passing))
+        async with serve(app, http="httptools") as (url, _):
+            body = await one_response(url, opened, producer)
+    assert body == sse([{"n": n} for n in range(OUTPUTS)])
     assert registry.in_flight == 0
