@@ -43,11 +43,11 @@ def output(client: int, n: int) -> dict[str, Any]:
     return {"c": client, "n": n, "t": text}
 
 
-def app_for(registry: tether.Registry, opened: asyncio.Queue[str]) -> Starlette:
+def app_for(registry: tether.Registry, opened: asyncio.Queue[str], **options: Any) -> Starlette:
     async def handle(request: Request) -> Response:
         stream = registry.open(request.query_params.get("rid"))
         opened.put_nowait(stream.rid)
-        return await respond(request, stream, streaming=True)
+        return await respond(request, stream, streaming=True, **options)
 
     return Starlette(
         routes=[Route("/one", handle)],
@@ -218,17 +218,7 @@ async def test_a_client_that_leaves_while_a_write_begun_in_deliver_waits_is_abor
             async with stalled_client(port, get("/one")) as sock:
                 async with asyncio.timeout(BOUND):
                     rid = await opened.get()
-                    for n in itertools.count():  # until a send stays under way
-                        item = {"i": n, "pad": PAD}
-                        if shape == "task":
-                            registry.deliver(rid, item)
-                            await asyncio.sleep(0)  # (the engine's step)
-                        else:
-                            await asyncio.to_thread(
-                                registry.deliver_many_threadsafe, [(rid, item, False)]
-                            )
-                        if pending.now:
-                            break
+                    await deliver_until_a_send_stays_under_way(registry, rid, shape, pending)
                 # The client resets its connection (SO_LINGER 0): gone, mid-write.
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 left = loop.time()
@@ -371,19 +361,9 @@ async def test_a_server_that_cuts_a_write_begun_in_deliver_ends_the_stream_with_
             async with stalled_client(port, get("/one")) as sock:
                 async with asyncio.timeout(BOUND):
                     rid = await opened.get()
-                    delivered = 0
-                    for n in itertools.count():  # until a send stays under way
-                        item = {"i": n, "pad": PAD}
-                        if shape == "task":
-                            registry.deliver(rid, item)
-                            await asyncio.sleep(0)  # (the engine's step)
-                        else:
-                            await asyncio.to_thread(
-                                registry.deliver_many_threadsafe, [(rid, item, False)]
-                            )
-                        delivered = n + 1
-                        if handlers.now:
-                            break
+                    delivered = await deliver_until_a_send_stays_under_way(
+                        registry, rid, shape, handlers
+                    )
                     await asyncio.sleep(0)  # (the handler takes the begun write over)
                     (task,) = handlers.tasks
                     task.cancel()  # the server's forced shutdown
@@ -397,5 +377,119 @@ async def test_a_server_that_cuts_a_write_begun_in_deliver_ends_the_stream_with_
     indices = [json.loads(frame.removeprefix(b"data: "))["i"] for frame in frames[:-3]]
     assert indices == list(range(delivered))
     assert aborted == [rid]
+    assert registry.in_flight == 0
+    assert seen == []
+
+
+async def deliver_until_a_send_stays_under_way(
+    registry: tether.Registry, rid: str, shape: str, pending: Pending
+) -> int:
+    """Deliver 2 KiB outputs (``shape``: from a task, or from an engine thread) to a
+    client that reads nothing, until one's send waits for flow control; how many."""
+    for n in itertools.count():
+        item = {"i": n, "pad": PAD}
+        if shape == "task":
+            registry.deliver(rid, item)
+            await asyncio.sleep(0)  # (the engine's step)
+        else:
+            await asyncio.to_thread(registry.deliver_many_threadsafe, [(rid, item, False)])
+        if pending.now:
+            return n + 1
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.both_loops
+@pytest.mark.parametrize("shape", ["task", "thread"])
+async def test_the_send_timeout_ends_a_write_begun_in_deliver_under_every_shape(shape: str) -> None:
+    gone = asyncio.Event()
+    aborted: list[str] = []
+
+    def on_abort(rid: str) -> None:
+        aborted.append(rid)
+        gone.set()
+
+    registry = tether.Registry(on_abort, max_pending=100_000, max_pending_bytes=None)
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    pending = Pending(app_for(registry, opened, send_timeout=0.3))
+    with watched_loop() as seen:
+        async with serve(pending, http="httptools") as (url, _):
+            port = int(url.rsplit(":", 1)[1])
+            async with stalled_client(port, get("/one")):
+                async with asyncio.timeout(BOUND):
+                    rid = await opened.get()
+                    await deliver_until_a_send_stays_under_way(registry, rid, shape, pending)
+                    await gone.wait()  # the client counts as gone
+                    while pending.now:
+                        pending.changed.clear()
+                        await pending.changed.wait()
+    assert aborted == [rid]
+    assert registry.stats().aborted == {"client_disconnected": 1}
+    assert registry.in_flight == 0
+    assert seen == []
+
+
+@pytest.mark.both_loops
+@pytest.mark.parametrize("shape", ["task", "thread"])
+async def test_a_client_that_leaves_while_the_handler_is_parked_is_aborted_at_once(
+    shape: str,
+) -> None:
+    gone = asyncio.Event()
+    aborted: list[str] = []
+
+    def on_abort(rid: str) -> None:
+        aborted.append(rid)
+        gone.set()
+
+    registry = tether.Registry(on_abort)
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    with watched_loop() as seen:
+        async with serve(app_for(registry, opened), http="httptools") as (url, _):
+            port = int(url.rsplit(":", 1)[1])
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            async with asyncio.timeout(BOUND):
+                writer.write(get("/one"))
+                rid = await opened.get()
+                for n in range(10):  # written inside deliver(), the handler parked
+                    if shape == "task":
+                        registry.deliver(rid, {"n": n})
+                    else:
+                        await asyncio.to_thread(
+                            registry.deliver_many_threadsafe, [(rid, {"n": n}, False)]
+                        )
+                    await reader.readuntil(b"\n\n")
+            writer.close()
+            try:
+                async with asyncio.timeout(2):
+                    await gone.wait()
+            except TimeoutError:
+                pytest.fail("the client left 2 s ago and its request is still in flight")
+    assert aborted == [rid]
+    assert registry.in_flight == 0
+    assert seen == []
+
+
+@pytest.mark.both_loops
+@pytest.mark.parametrize("shape", ["task", "thread"])
+async def test_outputs_of_megabytes_of_non_ascii_text_arrive_whole_in_order(shape: str) -> None:
+    registry = tether.Registry(max_pending=100_000, max_pending_bytes=None)
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    huge = [{"n": n, "t": ("é✓𝄞" * 400_000)[n:]} for n in range(6)]  # ~4 MB of UTF-8 each
+    with watched_loop() as seen:
+        async with serve(app_for(registry, opened), http="httptools") as (url, _):
+            port = int(url.rsplit(":", 1)[1])
+            async with asyncio.timeout(60):
+                reading = asyncio.create_task(client(port, 0, slow=False))
+                rid = await opened.get()
+                for n, item in enumerate(huge):
+                    last = n == len(huge) - 1
+                    if shape == "task":
+                        registry.deliver(rid, item, finished=last)
+                        await asyncio.sleep(0)
+                    else:
+                        await asyncio.to_thread(
+                            registry.deliver_many_threadsafe, [(rid, item, last)]
+                        )
+                raw = await reading
+    assert events(dechunk(raw)) == huge
     assert registry.in_flight == 0
     assert seen == []
