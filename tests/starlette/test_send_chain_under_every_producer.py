@@ -12,15 +12,18 @@ import contextlib
 import contextvars
 import json
 import socket
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
+import fastapi
 import hypercorn.asyncio
 import hypercorn.config
 import pytest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -330,4 +333,69 @@ async def test_every_server_stack_streams_whole_under_every_producer_shape(
         async with serve(app, http="httptools") as (url, _):
             body = await one_response(url, opened, producer)
     assert body == sse([{"n": n} for n in range(OUTPUTS)])
+    assert registry.in_flight == 0
+
+
+def fastapi_app(
+    registry: tether.Registry, opened: asyncio.Queue[str], *, http_mw: bool
+) -> fastapi.FastAPI:
+    """The same endpoint on FastAPI; ``http_mw`` adds an ``@app.middleware("http")``
+    (FastAPI's way to add a middleware: a BaseHTTPMiddleware underneath)."""
+    app = fastapi.FastAPI()
+    app.add_middleware(TetherMiddleware, registry=registry)
+
+    @app.get("/one")
+    async def one(request: Request) -> Response:
+        stream = registry.open()
+        opened.put_nowait(stream.rid)
+        return await respond(request, stream, streaming=True)
+
+    if http_mw:
+
+        @app.middleware("http")
+        async def timing(request: Request, call_next: RequestResponseEndpoint) -> Response:
+            response = await call_next(request)
+            response.headers["x-timed"] = "1"
+            return response
+
+    return app
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("http_mw", [False, True], ids=["plain", "http-middleware"])
+async def test_a_fastapi_app_streams_whole_under_every_producer_shape(
+    shape: str, http_mw: bool
+) -> None:
+    registry = tether.Registry()
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    app = fastapi_app(registry, opened, http_mw=http_mw)
+    async with serve(app, http="httptools") as (url, _):
+        body = await one_response(url, opened, Producer(registry, shape))
+    assert body == sse([{"n": n} for n in range(OUTPUTS)])
+    assert registry.in_flight == 0
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+async def test_a_gzipped_ndjson_stream_decompresses_whole_under_every_producer_shape(
+    shape: str,
+) -> None:
+    registry = tether.Registry()
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    app = app_with(registry, opened, encoder=tether.NDJSON)
+    app.user_middleware.insert(0, Middleware(GZipMiddleware, minimum_size=1))
+    async with serve(app, http="httptools") as (url, _):
+        port = int(url.rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            async with asyncio.timeout(BOUND):
+                writer.write(b"GET /one HTTP/1.1\r\nHost: t\r\nAccept-Encoding: gzip\r\n\r\n")
+                rid = await opened.get()
+                outputs = [{"n": n, "t": "lorem ipsum"} for n in range(OUTPUTS)]
+                run = asyncio.create_task(Producer(registry, shape).run(rid, outputs))
+                _, body = await read_response(reader)
+                await run
+        finally:
+            writer.close()
+    lines = zlib.decompress(body, 16 + zlib.MAX_WBITS).decode().splitlines()
+    assert [json.loads(line) for line in lines] == outputs
     assert registry.in_flight == 0
