@@ -30,6 +30,7 @@ from tests._support.stalled import stalled_client
 from tether_starlette import TetherMiddleware, respond
 
 from .conftest import BOUND, FakeServer, serve
+from .test_send_chain_under_every_producer import hypercorn_serving
 
 CLIENTS: Final = 24
 OUTPUTS: Final = 48
@@ -493,3 +494,26 @@ async def test_outputs_of_megabytes_of_non_ascii_text_arrive_whole_in_order(shap
     assert events(dechunk(raw)) == huge
     assert registry.in_flight == 0
     assert seen == []
+
+
+@pytest.mark.parametrize("shape", ["task", "step", "thread"])
+async def test_on_hypercorn_many_fast_and_slow_clients_get_every_event_once_in_order(
+    shape: str,
+) -> None:
+    registry = tether.Registry(max_pending=100_000, max_pending_bytes=None)
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    with watched_loop() as seen:
+        async with hypercorn_serving(app_for(registry, opened)) as url:
+            port = int(url.rsplit(":", 1)[1])
+            async with asyncio.timeout(60):
+                readers = [
+                    asyncio.create_task(client(port, index, slow=index % 2 == 1))
+                    for index in range(CLIENTS)
+                ]
+                rids = [await opened.get() for _ in range(CLIENTS)]
+                await produce(registry, shape, rids)
+                raws = await asyncio.gather(*readers)
+    for index, raw in enumerate(raws):
+        assert events(dechunk(raw)) == [output(index, n) for n in range(OUTPUTS)], index
+    assert seen == []
+    assert registry.in_flight == 0
