@@ -517,3 +517,43 @@ async def test_on_hypercorn_many_fast_and_slow_clients_get_every_event_once_in_o
         assert events(dechunk(raw)) == [output(index, n) for n in range(OUTPUTS)], index
     assert seen == []
     assert registry.in_flight == 0
+
+
+async def test_a_write_begun_in_deliver_and_cut_gives_back_what_its_send_chain_held() -> None:
+    """A middleware bounds concurrent writes with a shared ``asyncio.Semaphore`` (a
+    write limiter; hypercorn's HTTP/2 send lock works the same way). A write begun
+    inside ``deliver()`` waits for a permit; the permit is handed to it just as the
+    server cuts the handler. The cut write must give the permit back (as a cancelled
+    ``acquire()`` does): else every later write through the middleware waits forever."""
+    permits = asyncio.Semaphore(1)
+
+    def limited(app: ASGIApp) -> ASGIApp:
+        async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+            async def send_limited(message: Message) -> None:
+                async with permits:
+                    await send(message)
+
+            await app(scope, receive, send_limited)
+
+        return wrapped
+
+    registry = tether.Registry()
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    server = FakeServer(path="/one")
+    with watched_loop() as seen:
+        task = asyncio.create_task(server.run(limited(app_for(registry, opened))))
+        async with asyncio.timeout(BOUND):
+            rid = await opened.get()
+            registry.deliver(rid, {"n": 1})
+            await server.until(lambda: len(server.bodies) == 1)
+            registry.deliver(rid, {"n": 2})  # (written inside deliver(): the handler parks)
+            await server.until(lambda: len(server.bodies) == 2)
+            await permits.acquire()  # another request's write holds the permit
+            registry.deliver(rid, {"n": 3})  # its send waits for the permit (inside deliver())
+            permits.release()  # the permit goes to that send...
+            task.cancel()  # ...as the server cuts the handler (its shutdown)
+            await asyncio.wait((task,))
+    assert task.cancelled()
+    assert not permits.locked(), "the cut write kept the permit: every later write hangs"
+    assert registry.in_flight == 0
+    assert seen == []
