@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import json
 import socket
+import threading
 import zlib
 from collections.abc import AsyncIterator
 from typing import Any, Final
@@ -399,3 +400,51 @@ async def test_a_gzipped_ndjson_stream_decompresses_whole_under_every_producer_s
     lines = zlib.decompress(body, 16 + zlib.MAX_WBITS).decode().splitlines()
     assert [json.loads(line) for line in lines] == outputs
     assert registry.in_flight == 0
+
+
+async def test_a_deliver_from_a_foreign_thread_never_drives_the_server_s_send_there() -> None:
+    """Misuse: after the first output (checked on the loop), a producer calls plain
+    ``deliver()`` from its own thread. Whatever tether does with it, the server's
+    ``send`` (uvicorn's transport, which is not thread-safe) runs on the loop's
+    thread only."""
+    registry = tether.Registry()
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    threads: set[int] = set()
+
+    def recording(app: ASGIApp) -> ASGIApp:
+        async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+            async def send_here(message: Message) -> None:
+                threads.add(threading.get_ident())
+                await send(message)
+
+            await app(scope, receive, send_here)
+
+        return wrapped
+
+    app = recording(app_with(registry, opened))
+    async with serve(app, http="httptools") as (url, _):
+        port = int(url.rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            async with asyncio.timeout(BOUND):
+                writer.write(http_get("/one"))
+                rid = await opened.get()
+                registry.deliver(rid, {"n": 0})
+                await reader.readuntil(b"\n\n")  # out, and the handler parked again
+                with contextlib.suppress(tether.TetherError):  # (refused: fine too)
+                    await asyncio.to_thread(registry.deliver, rid, {"n": 1})
+                registry.deliver(rid, {"n": 2}, finished=True)
+                await read_response_rest(reader)
+        finally:
+            writer.close()
+    assert threads == {threading.get_ident()}
+
+
+async def read_response_rest(reader: asyncio.StreamReader) -> bytes:
+    """The rest of a chunked response whose head was read (up to its last chunk)."""
+    rest = b""
+    while not rest.endswith(b"0\r\n\r\n"):
+        data = await reader.read(65536)
+        assert data, "the connection closed before the end of the response"
+        rest += data
+    return rest
