@@ -448,3 +448,30 @@ async def read_response_rest(reader: asyncio.StreamReader) -> bytes:
         assert data, "the connection closed before the end of the response"
         rest += data
     return rest
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+async def test_pipelined_streams_on_one_connection_come_whole_in_order(shape: str) -> None:
+    """Two requests pipelined on one connection (uvicorn starts the second inside the
+    first one's last ``send``): each stream comes whole, the second after the first."""
+    registry = tether.Registry()
+    opened: asyncio.Queue[str] = asyncio.Queue()
+    app = app_with(registry, opened)
+    producer = Producer(registry, shape)
+    outputs = [{"n": n} for n in range(OUTPUTS)]
+    async with serve(app, http="httptools") as (url, _):
+        port = int(url.rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            async with asyncio.timeout(BOUND):
+                writer.write(http_get("/one") + http_get("/one"))
+                bodies = []
+                for _ in range(2):
+                    rid = await opened.get()
+                    run = asyncio.create_task(producer.run(rid, outputs))
+                    bodies.append((await read_response(reader))[1])
+                    await run
+        finally:
+            writer.close()
+    assert bodies == [sse(outputs)] * 2
+    assert registry.in_flight == 0
