@@ -20,7 +20,9 @@ around the inner ``send``, an anyio cancel scope) would bind to the producer's.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import threading
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Final
 
@@ -43,10 +45,11 @@ class Stepped:
     if the response is cut.
     """
 
-    __slots__ = ("_busy", "_context", "_suspended", "_write")
+    __slots__ = ("_busy", "_context", "_suspended", "_thread", "_write")
 
     def __init__(self, write: Callable[[bytes, bool], Awaitable[object]]) -> None:
         self._write = write
+        self._thread = threading.get_ident()
         self._context = contextvars.copy_context()
         self._busy = False  # (a write's step re-entering write(): the context is entered)
         self._suspended = 0
@@ -59,6 +62,11 @@ class Stepped:
         """Drive the write of ``chunk`` one step: ``True`` if that wrote it, ``False`` if
         it was not tried, else the begun write (to await, or ``close()``)."""
         if self._suspended >= SUSPENDS_IN_A_ROW or self._busy:
+            return False
+        # Only from a task of the handler's thread: a thread's hand-over runs in a loop
+        # callback, where a send chain that needs a task (anyio, asyncio.timeout)
+        # raises; and a deliver() from elsewhere must never write to the transport.
+        if threading.get_ident() != self._thread or asyncio.current_task() is None:
             return False
         steps = self._write(chunk, False).__await__()
         self._busy = True
@@ -110,7 +118,15 @@ class _Begun:
                     return stop.value
 
     def close(self) -> None:
-        """Abandon the write (nothing more of it is written)."""
+        """Abandon the write (nothing more of it is written): cancelled first, as a
+        task's cut write is, so that the send chain gives back what it holds (a
+        semaphore's permit, a lock), then closed."""
         self._yielded = None
-        if self._steps is not None:
-            self._context.run(self._steps.close)
+        steps, self._steps = self._steps, None
+        if steps is None:
+            return
+        try:
+            self._context.run(steps.throw, asyncio.CancelledError())
+        except BaseException:  # (the cancellation, or whatever the chain made of it)
+            pass
+        self._context.run(steps.close)

@@ -70,7 +70,7 @@ async def test_idle_stream_pings_and_the_first_ping_sends_the_headers(engine: En
 
     assert server.sent[0]["status"] == 200
     assert server.bodies[:2] == [(b": ping\n\n", True), (b": ping\n\n", True)]
-    assert server.bodies[-2:] == [(b'data: {"n":1}\n\n', True), (b"data: [DONE]\n\n", False)]
+    assert server.bodies[-1] == (b'data: {"n":1}\n\ndata: [DONE]\n\n', False)
 
 
 @pytest.mark.parametrize("spec_version", SPECS)

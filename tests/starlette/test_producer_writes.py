@@ -107,8 +107,7 @@ async def test_a_send_that_suspends_in_deliver_is_finished_by_the_handler_before
         (b'data: {"n":1}\n\n', True),
         (b'data: {"n":2}\n\n', True),
         (b'data: {"n":3}\n\ndata: {"n":4}\n\n', True),  # what piled up: one message
-        (b'data: {"n":5}\n\n', True),
-        (b"data: [DONE]\n\n", False),
+        (b'data: {"n":5}\n\ndata: [DONE]\n\n', False),  # the last, with the end
     ]
     assert engine.registry.in_flight == 0
     assert engine.aborted_at == {}
