@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Coroutine
 from typing import Any, Final, TypeVar
 
 from starlette.middleware.errors import ServerErrorMiddleware
@@ -63,12 +62,19 @@ def _installed(request: HTTPConnection, key: str, kind: type[T]) -> T:
 
 def _on_asyncio() -> bool:
     try:
-        return asyncio.get_running_loop() is not None
+        asyncio.get_running_loop()
     except RuntimeError:
         raise RuntimeError(
             "TetherMiddleware needs an asyncio event loop, and this app runs on another "
             "(trio?): run the server on asyncio (uvicorn's loop, or hypercorn -k asyncio)"
         ) from None
+    return True
+
+
+def _repeat(item: Message | Exception) -> Message:
+    if isinstance(item, Exception):
+        raise item
+    return item
 
 
 class TetherMiddleware:
@@ -119,40 +125,48 @@ class TetherMiddleware:
         scope[REGISTRY_KEY] = self.registry
         channel = _ServerLink(receive, send)
         channel.request_id = request_id = _request_id(scope)
-        with tether.RequestScope(on_first_track=channel.watch, request_id=request_id) as ours:
-            scope[SCOPE_KEY] = channel.scope = ours
+        with tether.RequestScope(
+            on_first_track=channel.watch, request_id=request_id
+        ) as request_scope:
+            scope[SCOPE_KEY] = channel.scope = request_scope
             try:
-                await self.app(scope, channel.receive, channel.send)
-            except tether.TetherError as exc:
-                if channel.started:
+                await self._answer(scope, channel, app)
+            except OSError as exc:
+                if exc is not channel.send_error:
                     raise
-                await send_whole(channel.send, http.error_head(exc))
-            except asyncio.CancelledError:
-                # The server cancelled the handler (a shutdown whose grace period ran out)
-                # while it waited for its answer: the client is still there and is told.
-                if not channel.started:
-                    ours.close()
-                    await send_whole(channel.send, http.server_ended())
-                raise
-            except Exception as exc:
-                if exc is channel.send_error:
-                    return  # ASGI 2.4: the client left while the app was answering
-                # Starlette's ServerErrorMiddleware answers outside this one, without the
-                # request id: its plain 500 goes from here instead, if nothing stands between
-                # them (a user middleware there may answer its own way: a 500 sent first would
-                # pre-empt it) and the app has no 500 handler and no debug page.
-                stack: Any = getattr(app, "middleware_stack", None)
-                plain = isinstance(stack, ServerErrorMiddleware) and stack.handler is None
-                if plain and stack.app is self and not stack.debug and not channel.started:
-                    await send_whole(channel.send, _INTERNAL_ERROR)
-                raise
+                # ASGI 2.4: the client left while the app was answering; nothing to add.
             finally:
-                channel.stop()
+                await channel.stop()
+
+    async def _answer(self, scope: Scope, channel: _ServerLink, app: object) -> None:
+        try:
+            await self.app(scope, channel.receive, channel.send)
+        except tether.TetherError as exc:
+            if channel.started:
+                raise
+            await send_whole(channel.send, http.error_head(exc))
+        except asyncio.CancelledError:
+            # The server cancelled the handler (a shutdown whose grace period ran out)
+            # while it waited for its answer: the client is still there and is told.
+            if not channel.started and channel.scope is not None:
+                channel.scope.close()
+                await send_whole(channel.send, http.server_ended())
+            raise
+        except Exception:
+            # Starlette's ServerErrorMiddleware answers outside this one, without the
+            # request id: its plain 500 goes from here instead, if nothing stands between
+            # them (a user middleware there may answer its own way: a 500 sent first would
+            # pre-empt it) and the app has no 500 handler and no debug page.
+            stack: Any = getattr(app, "middleware_stack", None)
+            plain = isinstance(stack, ServerErrorMiddleware) and stack.handler is None
+            if plain and stack.app is self and not stack.debug and not channel.started:
+                await send_whole(channel.send, _INTERNAL_ERROR)
+            raise
 
 
 class _ServerLink:
     """One request's link to the server: it watches ``send`` and, once the scope adopts a
-    stream, reads ``receive`` ahead (:meth:`_read`) to see the disconnect at once."""
+    stream, reads ``receive`` ahead in an owned task to see the disconnect at once."""
 
     __slots__ = (
         "_arrived",
@@ -177,7 +191,7 @@ class _ServerLink:
         self._send = send
         self.scope: tether.RequestScope | None = None
         self.request_id: str | None = None  # echoed on the response
-        self._reader: Coroutine[Any, Any, None] | None = None  # (driven by _step)
+        self._reader: asyncio.Task[None] | None = None
         self._body: collections.deque[Message] = collections.deque()  # read, not yet taken
         self._buffered = 0  # bytes in _body
         # Made when first waited on (a GET that never waits for its body needs neither):
@@ -185,8 +199,9 @@ class _ServerLink:
         self._room: asyncio.Event | None = None  # the app's: it took a message
         self._last: Message | Exception | None = None
         self._in_receive = False  # the app is in a direct receive() now
-        self._wanted = False  # a stream was adopted: read ahead
-        self.started = self.complete = False  # the response's start, its last body sent
+        self._wanted = False
+        self.started = False
+        self.complete = False
         self.send_error: OSError | None = None
 
     def watch(self) -> None:  # the scope adopted its first stream
@@ -196,22 +211,14 @@ class _ServerLink:
 
     def _start(self) -> None:
         if self._reader is None and self._last is None:
-            self._reader = self._read()
-            asyncio.get_running_loop().call_soon(self._step)
+            self._reader = asyncio.get_running_loop().create_task(
+                self._read(), name="tether-receive"
+            )
 
-    # _read driven as by a task, without one: no Task per request, and stop() is at once.
-    def _step(self, _: object = None) -> None:  # (also a future's done callback)
-        reader = self._reader
-        if reader is None:  # stopped
-            return
-        try:
-            waited = reader.send(None)
-        except (StopIteration, asyncio.CancelledError):  # (ended; what it waited on, cut)
-            return
-        if waited is None:  # a bare yield (sleep(0)): on at the next turn
-            asyncio.get_running_loop().call_soon(self._step)
-        else:
-            waited.add_done_callback(self._step)
+    def _arrive(self) -> None:  # a message or the end is there: wake a waiting app
+        arrived = self._arrived
+        if arrived is not None:
+            arrived.set()
 
     def _gone(self) -> None:
         if not self.complete and self.scope is not None:
@@ -235,27 +242,22 @@ class _ServerLink:
             if not self.started:
                 body.append(message)
                 self._buffered += len(message.get("body", b""))
-                if self._arrived is not None:  # a message is there: wake a waiting app
-                    self._arrived.set()
+                self._arrive()
             # else: the app answered without reading its whole body; drop the rest, as
             # Starlette's own responses do, so that the disconnect is still seen.
         self._gone()
         self._last = last
-        if self._arrived is not None:  # the end is there: wake a waiting app
-            self._arrived.set()
+        self._arrive()
 
-    def stop(self) -> None:  # the request is over: the reader, if any, is closed now
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.close()  # (GeneratorExit where it waits)
+    async def stop(self) -> None:  # the request is over
+        if self._reader is not None:
+            await http.stop_tasks((self._reader,))
 
     async def receive(self) -> Message:  # body messages in order, then the disconnect
         if self._reader is None:
             last = self._last
-            if isinstance(last, Exception):
-                raise last
             if last is not None:
-                return last
+                return _repeat(last)
             self._in_receive = True
             try:
                 message = await self._receive()
@@ -270,10 +272,8 @@ class _ServerLink:
         body = self._body
         while not body:
             last = self._last
-            if isinstance(last, Exception):
-                raise last
             if last is not None:
-                return last
+                return _repeat(last)
             self._arrived = arrived = self._arrived or asyncio.Event()
             arrived.clear()
             await arrived.wait()

@@ -257,6 +257,5 @@ class RequestScope:
         From now on the scope adopts nothing: see :func:`current_scope`.
         """
         self._ended = True
-        self._on_first_track = None  # (a bound method of the adapter's, that holds the scope)
         consumers, self._consumers = self._consumers, []
         return sum(_leave(consumer, AbortReason.CANCELLED) for consumer in consumers)
