@@ -173,8 +173,7 @@ class _ServerLink:
     )
 
     def __init__(self, receive: Receive, send: Send) -> None:
-        self._receive = receive
-        self._send = send
+        self._receive, self._send = receive, send
         self.scope: tether.RequestScope | None = None
         self.request_id: str | None = None  # echoed on the response
         self._reader: Coroutine[Any, Any, None] | None = None  # (driven by _step)
@@ -195,7 +194,7 @@ class _ServerLink:
             self._start()
 
     def _start(self) -> None:
-        if self._reader is None and self._last is None:
+        if self._reader is None and self._last is None and not self.complete:
             self._reader = self._read()
             asyncio.get_running_loop().call_soon(self._step)
 
@@ -244,7 +243,7 @@ class _ServerLink:
         if self._arrived is not None:  # the end is there: wake a waiting app
             self._arrived.set()
 
-    def stop(self) -> None:  # the request is over: the reader, if any, is closed now
+    def stop(self) -> None:  # the response ended: the reader, if any, is closed now
         reader, self._reader = self._reader, None
         if reader is not None:
             reader.close()  # (GeneratorExit where it waits)
@@ -297,8 +296,9 @@ class _ServerLink:
                 self._room.set()
         elif kind == "http.response.body" and not message.get("more_body", False):
             # Marked before sending: the server may report its own end-of-response
-            # disconnect before this coroutine resumes.
+            # disconnect before this coroutine resumes. Nothing is left to watch for.
             self.complete = True
+            self.stop()
         try:
             await self._send(message)
         except OSError as exc:

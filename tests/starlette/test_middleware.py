@@ -171,6 +171,35 @@ async def test_json_answer_is_one_start_and_one_complete_body(engine: Engine) ->
     assert engine.registry.in_flight == 0
 
 
+@pytest.mark.parametrize("streaming", [False, True], ids=["json", "stream"])
+async def test_nothing_reads_receive_once_the_last_body_message_is_sent(
+    engine: Engine, streaming: bool
+) -> None:
+    # The server's own end-of-response disconnect is no client's: the reader that
+    # watched for one is gone before the last body message reaches the server.
+    waiting_at_the_end: list[int] = []
+
+    class Server(FakeServer):
+        async def send(self, message: Message) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                waiting_at_the_end.append(self.receiving)
+            await super().send(message)
+
+    engine.script = None
+    server = Server(path="/stream" if streaming else "/json", uvicorn_like=True)
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(server.run(make_app(engine)))
+        await engine.until(lambda: len(engine.submitted) == 1)
+        await server.until(lambda: server.receiving == 1)  # the reader watches
+        engine.registry.deliver(engine.submitted[0], {"n": 1}, finished=True)
+
+    assert waiting_at_the_end == [0]
+    assert server.complete
+    assert server.pulled == 1  # the request's body message, not the server's disconnect
+    assert engine.registry.in_flight == 0
+    assert engine.aborted_at == {}
+
+
 async def test_disconnect_after_the_response_completed_is_not_a_client_disconnect() -> None:
     seen: list[tuple[Message, bool]] = []
 
