@@ -17,8 +17,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Final
 
+import anyio
 import pytest
 from opentelemetry import trace
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tests._support.raw_http import connection, leave, read_response, request
@@ -160,3 +164,40 @@ async def test_an_outer_receive_wrapper_still_lets_a_leaving_client_abort_its_js
     assert engine.registry.stats().aborted == {"client_disconnected": 1}
     assert [type(exc) for exc in app.escaped] == []
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+async def _with_an_anyio_deadline(receive: Receive) -> Message:
+    with anyio.fail_after(60):  # the same bound, written with anyio (Starlette's own)
+        return await receive()
+
+
+class _Passing(BaseHTTPMiddleware):
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        return await call_next(request)
+
+
+async def test_an_outer_anyio_deadline_on_receive_leaves_a_json_answer_unaborted(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    await test_an_outer_receive_wrapper_leaves_a_json_answer_whole_and_unaborted(
+        engine, _with_an_anyio_deadline, caplog
+    )
+
+
+async def test_a_base_http_middleware_outside_still_gets_the_json_answer(
+    engine: Engine,
+) -> None:
+    """Documented as hiding disconnects (docs/starlette.md); the answer itself must not
+    suffer: the result, nothing aborted."""
+    engine.script = None
+    app = make_app(engine)
+    app.add_middleware(_Passing)
+    async with serve(app) as (url, _), connection(url) as (reader, writer):
+        writer.write(request("POST", "/json", b"z" * 10))
+        await engine.until(lambda: len(engine.submitted) == 1)
+        rid = engine.submitted[0]
+        ok = engine.registry.deliver(rid, {"n": 1}, finished=True)
+        answer = await read_response(reader)
+    assert ok, engine.registry.stats().aborted
+    assert answer == (200, b'{"n":1}')
+    assert engine.aborted_at == {}
