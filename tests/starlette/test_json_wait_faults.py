@@ -100,3 +100,31 @@ async def test_many_json_waits_some_left_some_answered_each_once_and_nothing_lef
     assert len(asyncio.all_tasks()) <= tasks_before
     assert _alive("_ServerLink") == 0
     assert _readers_alive() == 0
+
+
+@pytest.mark.parametrize("body", [b"", b"s" * 5000], ids=["no-body", "body"])
+async def test_a_json_wait_cut_by_the_servers_graceful_timeout_is_told_503_and_aborted_once(
+    body: bytes,
+) -> None:
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: unhandled.append(context))
+    engine = Engine()
+    engine.script = None
+    try:
+        async with (
+            serve(make_app(engine), timeout_graceful_shutdown=0.2) as (url, server),
+            connection(url) as (reader, writer),
+        ):
+            writer.write(request("POST", "/json", body))
+            await engine.until(lambda: len(engine.submitted) == 1)
+            server.should_exit = True  # uvicorn waits, then cancels the handler
+            status, answer = await read_response(reader)
+            await engine.until(lambda: engine.registry.in_flight == 0)
+    finally:
+        await engine.stop()
+        loop.set_exception_handler(None)
+    assert status == 503, answer
+    assert engine.aborted == engine.submitted
+    assert unhandled == []
+    assert _readers_alive() == 0
