@@ -30,6 +30,8 @@ from tether_starlette import respond
 
 from .conftest import Engine, make_app, serve
 
+pytestmark = pytest.mark.both_loops
+
 ABORT_BOUND: Final = 1.0
 """Seconds within which a client leaving must reach the producer's ``on_abort``."""
 
