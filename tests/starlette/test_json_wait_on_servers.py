@@ -41,9 +41,10 @@ SERVERS: Final = [pytest.param("uvicorn", id="uvicorn"), pytest.param("hypercorn
 
 
 @contextlib.asynccontextmanager
-async def hypercorn_serving(app: ASGIApp) -> AsyncIterator[str]:
+async def hypercorn_serving(app: ASGIApp, stop: asyncio.Event | None = None) -> AsyncIterator[str]:
     """Run ``app`` on hypercorn (asyncio) on 127.0.0.1 in this loop; yields the base URL.
-    The socket listens before hypercorn starts, so a client may connect at once."""
+    The socket listens before hypercorn starts, so a client may connect at once;
+    ``stop`` set starts its shutdown (else the block's end does)."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
@@ -52,7 +53,7 @@ async def hypercorn_serving(app: ASGIApp) -> AsyncIterator[str]:
     config.bind = [f"fd://{sock.detach()}"]  # (hypercorn's socket from now on)
     config.graceful_timeout = 1.0
     config.accesslog = None
-    stop = asyncio.Event()
+    stop = asyncio.Event() if stop is None else stop
     task = asyncio.create_task(hypercorn_serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
     try:
         yield f"http://127.0.0.1:{port}"
@@ -198,3 +199,33 @@ async def test_a_handlers_task_waiting_in_receive_is_answered_once_the_json_resp
     assert answer == (200, b'{"n":1}')
     assert engine.registry.in_flight == 0
     assert json.loads(answer[1]) == {"n": 1}
+
+
+async def test_a_json_wait_cut_by_hypercorns_graceful_timeout_is_told_and_aborted_once(
+    engine: Engine,
+) -> None:
+    engine.script = None
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _, context: unhandled.append(context))
+    try:
+        stopping = asyncio.Event()
+        async with (
+            hypercorn_serving(make_app(engine), stopping) as url,
+            connection(url) as (reader, writer),
+        ):
+            writer.write(request("POST", "/json", b"w" * 2000))
+            await engine.until(lambda: len(engine.submitted) == 1)
+            stopping.set()  # hypercorn waits its graceful timeout, then cancels
+            try:
+                status, _ = await read_response(reader)
+            except asyncio.IncompleteReadError:
+                status = 0  # (hypercorn may close the connection first)
+            await engine.until(lambda: engine.registry.in_flight == 0)
+    finally:
+        loop.set_exception_handler(None)
+    assert status in (0, 503)
+    assert engine.aborted == engine.submitted
+    # (hypercorn reports each connection task it cancels itself: not tether's)
+    ours = [c for c in unhandled if "StreamReaderProtocol" not in str(c.get("message"))]
+    assert ours == []
