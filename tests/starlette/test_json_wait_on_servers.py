@@ -229,3 +229,22 @@ async def test_a_json_wait_cut_by_hypercorns_graceful_timeout_is_told_and_aborte
     # (hypercorn reports each connection task it cancels itself: not tether's)
     ours = [c for c in unhandled if "StreamReaderProtocol" not in str(c.get("message"))]
     assert ours == []
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_a_client_leaving_mid_upload_while_the_app_reads_after_open_is_noticed(
+    engine: Engine, server: str
+) -> None:
+    engine.script = None
+    sent = 2 * READ_AHEAD + 1000  # more than the read-ahead, less than announced
+    async with serving(server, _app(engine)) as url, connection(url) as (_, writer):
+        writer.write(request("POST", "/read", b"u" * sent, length=4 * READ_AHEAD))
+        await writer.drain()
+        await engine.until(lambda: len(engine.submitted) == 1)
+        rid = engine.submitted[0]
+        left_at = await leave(writer)
+        await engine.until(lambda: rid in engine.aborted_at)
+        await engine.until(lambda: engine.registry.in_flight == 0)
+    assert engine.bodies == []  # type: ignore[attr-defined]  # (its body never came whole)
+    assert engine.aborted_at[rid] - left_at < ABORT_BOUND
+    assert engine.registry.stats().aborted == {"client_disconnected": 1}
