@@ -201,3 +201,39 @@ async def test_a_base_http_middleware_outside_still_gets_the_json_answer(
     assert ok, engine.registry.stats().aborted
     assert answer == (200, b'{"n":1}')
     assert engine.aborted_at == {}
+
+
+async def test_a_fastapi_http_middleware_added_after_tether_still_gets_the_json_answer(
+    engine: Engine,
+) -> None:
+    """FastAPI's ``@app.middleware("http")`` (a BaseHTTPMiddleware), the usual way to
+    add a header or time a request, decorated after ``add_middleware(TetherMiddleware)``."""
+    from fastapi import FastAPI
+
+    from tether_starlette import TetherMiddleware, respond
+
+    app = FastAPI()
+    app.add_middleware(TetherMiddleware, registry=engine.registry)
+
+    @app.middleware("http")
+    async def timed(request: Request, call_next: RequestResponseEndpoint) -> Response:
+        response = await call_next(request)
+        response.headers["x-timed"] = "1"
+        return response
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        source = engine.registry.open()
+        engine.submit(source)
+        return await respond(request, source, streaming=False)
+
+    engine.script = None
+    async with serve(app) as (url, _), connection(url) as (reader, writer):
+        writer.write(request("POST", "/generate", b'{"prompt": "hi"}', json=True))
+        await engine.until(lambda: len(engine.submitted) == 1)
+        rid = engine.submitted[0]
+        ok = engine.registry.deliver(rid, {"text": "hello"}, finished=True)
+        answer = await read_response(reader)
+    assert ok, engine.registry.stats().aborted
+    assert answer == (200, b'{"text":"hello"}')
+    assert engine.aborted_at == {}
