@@ -1,7 +1,6 @@
 """tether for Starlette and FastAPI: install :class:`TetherMiddleware`, answer with
 ``await respond(request, stream_or_batch, streaming=...)``; :func:`json_errors` answers
-Starlette's own errors as JSON. asyncio only. See ``docs/starlette.md``.
-"""
+Starlette's own errors as JSON. asyncio only. See ``docs/starlette.md``."""
 
 from __future__ import annotations
 

@@ -23,8 +23,7 @@ _INSTALLED: Final = "tether_json_errors"  # marks app.state: a second call is re
 def _http_error(request: Request, exc: Exception) -> ErrorResponse:
     if not isinstance(exc, HTTPException):
         raise exc
-    detail: Any = exc.detail  # (typed str by Starlette; FastAPI's may be any JSON value)
-    return http_error(exc.status_code, detail, exc.headers or {})
+    return http_error(exc.status_code, exc.detail, exc.headers or {})  # (FastAPI's: any JSON)
 
 
 def answer(error: ErrorResponse) -> Response:

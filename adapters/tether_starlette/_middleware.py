@@ -19,13 +19,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import tether
 from tether import http
 
-__all__ = ["DRAIN_KEY", "READ_AHEAD", "REGISTRY_KEY", "SCOPE_KEY", "TetherMiddleware"]
+__all__ = ["DRAIN_KEY", "READ_AHEAD", "REGISTRY_KEY", "SCOPE_KEY", "WRITES_KEY", "TetherMiddleware"]
 
 REGISTRY_KEY: Final = "tether.registry"
 """The ASGI scope key of the middleware's registry, for handlers."""
 
 SCOPE_KEY: Final = "tether.scope"
 """The ASGI scope key of the request's :class:`tether.RequestScope`."""
+
+WRITES_KEY: Final = "tether.producer_writes"
+"""The ASGI scope key saying whether the producer's ``deliver()`` may drive ``send``."""
 
 DRAIN_KEY: Final = "tether.drain"
 """The lifespan scope key of its :class:`tether.http.DrainOnSignal`, once chained."""
@@ -87,18 +90,25 @@ class TetherMiddleware:
     :param registry: the app's registry; handlers find it with :func:`get_registry`.
     :param drain_timeout: seconds requests in flight get after the server's shutdown
         signal; ``None`` leaves the signals alone (then close with :func:`lifespan`).
+    :param producer_writes: a waiting stream's outputs are sent from the producer's
+        ``deliver()`` (:class:`tether.http.Stepped`), no task woken per event. Every
+        ``send`` wrapper then runs outside the handler's task: off if one needs a task
+        (``asyncio.timeout``, an anyio cancel scope, ``BaseHTTPMiddleware``).
     :raises RuntimeError: (when called) not on asyncio; installed twice, two registries.
     """
 
-    __slots__ = ("_on_asyncio", "app", "drain_timeout", "registry")
+    __slots__ = ("_on_asyncio", "app", "drain_timeout", "producer_writes", "registry")
 
     def __init__(
-        self, app: ASGIApp, *, registry: tether.Registry, drain_timeout: float | None = 5.0
+        self,
+        app: ASGIApp,
+        *,
+        registry: tether.Registry,
+        drain_timeout: float | None = 5.0,
+        producer_writes: bool = False,
     ) -> None:
-        self.app = app
-        self.registry = registry
-        self.drain_timeout = drain_timeout
-        self._on_asyncio = False
+        self.app, self.registry, self.drain_timeout = app, registry, drain_timeout
+        self.producer_writes, self._on_asyncio = producer_writes, False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self._on_asyncio:  # checked until it holds once: a server keeps its loop kind
@@ -122,7 +132,7 @@ class TetherMiddleware:
             await self.app(scope, receive, send)
             return
         app = scope.get("app")  # (read now: a mounted Starlette app puts itself there)
-        scope[REGISTRY_KEY] = self.registry
+        scope[REGISTRY_KEY], scope[WRITES_KEY] = self.registry, self.producer_writes
         channel = _ServerLink(receive, send)
         channel.request_id = request_id = _request_id(scope)
         with tether.RequestScope(
@@ -187,8 +197,7 @@ class _ServerLink:
     )
 
     def __init__(self, receive: Receive, send: Send) -> None:
-        self._receive = receive
-        self._send = send
+        self._receive, self._send = receive, send
         self.scope: tether.RequestScope | None = None
         self.request_id: str | None = None  # echoed on the response
         self._reader: asyncio.Task[None] | None = None
@@ -199,9 +208,7 @@ class _ServerLink:
         self._room: asyncio.Event | None = None  # the app's: it took a message
         self._last: Message | Exception | None = None
         self._in_receive = False  # the app is in a direct receive() now
-        self._wanted = False
-        self.started = False
-        self.complete = False
+        self._wanted = self.started = self.complete = False
         self.send_error: OSError | None = None
 
     def watch(self) -> None:  # the scope adopted its first stream
@@ -211,9 +218,7 @@ class _ServerLink:
 
     def _start(self) -> None:
         if self._reader is None and self._last is None:
-            self._reader = asyncio.get_running_loop().create_task(
-                self._read(), name="tether-receive"
-            )
+            self._reader = asyncio.get_running_loop().create_task(self._read(), name="tether-rx")
 
     def _arrive(self) -> None:  # a message or the end is there: wake a waiting app
         arrived = self._arrived
@@ -249,14 +254,15 @@ class _ServerLink:
         self._last = last
         self._arrive()
 
-    async def stop(self) -> None:  # the request is over
+    async def stop(self) -> None:  # the request is over: a receive() still waiting ends
         if self._reader is not None:
             await http.stop_tasks((self._reader,))
+        self._last = self._last or {"type": "http.disconnect"}
+        self._arrive()
 
     async def receive(self) -> Message:  # body messages in order, then the disconnect
         if self._reader is None:
-            last = self._last
-            if last is not None:
+            if (last := self._last) is not None:
                 return _repeat(last)
             self._in_receive = True
             try:
@@ -271,8 +277,7 @@ class _ServerLink:
             return message
         body = self._body
         while not body:
-            last = self._last
-            if last is not None:
+            if (last := self._last) is not None:
                 return _repeat(last)
             self._arrived = arrived = self._arrived or asyncio.Event()
             arrived.clear()

@@ -12,7 +12,7 @@ from starlette.types import Receive, Scope, Send
 
 from tether.http import Exchange, Head, Responder, Stepped
 
-from ._middleware import request_scope, send_whole
+from ._middleware import WRITES_KEY, request_scope, send_whole
 
 __all__ = ["ExchangeResponse", "respond", "resume"]
 
@@ -48,17 +48,15 @@ class ExchangeResponse(Response):
     lost_when_cut = True
 
     def __init__(self, exchange: Exchange, head: Head) -> None:
-        self.exchange = exchange
-        self.status_code = head.status
-        self.background = None
-        self._first = head.body
+        self.exchange, self._first = exchange, head.body
+        self.status_code, self.background = head.status, None
         self._send: Send  # (the server's, once it calls the response)
         self.init_headers(head.headers)
         self._start = {"type": "http.response.start", "status": head.status}
         self._start["headers"] = self.raw_headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self._send = send
+        self._send, self._stepped = send, scope.get(WRITES_KEY) is True
         await self.exchange.run(self, self._first)
 
     # The writer of Exchange.run: an ASGI send.
@@ -74,5 +72,5 @@ class ExchangeResponse(Response):
     def drop(self) -> None:  # uvicorn closes a connection whose response ends unfinished
         return None
 
-    def direct(self) -> Stepped:
-        return Stepped(self.write)
+    def direct(self) -> Stepped | None:
+        return Stepped(self.write) if self._stepped else None

@@ -68,8 +68,7 @@ def event_stream(
 
     ``response_class`` is a bare ``Response``, so that FastAPI adds no schema of its own.
 
-    :raises TypeError: a model is recursive (pass its schema as a dict).
-    """
+    :raises TypeError: a model is recursive (pass its schema as a dict)."""
     responses = http.event_stream_responses(item, json=json, status_code=status_code)
     return {"response_class": Response, "responses": responses}
 

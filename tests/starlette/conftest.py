@@ -77,16 +77,21 @@ async def body_endpoint(request: Request) -> Response:
     return JSONResponse({"sha256": digest.hexdigest(), "messages": messages})
 
 
-def make_app(engine: Engine, *, middleware: int = 1, **options: Any) -> Starlette:
+def make_app(
+    engine: Engine, *, middleware: int = 1, producer_writes: bool = False, **options: Any
+) -> Starlette:
     """The test app: ``/stream``, ``/json`` and ``/body``, under ``middleware`` copies
-    of TetherMiddleware (0 to test respond() without it)."""
+    of TetherMiddleware (0 to test respond() without it), with ``producer_writes``."""
     app = Starlette(
         routes=[
             Route("/stream", stream_endpoint, methods=["GET", "POST"]),
             Route("/json", json_endpoint, methods=["GET", "POST"]),
             Route("/body", body_endpoint, methods=["POST"]),
         ],
-        middleware=[Middleware(TetherMiddleware, registry=engine.registry)] * middleware,
+        middleware=[
+            Middleware(TetherMiddleware, registry=engine.registry, producer_writes=producer_writes)
+        ]
+        * middleware,
         **options,
     )
     app.state.engine = engine

@@ -127,4 +127,3 @@ async def test_a_json_wait_cut_by_the_servers_graceful_timeout_is_told_503_and_a
     assert status == 503, answer
     assert engine.aborted == engine.submitted
     assert unhandled == []
-    assert _readers_alive() == 0

@@ -32,7 +32,7 @@ async def test_stream_sends_start_then_each_output_from_deliver_then_the_termina
 ) -> None:
     engine.script = None
     server = FakeServer(spec_version=spec_version)
-    app = server.run(make_app(engine))
+    app = server.run(make_app(engine, producer_writes=True))
     async with asyncio.TaskGroup() as tasks:
         tasks.create_task(app)
         await engine.until(lambda: len(engine.submitted) == 1)
@@ -64,7 +64,7 @@ async def test_idle_stream_pings_and_the_first_ping_sends_the_headers(engine: En
     engine.script = None
     server = FakeServer(query="ping=0.01")
     async with asyncio.TaskGroup() as tasks:
-        tasks.create_task(server.run(make_app(engine)))
+        tasks.create_task(server.run(make_app(engine, producer_writes=True)))
         await server.until(lambda: len(server.sent) == 3)
         engine.registry.deliver(engine.submitted[0], {"n": 1}, finished=True)
 

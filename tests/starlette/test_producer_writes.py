@@ -93,7 +93,7 @@ async def test_a_send_that_suspends_in_deliver_is_finished_by_the_handler_before
     engine.script = None
     server = GatedServer()
     async with asyncio.TaskGroup() as tasks:
-        tasks.create_task(server.run(setting_around_send(make_app(engine))))
+        tasks.create_task(server.run(setting_around_send(make_app(engine, producer_writes=True))))
         rid = await started(engine, server)
         server.gate.clear()  # the transport holds bytes back from now on
         assert engine.registry.deliver(rid, {"n": 2})  # its send suspends inside deliver()
@@ -118,7 +118,7 @@ async def test_a_send_begun_in_deliver_and_cut_by_the_server_is_sent_once_in_the
     engine = Engine()
     engine.script = None
     server = GatedServer()
-    task = asyncio.create_task(server.run(make_app(engine)))
+    task = asyncio.create_task(server.run(make_app(engine, producer_writes=True)))
     rid = await started(engine, server)
     server.gate.clear()
     with warnings.catch_warnings(record=True) as caught:
@@ -148,7 +148,7 @@ async def test_a_client_gone_on_asgi_2_4_is_found_in_deliver_without_reaching_th
     engine.script = None
     server = FakeServer(spec_version="2.4")
     async with asyncio.TaskGroup() as tasks:
-        tasks.create_task(server.run(make_app(engine)))
+        tasks.create_task(server.run(make_app(engine, producer_writes=True)))
         rid = await started(engine, server)
         server.disconnect(tell_receive=False)  # only send() finds out: it raises OSError
         assert engine.registry.deliver(rid, {"n": 2})  # never raised to the producer
@@ -176,7 +176,7 @@ async def test_a_send_that_raises_in_deliver_fails_that_response_in_its_handler_
 
         return wrapped
 
-    task = asyncio.create_task(server.run(breaking(make_app(engine))))
+    task = asyncio.create_task(server.run(breaking(make_app(engine, producer_writes=True))))
     rid = await started(engine, server)
     assert engine.registry.deliver(rid, {"n": 2})  # the error is the handler's, not ours
     async with asyncio.timeout(BOUND):
@@ -242,7 +242,7 @@ def one_stream_app(
 
     return Starlette(
         routes=[Route("/one", handle)],
-        middleware=[Middleware(TetherMiddleware, registry=registry)],
+        middleware=[Middleware(TetherMiddleware, registry=registry, producer_writes=True)],
     )
 
 

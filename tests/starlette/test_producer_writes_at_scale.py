@@ -52,7 +52,7 @@ def app_for(registry: tether.Registry, opened: asyncio.Queue[str], **options: An
 
     return Starlette(
         routes=[Route("/one", handle)],
-        middleware=[Middleware(TetherMiddleware, registry=registry)],
+        middleware=[Middleware(TetherMiddleware, registry=registry, producer_writes=True)],
     )
 
 
