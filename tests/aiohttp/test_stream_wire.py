@@ -1,0 +1,501 @@
+"""aiohttp streams on asyncio's loop and on uvloop, byte for byte on a raw socket: the
+head goes out before any byte of the body (even with producer-side writes), every
+chunk is framed exactly, the body ends once, the connection stays usable, for every
+producer shape, for many clients at once, through pings, errors after the start, HEAD,
+a stalled or departed client, a cancelled handler, custom encoders and batches."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import pytest
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+import tether
+import tether_aiohttp
+from tests._support.servers import start_default_server
+from tests._support.stalled import http_get, stalled_client
+
+pytestmark = pytest.mark.both_loops
+
+BOUND: Final = 10.0
+
+
+@dataclass
+class Server:
+    registry: tether.Registry
+    port: int
+    opened: asyncio.Queue[str]
+    aborted: list[str]
+    aborted_changed: asyncio.Event
+    loop_errors: list[dict[str, Any]]
+    handlers: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    async def until_aborted(self, count: int = 1) -> None:
+        async with asyncio.timeout(BOUND):
+            while len(self.aborted) < count:
+                self.aborted_changed.clear()
+                await self.aborted_changed.wait()
+
+
+Options = dict[str, Any]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[..., Awaitable[Server]]]:
+    """Start a server (``web.run_app``'s mode) whose ``/s`` route streams one fresh
+    request (or a batch of ``?batch=n``) with the ``respond`` options given."""
+    runners: list[web.AppRunner] = []
+    loop = asyncio.get_running_loop()
+    loop_errors: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: loop_errors.append(context))
+
+    async def start(access_log: logging.Logger | None = None, **options: Any) -> Server:
+        aborted: list[str] = []
+        changed = asyncio.Event()
+
+        def on_abort(rid: str) -> None:
+            aborted.append(rid)
+            changed.set()
+
+        registry = tether.Registry(on_abort)
+        opened: asyncio.Queue[str] = asyncio.Queue()
+        server = Server(registry, 0, opened, aborted, changed, loop_errors)
+
+        @web.middleware
+        async def keep_task(request: web.Request, handler: Handler) -> web.StreamResponse:
+            task = asyncio.current_task()
+            assert task is not None
+            server.handlers.append(task)
+            return await handler(request)
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            source: tether.Stream | tether.Batch
+            if "batch" in request.query:
+                source = registry.open_batch(int(request.query["batch"]))
+                for rid in source.rids:
+                    opened.put_nowait(rid)
+            else:
+                source = registry.open()
+                opened.put_nowait(source.rid)
+            return await tether_aiohttp.respond(request, source, streaming=True, **options)
+
+        app = web.Application(middlewares=[keep_task])
+        tether_aiohttp.setup(app, registry)
+        app.router.add_route("*", "/s", handle)
+        if access_log is None:
+            runner, port = await start_default_server(app)
+        else:
+            runner = web.AppRunner(
+                app, handler_cancellation=False, access_log=access_log, access_log_format="%r %s"
+            )
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            port = runner.addresses[0][1]
+        runners.append(runner)
+        server.port = port
+        return server
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+    assert not loop_errors, loop_errors
+
+
+async def strict_response(
+    reader: asyncio.StreamReader,
+) -> tuple[bytes, dict[str, str], list[bytes]]:
+    """The next response on the connection, read exactly as HTTP/1.1 frames it: the
+    status line and headers first, then each chunk (its size line in hex, its data,
+    CRLF), then the last chunk; nothing is read past it. Returns the status line,
+    the headers and the chunks' data."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    status, *lines = head[:-4].split(b"\r\n")
+    assert status.startswith(b"HTTP/1.1 "), head
+    headers = {
+        name.strip().lower().decode(): value.strip().decode()
+        for name, _, value in (line.partition(b":") for line in lines)
+    }
+    if headers.get("transfer-encoding") != "chunked":
+        length = int(headers.get("content-length", "0"))
+        return status, headers, [await reader.readexactly(length)] if length else []
+    return status, headers, await strict_chunks(reader)
+
+
+async def strict_chunks(reader: asyncio.StreamReader) -> list[bytes]:
+    """The data of each chunk up to the last one, each checked as HTTP/1.1 frames it."""
+    chunks: list[bytes] = []
+    while True:
+        size_line = await reader.readuntil(b"\r\n")
+        assert size_line[:-2] and all(c in b"0123456789abcdef" for c in size_line[:-2]), (
+            size_line,
+            chunks[-3:],
+        )
+        size = int(size_line, 16)
+        if size == 0:
+            assert await reader.readexactly(2) == b"\r\n"
+            return chunks
+        data = await reader.readexactly(size + 2)
+        assert data.endswith(b"\r\n"), data[-20:]
+        chunks.append(data[:-2])
+
+
+def sse(output: Any) -> bytes:
+    return b"data: " + json.dumps(output, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+DONE: Final = b"data: [DONE]\n\n"
+
+
+def outputs_for(client: int, count: int) -> list[Any]:
+    """Small, non-ASCII and (every 40th) large outputs: large ones fill the transport's
+    buffer, so that writes switch between the producer's step and the write loop."""
+    return [
+        {"c": client, "i": i, "t": ("x" * 300_000) if i % 40 == 39 else "é☃𝄞" * (i % 7)}
+        for i in range(count)
+    ]
+
+
+Deliver = Callable[[tether.Registry, list[tuple[str, Any, bool]]], Awaitable[None]]
+
+
+async def by_deliver(registry: tether.Registry, step: list[tuple[str, Any, bool]]) -> None:
+    for rid, output, finished in step:
+        registry.deliver(rid, output, finished=finished)
+
+
+async def by_deliver_many(registry: tether.Registry, step: list[tuple[str, Any, bool]]) -> None:
+    registry.deliver_many(step)
+
+
+async def by_thread(registry: tether.Registry, step: list[tuple[str, Any, bool]]) -> None:
+    handed = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def engine() -> None:
+        registry.deliver_many_threadsafe(step)
+        loop.call_soon_threadsafe(handed.set)
+
+    thread = threading.Thread(target=engine)
+    thread.start()
+    await handed.wait()  # (the step is handed over before this wakes: FIFO)
+    thread.join()
+
+
+SHAPES: Final = {"deliver": by_deliver, "deliver_many": by_deliver_many, "thread": by_thread}
+
+
+async def open_stream(
+    server: Server, target: str = "/s", method: str = "GET"
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(f"{method} {target} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+    await writer.drain()
+    return reader, writer
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+async def test_many_clients_each_get_their_exact_chunked_stream_for_every_producer_shape(
+    serve: Callable[..., Awaitable[Server]], shape: str
+) -> None:
+    deliver = SHAPES[shape]
+    server = await serve()
+    clients, count = 16, 120
+    connections = []
+    rids: list[str] = []
+    async with asyncio.timeout(BOUND * 3):
+        for _ in range(clients):
+            connections.append(await open_stream(server))
+            rids.append(await server.opened.get())
+        expected = [outputs_for(c, count) for c in range(clients)]
+
+        async def read_all(c: int) -> tuple[bytes, dict[str, str], list[bytes]]:
+            return await strict_response(connections[c][0])
+
+        readers = [asyncio.create_task(read_all(c)) for c in range(clients)]
+        # Bursts of 1, 2, 3... outputs per request in one step; the loop runs between.
+        i = 0
+        burst = 1
+        while i < count:
+            n = min(burst, count - i)
+            step = [
+                (rids[c], expected[c][j], j == count - 1)
+                for j in range(i, i + n)
+                for c in range(clients)
+            ]
+            await deliver(server.registry, step)
+            for _ in range(3):
+                await asyncio.sleep(0)  # (lets the write loops run: not a synchronisation)
+            i += n
+            burst = burst % 5 + 1
+        results = await asyncio.gather(*readers)
+        for c, (status, headers, chunks) in enumerate(results):
+            assert status.startswith(b"HTTP/1.1 200"), status
+            assert headers["content-type"].startswith("text/event-stream")
+            body = b"".join(chunks)
+            assert body == b"".join(sse(o) for o in expected[c]) + DONE, c
+        # The connection is still in step: a second request on it is answered whole.
+        for c, (reader, writer) in enumerate(connections):
+            writer.write(b"GET /s HTTP/1.1\r\nHost: t\r\n\r\n")
+            rid = await server.opened.get()
+            server.registry.deliver(rid, {"again": c}, finished=True)
+            status, _, chunks = await strict_response(reader)
+            assert b"".join(chunks) == sse({"again": c}) + DONE
+            writer.close()
+    assert server.registry.in_flight == 0
+    assert not server.aborted
+
+
+async def test_a_ping_sends_the_head_then_outputs_then_a_failure_is_one_error_event_and_the_end(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    server = await serve(ping_interval=0.05)
+    async with asyncio.timeout(BOUND):
+        reader, writer = await open_stream(server)
+        rid = await server.opened.get()
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        assert b"transfer-encoding: chunked" in head.lower()
+        assert await reader.readexactly(13) == b"8\r\n: ping\n\n\r\n"
+        reading = asyncio.create_task(strict_chunks(reader))
+        for n in range(3):
+            server.registry.deliver(rid, {"n": n})
+            await asyncio.sleep(0)
+        server.registry.fail(rid, RuntimeError("the engine broke"))
+        chunks = await reading
+        writer.close()
+    body = b"".join(chunks).replace(b": ping\n\n", b"")
+    outputs = b"".join(sse({"n": n}) for n in range(3))
+    assert body.startswith(outputs), body
+    error, done, nothing = body[len(outputs) :].split(b"\n\n")
+    assert json.loads(error.removeprefix(b"data: "))["error"]["code"] == 500
+    assert (done, nothing) == (b"data: [DONE]", b"")
+    assert server.registry.in_flight == 0
+
+
+async def test_outputs_after_a_ping_head_arrive_exactly_framed(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    server = await serve(ping_interval=0.05)
+    async with asyncio.timeout(BOUND):
+        reader, writer = await open_stream(server)
+        rid = await server.opened.get()
+        reading = asyncio.create_task(strict_response(reader))
+        while not server.handlers:
+            await asyncio.sleep(0.01)
+        # wait for a ping to have gone (the head with it), then stream
+        await asyncio.sleep(0.12)
+        outputs = [{"n": n, "s": "ü" * n} for n in range(50)]
+        for n, output in enumerate(outputs):
+            server.registry.deliver(rid, output, finished=n == len(outputs) - 1)
+            await asyncio.sleep(0)
+        status, _, chunks = await reading
+        writer.close()
+    body = b"".join(chunks)
+    pings = body.count(b": ping\n\n")
+    assert pings >= 1
+    assert body.replace(b": ping\n\n", b"") == b"".join(sse(o) for o in outputs) + DONE
+
+
+async def test_head_answers_the_headers_alone_aborts_once_and_keeps_the_connection(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    server = await serve()
+    async with asyncio.timeout(BOUND):
+        reader, writer = await open_stream(server, method="HEAD")
+        rid = await server.opened.get()
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert b"text/event-stream" in head
+        await server.until_aborted()
+        assert server.aborted == [rid]
+        # No body followed: the next response on the connection starts right here.
+        writer.write(b"GET /s HTTP/1.1\r\nHost: t\r\n\r\n")
+        rid = await server.opened.get()
+        server.registry.deliver(rid, {"a": 1})
+        server.registry.deliver(rid, {"a": 2}, finished=True)
+        status, _, chunks = await strict_response(reader)
+        assert status.startswith(b"HTTP/1.1 200")
+        assert b"".join(chunks) == sse({"a": 1}) + sse({"a": 2}) + DONE
+        writer.close()
+    assert server.registry.in_flight == 0
+    assert len(server.aborted) == 1
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+async def test_a_client_that_stops_reading_is_dropped_by_the_send_timeout_for_every_shape(
+    serve: Callable[..., Awaitable[Server]], shape: str
+) -> None:
+    deliver = SHAPES[shape]
+    server = await serve(send_timeout=0.3, ping_interval=0.05)
+    big = "y" * (256 * 1024)
+    async with stalled_client(server.port, http_get("/s")) as sock:
+        async with asyncio.timeout(BOUND):
+            rid = await server.opened.get()
+            while not server.aborted:
+                await deliver(server.registry, [(rid, big, False)])
+                await asyncio.sleep(0.01)  # (a producer's pace: the abort is awaited below)
+            await server.until_aborted()
+            assert server.aborted == [rid]
+            assert server.registry.in_flight == 0
+            loop = asyncio.get_running_loop()
+            try:
+                while await loop.sock_recv(sock, 1 << 20):
+                    pass
+            except ConnectionResetError:
+                pass
+    stats = server.registry.stats()
+    assert stats.aborted == {str(tether.AbortReason.CLIENT_DISCONNECTED): 1}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+async def test_a_client_gone_mid_stream_aborts_the_work_once_while_the_producer_writes(
+    serve: Callable[..., Awaitable[Server]], shape: str
+) -> None:
+    deliver = SHAPES[shape]
+    server = await serve()
+    async with asyncio.timeout(BOUND):
+        reader, writer = await open_stream(server)
+        rid = await server.opened.get()
+        await deliver(server.registry, [(rid, {"n": 0}, False)])
+        await reader.readuntil(b'{"n":0}')
+        writer.transport.abort()  # a reset, mid-stream
+        n = 1
+        while not server.aborted:
+            await deliver(server.registry, [(rid, {"n": n}, False)])
+            n += 1
+            await asyncio.sleep(0)
+        assert server.aborted == [rid]
+        for task in server.handlers:
+            await task
+    assert server.registry.in_flight == 0
+    assert server.registry.stats().aborted == {str(tether.AbortReason.CLIENT_DISCONNECTED): 1}
+    await asyncio.sleep(0)
+    assert server.aborted == [rid]
+
+
+async def test_a_handler_cancelled_while_the_producer_writes_ends_with_the_farewell(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    server = await serve()
+    async with asyncio.timeout(BOUND):
+        reader, writer = await open_stream(server)
+        rid = await server.opened.get()
+        reading = asyncio.create_task(strict_response(reader))
+        for n in range(5):
+            server.registry.deliver(rid, {"n": n})
+            await asyncio.sleep(0)
+        (task,) = server.handlers
+        task.cancel()
+        status, _, chunks = await reading
+        await asyncio.wait([task])
+        writer.close()
+    assert task.cancelled()
+    body = b"".join(chunks)
+    events = body.split(b"\n\n")
+    assert body.startswith(b"".join(sse({"n": n}) for n in range(5))), body
+    assert json.loads(events[-3].removeprefix(b"data: "))["error"]["code"] == 503
+    assert events[-2:] == [b"data: [DONE]", b""]
+    assert server.aborted == [rid]
+    assert server.registry.in_flight == 0
+
+
+class Shouting(tether.SSE):
+    """Overrides frame() alone: every output's frame is named."""
+
+    __slots__ = ()
+
+    def frame(self, payload: bytes) -> bytes:
+        return b"event: out\ndata: " + payload + b"\n\n"
+
+
+class Tagged(tether.NDJSON):
+    """Overrides encode() alone."""
+
+    __slots__ = ()
+
+    def encode(self, output: Any) -> bytes:
+        return b"#" + super().encode(output)
+
+
+ENCODERS: Final = {
+    "ndjson": lambda: {"encoder": tether.NDJSON()},
+    "own-frame": lambda: {"encoder": Shouting()},
+    "own-encode": lambda: {"encoder": Tagged()},
+    "transform": lambda: {"transform": lambda output: {"wrapped": output}},
+    "ndjson-transform": lambda: {"encoder": tether.NDJSON, "transform": lambda o: [o]},
+}
+
+
+@pytest.mark.parametrize("kind", list(ENCODERS))
+async def test_custom_framing_reaches_the_wire_as_its_encoder_writes_it(
+    serve: Callable[..., Awaitable[Server]], kind: str
+) -> None:
+    options = ENCODERS[kind]()
+    server = await serve(**options)
+    encoder = options.get("encoder", tether.SSE())
+    if isinstance(encoder, type):
+        encoder = encoder()
+    if "transform" in options:
+        encoder = encoder.shaped(options["transform"])
+    outputs: list[Any] = [{"n": n, "t": "ß" * n} for n in range(30)]
+    async with asyncio.timeout(BOUND):
+        reader, writer = await open_stream(server)
+        rid = await server.opened.get()
+        reading = asyncio.create_task(strict_response(reader))
+        for n, output in enumerate(outputs):
+            server.registry.deliver(rid, output, finished=n == len(outputs) - 1)
+            if n % 3:
+                await asyncio.sleep(0)
+        _, _, chunks = await reading
+        writer.close()
+    assert b"".join(chunks) == encoder.encode_many(outputs) + encoder.terminal()
+
+
+async def test_a_streamed_batch_is_exactly_its_indexed_events(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    server = await serve()
+    async with asyncio.timeout(BOUND):
+        reader, writer = await open_stream(server, "/s?batch=3")
+        rids = [await server.opened.get() for _ in range(3)]
+        reading = asyncio.create_task(strict_response(reader))
+        expected = []
+        for n in range(10):
+            for index, rid in enumerate(rids):
+                server.registry.deliver(rid, {"n": n}, finished=n == 9)
+                expected.append({"index": index, "output": {"n": n}})
+            await asyncio.sleep(0)
+        _, _, chunks = await reading
+        writer.close()
+    assert b"".join(chunks) == b"".join(sse(e) for e in expected) + DONE
+
+
+async def test_the_access_log_has_one_line_per_stream_with_its_status(
+    serve: Callable[..., Awaitable[Server]], caplog: pytest.LogCaptureFixture
+) -> None:
+    access = logging.getLogger("test.access")
+    caplog.set_level(logging.INFO, logger="test.access")
+    server = await serve(access_log=access)
+    async with asyncio.timeout(BOUND):
+        reader, writer = await open_stream(server)
+        rid = await server.opened.get()
+        server.registry.deliver(rid, {"a": 1})
+        await reader.readuntil(b'{"a":1}')
+        server.registry.deliver(rid, {"a": 2}, finished=True)
+        await reader.readuntil(b"\r\n0\r\n\r\n")
+        writer.write(b"HEAD /s HTTP/1.1\r\nHost: t\r\n\r\n")
+        await server.opened.get()
+        await reader.readuntil(b"\r\n\r\n")
+        while len([r for r in caplog.records if r.name == "test.access"]) < 2:
+            await asyncio.sleep(0.01)
+        writer.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "test.access"]
+    assert lines == ["GET /s HTTP/1.1 200", "HEAD /s HTTP/1.1 200"], lines
