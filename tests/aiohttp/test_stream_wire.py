@@ -148,7 +148,9 @@ async def strict_chunks(reader: asyncio.StreamReader) -> list[bytes]:
 
 
 def sse(output: Any) -> bytes:
-    return b"data: " + json.dumps(output, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return (
+        b"data: " + json.dumps(output, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    )
 
 
 DONE: Final = b"data: [DONE]\n\n"
@@ -499,3 +501,132 @@ async def test_the_access_log_has_one_line_per_stream_with_its_status(
         writer.close()
     lines = [r.getMessage() for r in caplog.records if r.name == "test.access"]
     assert lines == ["GET /s HTTP/1.1 200", "HEAD /s HTTP/1.1 200"], lines
+
+
+async def test_a_stream_the_producer_keeps_writing_gets_a_keep_alive_only_once_silent(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    server = await serve(ping_interval=0.1)
+    async with asyncio.timeout(BOUND):
+        reader, writer = await open_stream(server)
+        rid = await server.opened.get()
+        server.registry.deliver(rid, {"n": 0})
+        await reader.readuntil(b'{"n":0}')
+        seen = b""
+        for n in range(1, 31):  # an output every 10 ms, for 3 intervals
+            await asyncio.sleep(0.01)
+            server.registry.deliver(rid, {"n": n})
+        seen += await reader.readuntil(b'{"n":30}')
+        assert b": ping" not in seen
+        seen += await reader.readuntil(b": ping")
+        server.registry.deliver(rid, {"n": 31}, finished=True)
+        await reader.readuntil(b"\r\n0\r\n\r\n")
+        writer.close()
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+async def test_outputs_and_a_failure_in_one_step_arrive_in_order_before_one_error_event(
+    serve: Callable[..., Awaitable[Server]], shape: str
+) -> None:
+    deliver = SHAPES[shape]
+    server = await serve()
+    async with asyncio.timeout(BOUND):
+        reader, writer = await open_stream(server)
+        rid = await server.opened.get()
+        reading = asyncio.create_task(strict_response(reader))
+        await deliver(server.registry, [(rid, {"n": 0}, False)])
+        for _ in range(5):
+            await asyncio.sleep(0)
+        await deliver(server.registry, [(rid, {"n": n}, False) for n in range(1, 4)])
+        if shape == "thread":
+            server.registry.fail_threadsafe(rid, RuntimeError("the engine broke"))
+        else:
+            server.registry.fail(rid, RuntimeError("the engine broke"))
+        _, _, chunks = await reading
+        writer.close()
+    body = b"".join(chunks)
+    outputs = b"".join(sse({"n": n}) for n in range(4))
+    assert body.startswith(outputs), body
+    error, done, nothing = body[len(outputs) :].split(b"\n\n")
+    assert json.loads(error.removeprefix(b"data: "))["error"]["code"] == 500
+    assert (done, nothing) == (b"data: [DONE]", b"")
+    assert server.registry.in_flight == 0
+
+
+@pytest.mark.parametrize("bad", ["\ud800", float("nan")], ids=["lone-surrogate", "nan"])
+async def test_an_output_that_cannot_be_written_after_direct_writes_is_one_error_event(
+    serve: Callable[..., Awaitable[Server]], bad: Any
+) -> None:
+    server = await serve()
+    async with asyncio.timeout(BOUND):
+        reader, writer = await open_stream(server)
+        rid = await server.opened.get()
+        reading = asyncio.create_task(strict_response(reader))
+        for n in range(3):
+            server.registry.deliver(rid, {"n": n})
+            await asyncio.sleep(0)
+        server.registry.deliver(rid, {"bad": bad})
+        server.registry.deliver(rid, {"n": "never"}, finished=True)
+        _, _, chunks = await reading
+        writer.close()
+    body = b"".join(chunks)
+    outputs = b"".join(sse({"n": n}) for n in range(3))
+    if isinstance(bad, float):  # (NaN is written as null, as orjson writes it)
+        assert body == outputs + sse({"bad": None}) + sse({"n": "never"}) + DONE, body
+        return
+    assert body.startswith(outputs), body
+    error, done, nothing = body[len(outputs) :].split(b"\n\n")
+    assert json.loads(error.removeprefix(b"data: "))["error"]["code"] == 500
+    assert (done, nothing) == (b"data: [DONE]", b"")
+    assert server.registry.in_flight == 0
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+async def test_megabyte_outputs_reach_a_slow_reader_whole_and_in_order(
+    serve: Callable[..., Awaitable[Server]], shape: str
+) -> None:
+    deliver = SHAPES[shape]
+    server = await serve()
+    outputs = [{"i": i, "t": chr(0x400 + i) * (2_500_000 if i % 3 == 0 else 10)} for i in range(12)]
+    async with asyncio.timeout(BOUND * 3):
+        reader, writer = await open_stream(server)
+        rid = await server.opened.get()
+        raw = bytearray()
+
+        async def slow() -> None:
+            while not raw.endswith(b"\r\n0\r\n\r\n"):
+                data = await reader.read(16 * 1024)
+                assert data
+                raw.extend(data)
+                await asyncio.sleep(0)
+
+        reading = asyncio.create_task(slow())
+        for i, output in enumerate(outputs):
+            await deliver(server.registry, [(rid, output, i == len(outputs) - 1)])
+            await asyncio.sleep(0)
+        await reading
+        writer.close()
+    feeder = asyncio.StreamReader()
+    feeder.feed_data(bytes(raw))
+    feeder.feed_eof()
+    _, _, chunks = await strict_response(feeder)
+    assert b"".join(chunks) == b"".join(sse(o) for o in outputs) + DONE
+    assert server.registry.in_flight == 0
+
+
+async def test_an_http_1_0_stream_is_written_whole_and_unchunked(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    server = await serve()
+    async with asyncio.timeout(BOUND):
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET /s HTTP/1.0\r\nHost: t\r\n\r\n")
+        rid = await server.opened.get()
+        for n in range(50):
+            server.registry.deliver(rid, {"n": n}, finished=n == 49)
+            await asyncio.sleep(0)
+        raw = await reader.read()
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert b"transfer-encoding" not in head.lower()
+    assert body == b"".join(sse({"n": n}) for n in range(50)) + DONE
