@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -630,3 +631,61 @@ async def test_an_http_1_0_stream_is_written_whole_and_unchunked(
     head, _, body = raw.partition(b"\r\n\r\n")
     assert b"transfer-encoding" not in head.lower()
     assert body == b"".join(sse({"n": n}) for n in range(50)) + DONE
+
+
+async def read_slowly(server: Server, target: str, until: Awaitable[None]) -> bytes:
+    """GET ``target`` with a tiny receive window and read it 4 KiB at a time, so that
+    the server's transport holds bytes back now and then; the raw response."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    raw = bytearray()
+    try:
+        await loop.sock_connect(sock, ("127.0.0.1", server.port))
+        await loop.sock_sendall(sock, http_get(target))
+        producing = asyncio.ensure_future(until)
+        while not raw.endswith(b"\r\n0\r\n\r\n"):
+            data = await loop.sock_recv(sock, 4096)
+            assert data, bytes(raw[-200:])
+            raw.extend(data)
+            await asyncio.sleep(0)
+        await producing
+    finally:
+        sock.close()
+    return bytes(raw)
+
+
+async def parsed(raw: bytes) -> bytes:
+    feeder = asyncio.StreamReader()
+    feeder.feed_data(raw)
+    feeder.feed_eof()
+    _, _, chunks = await strict_response(feeder)
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+async def test_a_transform_shapes_each_output_once_when_the_client_falls_behind(
+    serve: Callable[..., Awaitable[Server]], shape: str
+) -> None:
+    # A transform that takes a field out of the output it is given (a common shaping):
+    # run twice on one output, it would fail the second time.
+    def without_secret(output: dict[str, Any]) -> dict[str, Any]:
+        del output["secret"]
+        return output
+
+    deliver = SHAPES[shape]
+    server = await serve(transform=without_secret)
+    count = 40
+    outputs = [{"i": i, "t": "z" * (300_000 if i % 2 == 0 else 10)} for i in range(count)]
+
+    async def produce() -> None:
+        rid = await server.opened.get()
+        for i, output in enumerate(outputs):
+            await deliver(server.registry, [(rid, {**output, "secret": i}, i == count - 1)])
+            await asyncio.sleep(0)
+
+    async with asyncio.timeout(BOUND * 3):
+        raw = await read_slowly(server, "/s", produce())
+    assert await parsed(raw) == b"".join(sse(o) for o in outputs) + DONE
+    assert not server.aborted
