@@ -38,6 +38,7 @@ class Server:
     aborted_changed: asyncio.Event
     loop_errors: list[dict[str, Any]]
     handlers: list[asyncio.Task[Any]] = field(default_factory=list)
+    stop: Callable[[], Awaitable[None]] | None = None
 
     async def until_aborted(self, count: int = 1) -> None:
         async with asyncio.timeout(BOUND):
@@ -58,7 +59,9 @@ async def serve() -> AsyncIterator[Callable[..., Awaitable[Server]]]:
     loop_errors: list[dict[str, Any]] = []
     loop.set_exception_handler(lambda _loop, context: loop_errors.append(context))
 
-    async def start(access_log: logging.Logger | None = None, **options: Any) -> Server:
+    async def start(
+        access_log: logging.Logger | None = None, drain_timeout: float = 5.0, **options: Any
+    ) -> Server:
         aborted: list[str] = []
         changed = asyncio.Event()
 
@@ -89,7 +92,7 @@ async def serve() -> AsyncIterator[Callable[..., Awaitable[Server]]]:
             return await tether_aiohttp.respond(request, source, streaming=True, **options)
 
         app = web.Application(middlewares=[keep_task])
-        tether_aiohttp.setup(app, registry)
+        tether_aiohttp.setup(app, registry, drain_timeout=drain_timeout)
         app.router.add_route("*", "/s", handle)
         if access_log is None:
             runner, port = await start_default_server(app)
@@ -102,11 +105,13 @@ async def serve() -> AsyncIterator[Callable[..., Awaitable[Server]]]:
             port = runner.addresses[0][1]
         runners.append(runner)
         server.port = port
+        server.stop = runner.cleanup
         return server
 
     yield start
     for runner in runners:
-        await runner.cleanup()
+        if runner.server is not None:
+            await runner.cleanup()
     assert not loop_errors, loop_errors
 
 
@@ -681,3 +686,54 @@ async def test_a_transform_shapes_each_output_once_when_the_client_falls_behind(
         raw = await read_slowly(server, "/s", produce())
     assert await parsed(raw) == b"".join(sse(o) for o in outputs) + DONE
     assert not server.aborted
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+async def test_a_shutdown_mid_stream_ends_each_stream_with_its_outputs_one_error_and_the_end(
+    serve: Callable[..., Awaitable[Server]], shape: str
+) -> None:
+    deliver = SHAPES[shape]
+    server = await serve(drain_timeout=0.2)
+    clients = 4
+    async with asyncio.timeout(BOUND):
+        connections = [await open_stream(server) for _ in range(clients)]
+        rids = [await server.opened.get() for _ in range(clients)]
+        readings = [asyncio.create_task(strict_response(reader)) for reader, _ in connections]
+        for n in range(5):
+            await deliver(server.registry, [(rid, {"n": n}, False) for rid in rids])
+            await asyncio.sleep(0)
+        assert server.stop is not None
+        await server.stop()
+        results = await asyncio.gather(*readings)
+        for _, writer in connections:
+            writer.close()
+    outputs = b"".join(sse({"n": n}) for n in range(5))
+    for _, _, chunks in results:
+        body = b"".join(chunks)
+        assert body.startswith(outputs), body
+        error, done, nothing = body[len(outputs) :].split(b"\n\n")
+        assert json.loads(error.removeprefix(b"data: "))["error"]["code"] == 503
+        assert (done, nothing) == (b"data: [DONE]", b"")
+    assert sorted(server.aborted) == sorted(rids)
+    assert server.registry.in_flight == 0
+
+
+async def test_a_client_gone_while_a_megabyte_output_is_being_written_aborts_the_work_once(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    server = await serve()
+    async with asyncio.timeout(BOUND):
+        reader, writer = await open_stream(server)
+        rid = await server.opened.get()
+        server.registry.deliver(rid, {"n": 0})
+        await reader.readuntil(b'{"n":0}')
+        server.registry.deliver(rid, {"big": "q" * 5_000_000})
+        await reader.readexactly(100_000)
+        writer.transport.abort()
+        await server.until_aborted()
+        for n in range(1, 20):  # (late outputs for the gone client: counted, never raised)
+            server.registry.deliver(rid, {"n": n})
+        for task in server.handlers:
+            await task
+    assert server.aborted == [rid]
+    assert server.registry.in_flight == 0
