@@ -737,3 +737,30 @@ async def test_a_client_gone_while_a_megabyte_output_is_being_written_aborts_the
             await task
     assert server.aborted == [rid]
     assert server.registry.in_flight == 0
+
+
+async def test_pipelined_streams_on_one_connection_each_get_their_exact_response(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    server = await serve()
+    async with asyncio.timeout(BOUND):
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        one = b"GET /s HTTP/1.1\r\nHost: t\r\n\r\n"
+        writer.write(one + b"HEAD /s HTTP/1.1\r\nHost: t\r\n\r\n" + one)
+        for round_ in range(2):
+            rid = await server.opened.get()
+            reading = asyncio.create_task(strict_response(reader))
+            for n in range(20):
+                server.registry.deliver(rid, {"r": round_, "n": n}, finished=n == 19)
+                await asyncio.sleep(0)
+            _, _, chunks = await reading
+            assert (
+                b"".join(chunks) == b"".join(sse({"r": round_, "n": n}) for n in range(20)) + DONE
+            )
+            if round_ == 0:  # the HEAD between them: headers alone
+                await server.opened.get()
+                head = await reader.readuntil(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 200"), head
+        writer.close()
+    assert server.registry.in_flight == 0
+    assert len(server.aborted) == 1
