@@ -764,3 +764,38 @@ async def test_pipelined_streams_on_one_connection_each_get_their_exact_response
         writer.close()
     assert server.registry.in_flight == 0
     assert len(server.aborted) == 1
+
+
+async def test_a_transform_that_aborts_its_own_request_ends_it_once_with_the_outputs_before(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    # A content filter: the output it refuses aborts the request, from inside the write.
+    held: dict[str, Any] = {}
+
+    def censor(output: dict[str, Any]) -> dict[str, Any]:
+        if output.get("stop"):
+            held["registry"].abort(held["rid"])
+        return output
+
+    server = await serve(transform=censor)
+    held["registry"] = server.registry
+    async with asyncio.timeout(BOUND):
+        reader, writer = await open_stream(server)
+        rid = held["rid"] = await server.opened.get()
+        reading = asyncio.create_task(strict_response(reader))
+        for n in range(3):
+            server.registry.deliver(rid, {"n": n})
+            await asyncio.sleep(0)
+        server.registry.deliver(rid, {"stop": True})
+        server.registry.deliver(rid, {"n": "after"}, finished=True)
+        _, _, chunks = await reading
+        writer.close()
+        for task in server.handlers:
+            await task
+    body = b"".join(chunks)
+    outputs = b"".join(sse({"n": n}) for n in range(3))
+    assert body.startswith(outputs), body
+    assert b'"after"' not in body
+    assert body.endswith(DONE), body
+    assert server.aborted == [rid]
+    assert server.registry.in_flight == 0
