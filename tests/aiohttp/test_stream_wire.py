@@ -799,3 +799,20 @@ async def test_a_transform_that_aborts_its_own_request_ends_it_once_with_the_out
     assert body.endswith(DONE), body
     assert server.aborted == [rid]
     assert server.registry.in_flight == 0
+
+
+async def test_a_client_gone_before_the_status_line_aborts_the_work_once(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    server = await serve()
+    async with asyncio.timeout(BOUND):
+        reader, writer = await open_stream(server)
+        rid = await server.opened.get()
+        writer.transport.abort()
+        await server.until_aborted()
+        assert not server.registry.deliver(rid, {"n": 0})  # late: counted, never raised
+        for task in server.handlers:
+            await task
+    assert server.aborted == [rid]
+    assert server.registry.in_flight == 0
+    assert server.registry.stats().aborted == {str(tether.AbortReason.CLIENT_DISCONNECTED): 1}
