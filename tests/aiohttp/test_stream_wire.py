@@ -816,3 +816,29 @@ async def test_a_client_gone_before_the_status_line_aborts_the_work_once(
     assert server.aborted == [rid]
     assert server.registry.in_flight == 0
     assert server.registry.stats().aborted == {str(tether.AbortReason.CLIENT_DISCONNECTED): 1}
+
+
+async def test_the_last_output_delivered_before_a_handler_is_cancelled_reaches_the_client(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    server = await serve()
+    async with asyncio.timeout(BOUND):
+        reader, writer = await open_stream(server)
+        rid = await server.opened.get()
+        reading = asyncio.create_task(strict_response(reader))
+        for n in range(3):
+            server.registry.deliver(rid, {"n": n})
+            await asyncio.sleep(0)
+        # The engine's last output, then the server's shutdown cancels the handler,
+        # in the same step (aiohttp cancels what still runs past its shutdown timeout).
+        server.registry.deliver(rid, {"n": "last"}, finished=True)
+        (task,) = server.handlers
+        task.cancel()
+        _, _, chunks = await reading
+        await asyncio.wait([task])
+        writer.close()
+    body = b"".join(chunks)
+    outputs = b"".join(sse({"n": n}) for n in [0, 1, 2, "last"])
+    assert body.startswith(outputs), body
+    assert body.endswith(DONE), body
+    assert server.registry.in_flight == 0
