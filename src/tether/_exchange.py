@@ -533,7 +533,13 @@ class Exchange:
         written, never an end or an abort) hands them back to the write loop."""
         direct = self._direct
         framer = self._framer
-        if direct is None or self._done or framer.carry is not None or self._begun is not None:
+        if (
+            direct is None
+            or self._done
+            or framer.carry is not None
+            or self._begun is not None
+            or not direct.writable()  # (before encoding: declined outputs are shaped once)
+        ):
             return False
         try:
             chunk = framer.encode(outputs)
@@ -577,16 +583,23 @@ class Exchange:
         return source.rids[0] if isinstance(source, Batch) else source.rid
 
     def _goodbye(self) -> bytes:
-        """Whatever the exchange held, one error event (503) and the terminal frame."""
+        """Whatever the exchange held and the source has ready, then the terminal frame:
+        after one error event (503) unless the request had finished (all of it is here)."""
         framer = self._framer
-        carry = framer.take_carry()
+        held = framer.take_carry() or []
         try:
-            held = framer.encode(carry) if carry else b""
+            held += self.source.ready() or []
+        except Exception:  # (it ended badly: what matters now is the end)
+            pass
+        try:
+            body = framer.encode(held) if held else b""
         except Exception:  # unencodable: what matters now is the end
-            held = b""
+            body = b""
         encoder = self.encoder
-        body = error_response(_ended_by_server(self._rid))
-        return held + encoder.error(body.body, event=self._error_event) + encoder.terminal()
+        if self.source.exhausted:
+            return body + encoder.terminal()
+        error = error_response(_ended_by_server(self._rid)).body
+        return body + encoder.error(error, event=self._error_event) + encoder.terminal()
 
     async def aclose(self) -> None:
         """End the response: whatever is unfinished is aborted and freed (idempotent).

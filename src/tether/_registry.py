@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import reprlib
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ._batch import Batch
@@ -396,7 +396,7 @@ class Registry:
         step = list(items)
         for index, item in enumerate(step):
             if type(item) is not tuple or len(item) != 3 or type(item[0]) is not str:
-                _check_triple(index, item)  # (the usual item costs one test, not this)
+                step[index] = _triple(index, item)  # (the usual item costs one test, not this)
         self._table.require_loop().call_soon_threadsafe(self.deliver_many, step)
 
     def fail_threadsafe(self, rid: str, exc: BaseException) -> None:
@@ -421,13 +421,15 @@ class Registry:
         await self._table.close(drain_timeout)
 
 
-def _check_triple(index: int, item: Any) -> None:
-    """Refuse ``item`` of a step unless it unpacks to a triple with a hashable rid."""
+def _triple(index: int, item: Any) -> tuple[Any, Any, Any]:
+    """``item`` of a step as the triple the loop reads, unpacked once here (a one-shot
+    iterator is read once); refused unless it is one with a hashable rid."""
     try:
-        if isinstance(item, str | bytes):  # (three characters would unpack)
-            raise TypeError("a string is not a triple")
-        rid, _, _ = item
+        if isinstance(item, str | bytes | Mapping):  # (three characters or keys unpack)
+            raise TypeError("a string or a mapping is not a triple")
+        rid, output, finished = item
         hash(rid)
+        return rid, output, finished
     except (TypeError, ValueError) as exc:
         raise TypeError(
             f"deliver_many_threadsafe() takes (rid, output, finished) triples; "

@@ -253,6 +253,8 @@ class Resume:
             ended is only forgotten).
         :raises ConnectionError: a shared store could not be reached.
         """
+        if not _plausible(token):  # (no store wrote it: nothing to ask one)
+            return False
         return await self.store.cancel(token)
 
     async def aclose(self) -> None:
