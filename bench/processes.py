@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +21,12 @@ __all__ = [
     "FRAMEWORKS",
     "LOG",
     "MALLOC_ENV",
+    "PIN_ENV",
     "PYTHON",
     "ROOT",
     "client",
     "client_plan",
+    "pin_to",
     "server",
     "stop",
 ]
@@ -43,16 +45,50 @@ seed, 66-72 µs with three others; pinned, 52-55 µs with all four. Unpinned, th
 would land on one side of a ratio at random."""
 FRAMEWORKS = ("starlette", "aiohttp")
 
+PIN_ENV = "BENCH_PIN"
+"""Set to ``0`` to leave the processes wherever the kernel puts them."""
+
+
+def _cpu(role: str) -> int | None:
+    """The one CPU a server (the last one this process may use) or a client (the
+    first) runs on, where there are two or more and :data:`PIN_ENV` is not ``0``.
+
+    Left to the kernel, a server and its client at one connection share a core in
+    some repetitions and not in others, and every wake-up of the other side then
+    crosses cores or does not: on 2 quiet cores (load 0.2), tether against its
+    previous tree at one client, 10 paired repetitions spread 0.2-5x in events/s.
+    Pinned, each side keeps its core in every repetition and every cell.
+    """
+    if os.environ.get(PIN_ENV) == "0" or not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    return cpus[-1] if role == "server" else cpus[0]
+
+
+def pin_to(role: str) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that pins the child to its role's CPU (:func:`_cpu`), if any."""
+    cpu = _cpu(role)
+    if cpu is None:
+        return None
+    return lambda: os.sched_setaffinity(0, {cpu})
+
 
 @contextlib.contextmanager
 def server(
-    framework: str, variant: str, *extra: str, seed: int | None = None
+    framework: str,
+    variant: str,
+    *extra: str,
+    seed: int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[tuple[int, str]]:
     """Start a benchmark server; yield its pid and base URL; stop it by pid.
 
     Every server runs with glibc's malloc thresholds pinned (:data:`MALLOC_ENV`);
     ``seed`` is its ``PYTHONHASHSEED``, the same for the servers compared within a
-    repetition.
+    repetition. ``env``: more of the server's environment (``PYTHONPATH`` to run
+    another tree's tether under this harness: :mod:`bench.ab`).
     """
     LOG.parent.mkdir(parents=True, exist_ok=True)
     module = f"bench.servers.{framework}_server"
@@ -66,14 +102,16 @@ def server(
                 **os.environ,
                 **MALLOC_ENV,
                 **({} if seed is None else {"PYTHONHASHSEED": str(seed)}),
+                **(env or {}),
             },
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
+            preexec_fn=pin_to("server"),
         )
     try:
         assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        ready, _, _ = select.select([proc.stdout], [], [], 120)  # (a loaded machine imports slowly)
         line = proc.stdout.readline() if ready else ""
         if not line.startswith("PORT "):
             raise RuntimeError(f"{module} did not start (see {LOG}): {line!r}")
@@ -98,7 +136,9 @@ def stop(proc: subprocess.Popen[str]) -> None:
 def client(mode: str, url: str, *options: object, timeout: float = 180) -> Any:
     """Run the load client once in its own process; its one JSON line of results."""
     argv = [PYTHON, "-m", "bench.client", mode, url, *map(str, options)]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout, preexec_fn=pin_to("client")
+    )
     if done.returncode != 0:
         raise RuntimeError(f"client failed: {' '.join(argv)}\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -192,7 +192,13 @@ def record(
         argv += [*("--warmup", str(warmup), "--duration", str(seconds))]
         if mode == "stream":
             argv += ["--expect", "64"]
-        load = subprocess.Popen(argv, cwd=processes.ROOT, stdout=subprocess.PIPE, text=True)
+        load = subprocess.Popen(
+            argv,
+            cwd=processes.ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=processes.pin_to("client"),
+        )
         try:
             time.sleep(warmup)  # the client's own warm-up: sample its measured window
             spy_argv = [spy, "record", "--pid", str(pid), "--duration", str(round(seconds))]

@@ -16,6 +16,7 @@ other threads use the ``*_threadsafe`` methods, which hand over to that loop.
 from __future__ import annotations
 
 import asyncio
+import reprlib
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -384,8 +385,17 @@ class Registry:
         )
 
     def deliver_many_threadsafe(self, items: Iterable[tuple[str, Any, bool]]) -> None:
-        """Deliver ``(rid, output, finished)`` triples from another thread, in one hand-over."""
-        self._table.require_loop().call_soon_threadsafe(self.deliver_many, list(items))
+        """Deliver ``(rid, output, finished)`` triples from another thread, in one hand-over.
+
+        :raises TypeError: an item is not a triple with a hashable rid; raised here, in
+            the producer's thread, and nothing of the step is handed over (on the loop,
+            it would have cut the step short, unseen, past the items before it).
+        """
+        step = list(items)
+        for index, item in enumerate(step):
+            if type(item) is not tuple or len(item) != 3 or type(item[0]) is not str:
+                _check_triple(index, item)  # (the usual item costs one test, not this)
+        self._table.require_loop().call_soon_threadsafe(self.deliver_many, step)
 
     def fail_threadsafe(self, rid: str, exc: BaseException) -> None:
         """:meth:`fail` from another thread."""
@@ -407,3 +417,17 @@ class Registry:
         event. Waits (bounded) for asynchronous ``on_abort`` calls. Idempotent.
         """
         await self._table.close(drain_timeout)
+
+
+def _check_triple(index: int, item: Any) -> None:
+    """Refuse ``item`` of a step unless it unpacks to a triple with a hashable rid."""
+    try:
+        if isinstance(item, str | bytes):  # (three characters would unpack)
+            raise TypeError("a string is not a triple")
+        rid, _, _ = item
+        hash(rid)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"deliver_many_threadsafe() takes (rid, output, finished) triples; "
+            f"item {index} is {reprlib.repr(item)}: nothing of this step was delivered"
+        ) from exc

@@ -108,7 +108,9 @@ def resume_point(last_event_id: str | None, token: str | None) -> ResumePoint | 
     # (the whitespace around a header value is no part of it: some servers keep it)
     last_event_id, token = (last_event_id or "").strip(), (token or "").strip()
     if not last_event_id:
-        return None if not token else ResumePoint(token, 0)
+        if not token:
+            return None
+        return ResumePoint(token, 0) if _plausible(token) else _INVALID
     if len(last_event_id) > _MAX_ID_LENGTH:
         return _INVALID
     claimed, dot, number = last_event_id.rpartition(".")
@@ -116,9 +118,15 @@ def resume_point(last_event_id: str | None, token: str | None) -> ResumePoint | 
         if token and token != claimed:
             return _INVALID
         token = claimed
-    if not token or not number.isascii() or not number.isdigit():
+    if not _plausible(token) or not number.isascii() or not number.isdigit():
         return _INVALID
     return ResumePoint(token, int(number))
+
+
+def _plausible(token: str) -> bool:
+    """Whether ``token`` could be one a store wrote into an event id: bounded as event
+    ids are, printable ASCII (a 60 KB header is refused here, not looked up)."""
+    return 0 < len(token) <= _MAX_ID_LENGTH and token.isascii() and token.isprintable()
 
 
 class Resume:

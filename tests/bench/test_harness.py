@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench import charts, json_path, matrix, processes, profiling, report, stream_path
+from bench import ab, charts, json_path, matrix, processes, profiling, report, stream_path
 from bench.servers.handoff import SERIALIZERS
 from bench.servers.producer import SHAPES
 
@@ -113,6 +113,18 @@ def _sides(rate: str, cpu: str, pairs: list[tuple[float, float, float, float]]) 
         "handoff": [{rate: a, cpu: b, "bad_responses": 0} for a, b, _, _ in pairs],
         "tether": [{rate: c, cpu: d, "bad_responses": 0} for _, _, c, d in pairs],
     }
+
+
+def test_ab_runs_two_trees_under_one_harness_and_pairs_every_repetition() -> None:
+    with ab.tree("HEAD") as exported:  # a revision, exported: what a regression check compares
+        assert (exported / "src" / "tether" / "__init__.py").is_file()
+        assert (exported / "adapters" / "tether_starlette" / "__init__.py").is_file()
+        cells = ab.run(ab.QUICK, processes.ROOT, exported)
+    (key,) = cells
+    assert key == "starlette/step/4"
+    assert len(cells[key].rate) == len(cells[key].cpu) == ab.QUICK.reps
+    assert all(ratio > 0 for ratio in cells[key].rate + cells[key].cpu)
+    assert "| starlette | step | 4 | " in ab.render(cells)
 
 
 def test_matrix_headline_pairs_repetitions_and_marks_each_missed_target() -> None:

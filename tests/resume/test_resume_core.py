@@ -30,6 +30,11 @@ from .conftest import eventually
         ("abc.٣", None, ("", -1)),
         ("a" * 200 + ".1", None, ("", -1)),
         (" abc.7 ", " abc ", ("abc", 7)),
+        (None, "t" * 60_000, ("", -1)),
+        ("7", "t" * 200, ("", -1)),
+        (None, "tökén", ("", -1)),
+        ("tök.3", None, ("", -1)),
+        (None, "a\x00b", ("", -1)),
     ],
     ids=[
         "nothing",
@@ -44,6 +49,11 @@ from .conftest import eventually
         "non-ascii-digit",
         "overlong",
         "spaces-around",
+        "huge-token-alone",
+        "overlong-token-with-number",
+        "non-ascii-token",
+        "non-ascii-token-in-id",
+        "control-character-token",
     ],
 )
 def test_a_resume_point_is_read_from_the_id_or_the_token(
