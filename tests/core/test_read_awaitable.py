@@ -282,3 +282,75 @@ def test_a_cancel_inside_merge_of_the_readers_own_task_ends_the_request_once(
         await stream.aclose()
 
     run(main())
+
+
+def test_a_refused_second_read_leaves_the_waiting_read_an_abort_when_cancelled(
+    run: Any,
+) -> None:
+    """A read refused with ConcurrentRead changes nothing: the read still waiting (here
+    held as a future by the same task, which polls it) is cancelled as any read is, an
+    abort, and the next ``deliver()`` is not failed by what the refused read left."""
+    aborts = AbortLog()
+
+    async def main() -> None:
+        registry = tether.Registry(aborts)
+        stream = registry.open()
+        first = asyncio.ensure_future(anext(stream))
+        _, pending = await asyncio.wait([first], timeout=0)  # polled: still waiting
+        assert pending == {first}
+        with pytest.raises(tether.ConcurrentRead):
+            await anext(stream)
+        first.cancel()
+        await asyncio.wait([first])
+        assert first.cancelled()
+        assert registry.in_flight == 0, "the cancelled read did not abort its request"
+        assert registry.deliver(stream.rid, "late") is False
+        await aborts.wait_for(1)
+        assert aborts.calls == {stream.rid: 1}
+        assert dict(registry.stats().aborted) == {"cancelled": 1}
+        assert registry.stats().failed == 0
+        await stream.aclose()
+
+    run(main())
+
+
+def test_a_read_from_another_thread_is_refused_before_it_takes_anything(run: Any) -> None:
+    async def main() -> None:
+        registry = tether.Registry(AbortLog())
+        async with registry.open() as stream:
+            registry.deliver(stream.rid, "a")
+
+            async def read_there() -> Any:
+                return await anext(stream)
+
+            raised = await asyncio.to_thread(lambda: _raised(lambda: asyncio.run(read_there())))
+            assert isinstance(raised, tether.WrongLoop), raised
+            registry.deliver(stream.rid, "b", finished=True)
+            assert [output async for output in stream] == ["a", "b"]
+
+    run(main())
+
+
+def test_a_waiting_read_from_another_thread_is_refused_and_changes_nothing(run: Any) -> None:
+    async def main() -> None:
+        registry = tether.Registry(AbortLog())
+        async with registry.open() as stream:
+
+            async def read_there() -> Any:
+                return await anext(stream)
+
+            raised = await asyncio.to_thread(lambda: _raised(lambda: asyncio.run(read_there())))
+            assert isinstance(raised, tether.WrongLoop), raised
+            registry.deliver(stream.rid, "a", finished=True)
+            assert [output async for output in stream] == ["a"]
+        assert registry.stats().finished == 1
+
+    run(main())
+
+
+def _raised(call: Callable[[], Any]) -> BaseException | None:
+    try:
+        call()
+    except BaseException as exc:  # handed to the test, which judges it
+        return exc
+    return None
