@@ -107,31 +107,22 @@ class SlotTable:
         slot = self._table[rid] = _Slot()
         if self._merge is not None:
             slot.output = _EMPTY
-            return rid, self._read_merged(slot)
-        return rid, self._read(slot)
+            return rid, self._read(slot, _EMPTY, unpack=False)
+        return rid, self._read(slot, None, unpack=True)
 
-    async def _read_merged(self, slot: _Slot) -> AsyncIterator[Any]:
+    async def _read(self, slot: _Slot, empty: Any, *, unpack: bool) -> AsyncIterator[Any]:
         while True:
             output = slot.output
-            if output is _EMPTY:
+            if output is empty:
                 if slot.finished:
                     return
                 await slot.ready.wait()
                 continue
-            slot.output = _EMPTY
+            slot.output = empty
             slot.ready.clear()
-            yield output
-
-    async def _read(self, slot: _Slot) -> AsyncIterator[Any]:
-        while True:
-            output = slot.output
-            if output is None:
-                if slot.finished:
-                    return
-                await slot.ready.wait()
+            if not unpack:
+                yield output  # the one they were merged into
                 continue
-            slot.output = None
-            slot.ready.clear()
             for item in output:  # the merged outputs, oldest first
                 yield item
 
