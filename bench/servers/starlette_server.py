@@ -227,7 +227,10 @@ def build(backend: Backend) -> ASGIApp:
     if backend.variant == "tether":
         import tether_starlette
 
-        return tether_starlette.TetherMiddleware(app, registry=backend.registry)
+        # (no send wrapper here needs the handler's task: the producer may drive send)
+        return tether_starlette.TetherMiddleware(
+            app, registry=backend.registry, producer_writes=True
+        )
     return app
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import reprlib
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ._batch import Batch
@@ -422,11 +422,11 @@ class Registry:
 
 
 def _triple(index: int, item: Any) -> tuple[Any, Any, Any]:
-    """``item`` of a step as the triple the loop reads, unpacked once here (a one-shot
-    iterator is read once); refused unless it is one with a hashable rid."""
+    """``item`` of a step as the triple the loop reads; refused unless it is a sequence
+    of three with a hashable rid."""
     try:
-        if isinstance(item, str | bytes | Mapping):  # (three characters or keys unpack)
-            raise TypeError("a string or a mapping is not a triple")
+        if not isinstance(item, Sequence) or isinstance(item, str | bytes):
+            raise TypeError("not a sequence of three")  # (characters, keys, an iterator)
         rid, output, finished = item
         hash(rid)
         return rid, output, finished
