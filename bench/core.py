@@ -19,11 +19,10 @@ tracemalloc's memory per open idle ``Stream``. ``--cpu`` counts outputs per CPU
 second of the process instead (on a shared machine, wall time counts the other
 jobs). ``--merge with`` runs the with-merge workload instead (``with,without``:
 both): the registry is built with a ``merge`` (list concatenation; each output is
-a one-item list) and the producer delivers :data:`BEHIND` outputs to every
-request before it yields, so that every reader is behind at every wake-up and
-outputs merge (tether hands the first to the reader that waits for it and merges
-the rest; the baselines fold all of them, with the same ``merge`` where they can;
-the figure still counts outputs delivered). Baselines: ``core_baselines.py``
+a one-item list) and the producer delivers two outputs to every request before
+it yields, so that every reader is behind at every wake-up and reads the two
+merged into one; the baselines fold with the same ``merge`` where they can (the
+figure still counts outputs delivered). Baselines: ``core_baselines.py``
 beside this file. ``--write`` keeps the figures in ``bench/results/core.json``
 (which :mod:`bench.charts` draws) and their table between the ``core:begin`` /
 ``core:end`` markers of ``bench/RESULTS.md``.
@@ -68,8 +67,6 @@ from .report import RESULTS, rewrite_readme
 
 OUTPUTS_PER_REQUEST = 64
 """Changed by ``--outputs``."""
-BEHIND = 4
-"""The with-merge workload's outputs per request between two yields to the loop."""
 
 
 async def _drain(reader: AsyncIterator[Any]) -> int:
@@ -128,8 +125,7 @@ async def _produce(
     merged: bool = False,
 ) -> int:
     """Deliver the outputs, yielding to the loop after every step (``merged``: after
-    every :data:`BEHIND` steps, each output a one-item list, so that the readers are
-    behind)."""
+    every second step, each output a one-item list, so that the readers are behind)."""
     tasks = [asyncio.create_task(reader) for reader in readers]
     await asyncio.sleep(0)  # every reader starts and parks, as handlers would
     last = OUTPUTS_PER_REQUEST - 1
@@ -138,7 +134,7 @@ async def _produce(
         output = [step] if merged else step
         for rid in rids:
             deliver(rid, output, finished=finished)
-        if merged and step % BEHIND != BEHIND - 1 and not finished:
+        if merged and step % 2 == 0 and not finished:
             continue  # the readers fall behind: the next output merges with this one
         await asyncio.sleep(0)  # one engine step: the readers run
     counts = await asyncio.gather(*tasks)

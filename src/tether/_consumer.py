@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import threading
 import warnings
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
@@ -90,14 +89,6 @@ class _Next(Handoff):
 
 
 _current_task = asyncio.current_task
-_thread_id = threading.get_ident
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 def fold(merge: Merge | None, acc: Any, output: Any) -> Any:
@@ -240,12 +231,11 @@ class Consumer:
         :raises ProducerError: the producer failed the request (after its earlier outputs).
         :raises Aborted: the request was aborted (timeout, disconnect, server, too slow).
         """
-        handed, task = self._handed, None
+        handed = self._handed
         if handed is not None:
-            # Read by the task it was handed to (running, so it has resumed), or by
-            # another once that one has: from now on anyone may read.
-            task = _current_task(self._table.loop)
-            if task is not handed.owner and self._busy():
+            # Its task has resumed from it (then a task's _fut_waiter, what it awaits,
+            # is no longer it): from now on anyone may read. Else it is still that task's.
+            if not handed.done() or getattr(handed.owner, "_fut_waiter", None) is handed:
                 return _raise(ConcurrentRead(self))
             self._handed = None
             handed.consumer = handed.owner = None  # (no cycle left behind)
@@ -276,17 +266,12 @@ class Consumer:
             if not isinstance(box, RequestState):
                 return self._wait_next(box)  # a batch's pairs: woken, then taken
             # The common wait: the producer resolves it with the output itself.
-            table = self._table
-            loop = table.loop
-            if task is None:
-                task = _current_task(loop)
-            # A task of the registry's loop runs in its thread: that is the running loop
-            # (asyncio.get_running_loop() costs a getpid() system call on Python 3.11).
-            if (task is None or _thread_id() != table.thread) and (_running_loop() is not loop):
+            loop = asyncio.get_running_loop()
+            if loop is not self._table.loop:
                 return _raise(wrong_loop())
             handoff = _Next(loop=loop)
             handoff.consumer = self
-            handoff.owner = task
+            handoff.owner = _current_task(loop)
             box.hand_to(handoff)
             self._handed = handoff
             if self._idle is not None:

@@ -75,6 +75,7 @@ class Table:
         "_notifier",
         "_opened",
         "_prefix",
+        "_thread",
         "_total",
         "closed",
         "entries",
@@ -83,7 +84,6 @@ class Table:
         "loop",
         "max_in_flight",
         "observers",
-        "thread",
         "ttfo",
     )
 
@@ -102,8 +102,7 @@ class Table:
         self._notifier = Notifier(on_abort, abort_timeout)
         self.loop: asyncio.AbstractEventLoop | None = None
         """The loop requests are opened on (consumers check it on their hot path)."""
-        self.thread: int | None = None
-        """The thread of that loop (``threading.get_ident()``)."""
+        self._thread: int | None = None
         self._idle: asyncio.Event | None = None
         self._prefix = os.urandom(4).hex()
         self._ids = itertools.count(1)
@@ -146,7 +145,7 @@ class Table:
                     "that loop, or give each event loop its own Registry"
                 )
             self.loop = loop
-            self.thread = threading.get_ident()
+            self._thread = threading.get_ident()
         if self.closed:
             raise RegistryClosed()
         limit = self.max_in_flight
@@ -199,7 +198,7 @@ class Table:
 
         :raises WrongLoop: called from another thread.
         """
-        thread = self.thread
+        thread = self._thread
         if thread is not None and thread != threading.get_ident():
             raise WrongLoop(
                 f"{what} was called from thread {threading.current_thread().name!r}, not "
@@ -311,7 +310,7 @@ class Table:
         (called from ``__del__``, maybe on another thread, maybe with the loop gone)."""
         how = End(Aborted(states[0].rid, AbortReason.CANCELLED), WHOLE)
         loop = self.loop
-        if self.thread == threading.get_ident() and loop is not None and not loop.is_closed():
+        if self._thread == threading.get_ident() and loop is not None and not loop.is_closed():
             self.end(states, how, defer=True)
             return
         try:
