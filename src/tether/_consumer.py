@@ -21,13 +21,12 @@ import asyncio
 import functools
 import warnings
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Self
 
 from ._end import WHOLE, End, wrong_loop
 from ._errors import Aborted, AbortReason, ConcurrentRead
 from ._idle import IdleDeadline
-from ._mailbox import Handoff
 from ._scope import waiter_cancelled
 from ._state import NOTHING, Group, RequestState
 
@@ -49,48 +48,6 @@ def _idle(consumer: weakref.ref[Consumer]) -> None:
         alive._on_idle()  # noqa: SLF001 (this module's own consumer)
 
 
-async def _now(value: Any) -> Any:
-    """An awaitable of ``value``: what ``__anext__`` returns for an output already there
-    (a coroutine is the cheapest awaitable that is done at once)."""
-    return value
-
-
-async def _raise(error: BaseException) -> Any:
-    """An awaitable that raises ``error`` (``anext(stream, default)`` needs the end
-    of the iteration from the await, not from the call)."""
-    raise error
-
-
-class _Next(Handoff):
-    """What :meth:`Consumer.__anext__` waits on when nothing is ready: the producer's
-    ``put`` resolves it with the next output itself. ``owner`` is the task that read:
-    until it has resumed from this, the stream is that task's, and another task's read
-    is refused (ConcurrentRead)."""
-
-    __slots__ = ("consumer", "owner")
-
-    consumer: Consumer | None
-    owner: asyncio.Task[Any] | None
-
-    def settle(self) -> None:
-        consumer = self.consumer
-        if consumer is not None:
-            consumer._settle(self)  # noqa: SLF001 (this module's own consumer)
-
-    def cancel(self, msg: Any | None = None) -> bool:
-        """The awaiting task is being cancelled (``Task.cancel`` cancels what it awaits):
-        that is an abort of the consumer, as for any cancelled read."""
-        cancelled = super().cancel(msg)
-        consumer = self.consumer
-        if consumer is not None:
-            self.consumer = self.owner = None
-            consumer._next_cancelled(self, cancelled)  # noqa: SLF001 (as above)
-        return cancelled
-
-
-_current_task = asyncio.current_task
-
-
 def fold(merge: Merge | None, acc: Any, output: Any) -> Any:
     """``acc`` and a newer ``output`` as one result: merged, or the newer one."""
     if merge is None or acc is NOTHING:
@@ -108,7 +65,6 @@ class Consumer:
         "_buf",
         "_closed",
         "_collecting",
-        "_handed",
         "_idle",
         "_pos",
         "_reading",
@@ -130,9 +86,6 @@ class Consumer:
         # A task is inside a read that waits (result(), or parked until it resumes):
         # any other task's read is refused before it touches anything (ConcurrentRead).
         self._reading = False
-        # The waiter __anext__ returned last, until its task has resumed from it: until
-        # then the stream is that task's (see _busy).
-        self._handed: _Next | None = None
         # The deadline of timed waits (next_ready(timeout=...)) and its one timer,
         # made at the first timed wait.
         self._idle: IdleDeadline | None = None
@@ -189,12 +142,10 @@ class Consumer:
         :raises WrongLoop: called from another thread while a request is unfinished
             (refused before anything changes: the reader goes on).
         """
-        # Another thread is refused before anything is changed (as cancel() does); then
-        # closed before the abort, so that a reader it wakes ends its iteration.
-        if not self.finished:
-            self._table.check_thread(f"{type(self).__name__}.cancel()")
-        self._closed = True
+        # cancel() first: it refuses another thread before anything is changed, and
+        # nothing awaits in between, so the reader it wakes finds the stream closed.
         self.cancel(AbortReason.CANCELLED)
+        self._closed = True
         self._buf = EMPTY
         self._stop_idle()
 
@@ -219,36 +170,23 @@ class Consumer:
     def __aiter__(self) -> Self:
         return self
 
-    def __anext__(self) -> Awaitable[Any]:
+    async def __anext__(self) -> Any:
         """The next output (a :class:`~tether.Stream`) or ``(index, output)`` pair (a
         :class:`~tether.Batch`); ``StopAsyncIteration`` after the last.
-
-        A plain method returning an awaitable, not a coroutine: an output already there
-        comes back at once, and a reader that has to wait awaits a future that the
-        producer resolves with the output itself (:class:`_Next`): no coroutine of
-        tether's per output, none resumed between the producer and the reader.
 
         :raises ProducerError: the producer failed the request (after its earlier outputs).
         :raises Aborted: the request was aborted (timeout, disconnect, server, too slow).
         """
-        handed = self._handed
-        if handed is not None:
-            # Its task has resumed from it (then a task's _fut_waiter, what it awaits,
-            # is no longer it): from now on anyone may read. Else it is still that task's.
-            if not handed.done() or getattr(handed.owner, "_fut_waiter", None) is handed:
-                return _raise(ConcurrentRead(self))
-            self._handed = None
-            handed.consumer = handed.owner = None  # (no cycle left behind)
         buf, pos = self._buf, self._pos
         if pos < len(buf):
             self._pos = pos + 1
-            return _now(buf[pos])
+            return buf[pos]
         if self._reading:  # (another task owns what woke it, even before it resumes)
-            return _raise(ConcurrentRead(self))
+            raise ConcurrentRead(self)
         box = self._box or self._first_read()
         while True:
             if self._closed:
-                return _raise(StopAsyncIteration())
+                raise StopAsyncIteration
             if box.pending:
                 items = box.take()
                 if not items:
@@ -256,94 +194,28 @@ class Consumer:
                 if len(items) > 1:  # (an exhausted buffer needs no reset)
                     self._buf = items
                     self._pos = 1
-                return _now(items[0])
+                return items[0]
             if box.error is not None:
-                return _raise(box.error.with_traceback(None))
+                raise box.error.with_traceback(None)
             if not box.live:
-                return _raise(StopAsyncIteration())
+                raise StopAsyncIteration
             if box.waiter is not None:
-                return _raise(ConcurrentRead(self))
-            if not isinstance(box, RequestState):
-                return self._wait_next(box)  # a batch's pairs: woken, then taken
-            # The common wait: the producer resolves it with the output itself.
+                raise ConcurrentRead(self)
+            # The common wait, inlined: one coroutine less per output.
             loop = asyncio.get_running_loop()
             if loop is not self._table.loop:
-                return _raise(wrong_loop())
-            handoff = _Next(loop=loop)
-            handoff.consumer = self
-            handoff.owner = _current_task(loop)
-            box.hand_to(handoff)
-            self._handed = handoff
+                raise wrong_loop()
+            waiter = box.park(loop)
             if self._idle is not None:
                 self._idle.deadline = None  # an untimed wait
-            return handoff
-
-    async def _wait_next(self, box: Group) -> Any:
-        """``__anext__`` of a batch read whole: park until woken, then read as usual."""
-        loop = asyncio.get_running_loop()
-        if loop is not self._table.loop:
-            raise wrong_loop()
-        waiter = box.park(loop)
-        if self._idle is not None:
-            self._idle.deadline = None  # an untimed wait
-        self._reading = True
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            self._cancelled(box, waiter)
-            raise
-        finally:
-            self._reading = False
-        return await self.__anext__()
-
-    def _busy(self) -> bool:
-        """Whether the task ``__anext__`` handed its last waiter to has not resumed from
-        it yet (parked, or woken but not run): the stream is still that task's (see
-        ``__anext__``, which inlines this)."""
-        handed = self._handed
-        if handed is None:
-            return False
-        if not handed.done() or getattr(handed.owner, "_fut_waiter", None) is handed:
-            return True
-        self._handed = None
-        handed.consumer = handed.owner = None
-        return False
-
-    def _settle(self, handoff: _Next) -> None:
-        """The request changed without an output for the reader waiting on ``handoff``
-        (it ended, failed, was aborted or closed): resolve it with what the reader
-        gets now, as ``__anext__`` would have returned it."""
-        box = self._box
-        if box is None or self._closed:
-            handoff.set_exception(StopAsyncIteration())
-        elif box.pending:
-            items = box.take()
-            if len(items) > 1:
-                self._buf = items
-                self._pos = 1
-            handoff.set_result(items[0])
-        elif box.error is not None:
-            handoff.set_exception(box.error.with_traceback(None))
-        elif not box.live:
-            handoff.set_exception(StopAsyncIteration())
-        else:
-            box.hand_to(handoff)  # woken with nothing to say: it waits on
-
-    def _next_cancelled(self, handoff: _Next, cancelled: bool) -> None:
-        """The task awaiting ``handoff`` is being cancelled: an abort of this consumer.
-        If the output was already handed over (``cancelled`` is false: the task had not
-        resumed), it waits again for a later read, as if never taken."""
-        if self._handed is handoff:
-            self._handed = None
-        box = self._box
-        if not isinstance(box, RequestState):
-            return
-        if cancelled:
-            box.unpark(handoff)
-        elif not handoff.cancelled() and handoff.exception() is None:
-            box.put_back(handoff.result())
-        waiter_cancelled()
-        self.cancel(AbortReason.CANCELLED)
+            self._reading = True
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                self._cancelled(box, waiter)
+                raise
+            finally:
+                self._reading = False
 
     def ready(self) -> list[Any] | None:
         """Every output (or pair) that is ready now, oldest first, without waiting.
@@ -357,7 +229,7 @@ class Consumer:
         :raises Aborted: as for ``__anext__``.
         :raises WrongLoop: called from another thread with outputs ready (nothing is taken).
         """
-        if self._reading or (self._handed is not None and self._busy()):
+        if self._reading:
             raise ConcurrentRead(self)
         box = self._box or self._first_read()
         if self._closed:
@@ -475,7 +347,7 @@ class Consumer:
         producer's ``put`` (or the request's end) resolves. Cancellation of the
         waiting task is an abort of this consumer.
         """
-        if self._reading or (self._handed is not None and self._busy()):
+        if self._reading:
             raise ConcurrentRead(self)
         box = self._box or self._first_read()
         if not box.live or box.error is not None or self._closed or box.pending:
@@ -511,7 +383,7 @@ class Consumer:
     def _claim(self) -> None:
         """Refuse ``result()`` before it changes anything: another task reads, or this
         is another loop than the one the requests run on."""
-        if self._reading or (self._handed is not None and self._busy()):
+        if self._reading:
             raise ConcurrentRead(self)
         self._table.own_loop()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Final
 
-__all__ = ["NOTHING", "Handoff", "Mailbox"]
+__all__ = ["NOTHING", "Mailbox"]
 
 
 class _Nothing:
@@ -38,10 +38,6 @@ class Mailbox:
         self.waiter = waiter
         return waiter
 
-    def hand_to(self, handoff: Handoff) -> None:
-        """The consumer waits on ``handoff`` for its next output itself (see :class:`Handoff`)."""
-        self.waiter = handoff
-
     def unpark(self, waiter: asyncio.Future[None]) -> None:
         """The consumer waiting on ``waiter`` stopped waiting (cancelled)."""
         if self.waiter is waiter:
@@ -53,27 +49,8 @@ class Mailbox:
         if waiter is not None:
             self.waiter = None
             if not waiter.done():
-                if isinstance(waiter, Handoff):
-                    waiter.settle()  # woken without an output: its reader says what it gets
-                else:
-                    waiter.set_result(None)
+                waiter.set_result(None)
 
 
 _Future = asyncio.Future
 """Waiters are made directly (``loop.create_future()`` adds a Python call per wait)."""
-
-
-class Handoff(_Future):  # type: ignore[type-arg]
-    """A waiter that the producer's ``put`` resolves with the output itself: the
-    reader awaiting it resumes with its next output, and no code of tether's runs
-    between the producer's call and the reader's code (no coroutine per output).
-
-    Woken without an output (the request ended, failed or was aborted), it is its
-    reader's to resolve with what the reader gets then: :meth:`settle`.
-    """
-
-    __slots__ = ()
-
-    def settle(self) -> None:
-        """Resolve with what the reader gets now that its request changed."""
-        raise NotImplementedError

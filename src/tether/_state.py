@@ -26,7 +26,7 @@ from typing import Any
 
 from ._errors import TetherError
 from ._limits import Limits
-from ._mailbox import NOTHING, Handoff, Mailbox
+from ._mailbox import NOTHING, Mailbox
 
 logger = logging.getLogger("tether")
 __all__ = ["NOTHING", "Group", "Mailbox", "RequestState"]
@@ -319,14 +319,6 @@ class RequestState(Mailbox):
             return group.put(self, output, limits)
         pending = self.pending
         if not pending:
-            waiter = self.waiter
-            if waiter is not None and isinstance(waiter, Handoff):  # (never done: see _Next)
-                # The reader waits for this very output: it is handed over, never waits.
-                self.waiter = None
-                waiter.set_result(output)
-                if group is not None:
-                    group.wake()
-                return True
             pending.append(output)
             self.npending = 1
         elif limits.merge is not None:
@@ -354,12 +346,6 @@ class RequestState(Mailbox):
         if group is not None:
             group.wake()
         return True
-
-    def put_back(self, output: Any) -> None:
-        """``output`` was handed to a reader that was cancelled before it resumed with
-        it: it waits again, ahead of anything newer, for whoever reads next."""
-        self.pending.insert(0, output)
-        self.npending += 1
 
     def sink_took(self, sink: Callable[[list[Any]], bool]) -> bool:
         """Hand what waits to ``sink``; whether it took it. A sink that declines or
