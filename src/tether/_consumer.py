@@ -188,6 +188,7 @@ class Consumer:
             if self._closed:
                 raise StopAsyncIteration
             if box.pending:
+                self._table.check_thread("async for")  # (before anything is taken)
                 items = box.take()
                 if not items:
                     continue  # only an aborted sub-request's outputs waited
