@@ -806,7 +806,7 @@ async def test_a_client_gone_before_the_status_line_aborts_the_work_once(
 ) -> None:
     server = await serve()
     async with asyncio.timeout(BOUND):
-        reader, writer = await open_stream(server)
+        _reader, writer = await open_stream(server)
         rid = await server.opened.get()
         writer.transport.abort()
         await server.until_aborted()
