@@ -24,6 +24,7 @@ from tests._support.engine import HANG as HANG
 from tests._support.engine import Changes as Changes
 from tests._support.engine import Engine as Engine
 from tests._support.loops import LoopFactories, server_loops
+from tests._support.raw_http import leave
 from tests._support.ready_server import ReadyServer as ReadyServer
 from tests._support.servers import serve as serve
 from tests._support.stalled import http_get, stalled_client
@@ -243,3 +244,12 @@ async def stalled_request(
         async with asyncio.timeout(BOUND):
             rid = await opened.get()
         yield sock, rid
+
+
+async def leave_until_aborted(engine: Engine, writer: asyncio.StreamWriter, rid: str) -> float:
+    """The client of ``writer`` leaves; wait until ``rid`` was aborted and nothing is in
+    flight any more. Returns when the client left (``leave``'s clock)."""
+    left_at = await leave(writer)
+    await engine.until(lambda: rid in engine.aborted_at)
+    await engine.until(lambda: engine.registry.in_flight == 0)
+    return left_at
