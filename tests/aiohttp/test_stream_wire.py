@@ -21,6 +21,7 @@ from aiohttp.typedefs import Handler
 
 import tether
 import tether_aiohttp
+from tests._support.aborts import Aborted
 from tests._support.servers import start_default_server
 from tests._support.stalled import http_get, stalled_client
 
@@ -66,16 +67,10 @@ async def serve() -> AsyncIterator[Callable[..., Awaitable[Server]]]:
     async def start(
         access_log: logging.Logger | None = None, drain_timeout: float = 5.0, **options: Any
     ) -> Server:
-        aborted: list[str] = []
-        changed = asyncio.Event()
-
-        def on_abort(rid: str) -> None:
-            aborted.append(rid)
-            changed.set()
-
-        registry = tether.Registry(on_abort)
+        aborted = Aborted()
+        registry = tether.Registry(aborted)
         opened: asyncio.Queue[str] = asyncio.Queue()
-        server = Server(registry, 0, opened, aborted, changed, loop_errors)
+        server = Server(registry, 0, opened, aborted, aborted.seen, loop_errors)
 
         @web.middleware
         async def keep_task(request: web.Request, handler: Handler) -> web.StreamResponse:

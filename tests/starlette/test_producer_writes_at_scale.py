@@ -22,6 +22,7 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tether
+from tests._support.aborts import Aborted
 
 from .conftest import BOUND, FakeServer, one_stream_app, serve, stalled_request
 from .test_send_chain_under_every_producer import hypercorn_serving
@@ -203,14 +204,9 @@ class Pending:
 async def test_a_client_that_leaves_while_a_write_begun_in_deliver_waits_is_aborted_at_once(
     shape: str,
 ) -> None:
-    aborted: list[str] = []
-    gone = asyncio.Event()
-
-    def on_abort(rid: str) -> None:
-        aborted.append(rid)
-        gone.set()
-
-    registry = tether.Registry(on_abort, max_pending=100_000, max_pending_bytes=None)
+    aborted = Aborted()
+    gone = aborted.seen
+    registry = tether.Registry(aborted, max_pending=100_000, max_pending_bytes=None)
     opened: asyncio.Queue[str] = asyncio.Queue()
     pending = Pending(app_for(registry, opened))
     loop = asyncio.get_running_loop()
@@ -408,14 +404,9 @@ async def deliver_until_a_send_stays_under_way(
 @pytest.mark.both_loops
 @pytest.mark.parametrize("shape", ["task", "thread"])
 async def test_the_send_timeout_ends_a_write_begun_in_deliver_under_every_shape(shape: str) -> None:
-    gone = asyncio.Event()
-    aborted: list[str] = []
-
-    def on_abort(rid: str) -> None:
-        aborted.append(rid)
-        gone.set()
-
-    registry = tether.Registry(on_abort, max_pending=100_000, max_pending_bytes=None)
+    aborted = Aborted()
+    gone = aborted.seen
+    registry = tether.Registry(aborted, max_pending=100_000, max_pending_bytes=None)
     opened: asyncio.Queue[str] = asyncio.Queue()
     pending = Pending(app_for(registry, opened, send_timeout=0.3))
     with watched_loop() as seen:
@@ -438,14 +429,9 @@ async def test_the_send_timeout_ends_a_write_begun_in_deliver_under_every_shape(
 async def test_a_client_that_leaves_while_the_handler_is_parked_is_aborted_at_once(
     shape: str,
 ) -> None:
-    gone = asyncio.Event()
-    aborted: list[str] = []
-
-    def on_abort(rid: str) -> None:
-        aborted.append(rid)
-        gone.set()
-
-    registry = tether.Registry(on_abort)
+    aborted = Aborted()
+    gone = aborted.seen
+    registry = tether.Registry(aborted)
     opened: asyncio.Queue[str] = asyncio.Queue()
     with watched_loop() as seen:
         async with serve(app_for(registry, opened), http="httptools") as (url, _):

@@ -29,6 +29,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tether
+from tests._support.aborts import Aborted
 from tests._support.raw_http import read_response
 from tests._support.stalled import http_get
 from tether_starlette import TetherMiddleware, respond
@@ -118,14 +119,9 @@ async def test_a_middleware_s_send_timeout_cuts_that_request_never_the_engine_s_
     """A send that stalls past a middleware's ``asyncio.timeout`` fails its own request
     (the timeout is the request's); the engine's task, which delivered the output
     whose send stalled, goes on serving every other request."""
-    aborted: list[str] = []
-    ended = asyncio.Event()
-
-    def on_abort(rid: str) -> None:
-        aborted.append(rid)
-        ended.set()
-
-    registry = tether.Registry(on_abort)
+    aborted = Aborted()
+    ended = aborted.seen
+    registry = tether.Registry(aborted)
     opened: asyncio.Queue[str] = asyncio.Queue()
     # tether's own send timeout far away: the middleware's 0.3 s is what must fire.
     app = timed_send(one_stream_app(registry, opened, send_timeout=BOUND), 0.3)
