@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import tether
 import tether.http
@@ -81,3 +82,16 @@ async def parked(
     task = asyncio.ensure_future(exchange.run(writer, first))
     await writer.sink.asked.wait()
     return writer, task
+
+
+async def started_and_parked(
+    registry: tether.Registry, sink: DirectTransport | None = None, **options: Any
+) -> tuple[tether.Stream, tether.http.Exchange, DirectWriter, asyncio.Task[None]]:
+    """A new request's streaming ``Exchange`` (with ``options``), started by its first
+    output ``"first"``, run until its write loop parks with the sink set."""
+    stream = registry.open()
+    exchange = tether.http.Exchange(stream, streaming=True, **options)
+    registry.deliver(stream.rid, "first")
+    head = await exchange.start()
+    writer, running = await parked(exchange, head.body, sink)
+    return stream, exchange, writer, running

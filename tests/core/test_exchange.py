@@ -9,7 +9,7 @@ import pytest
 
 import tether
 import tether.http
-from tests._support.direct_writes import parked, sse_values
+from tests._support.direct_writes import parked, sse_values, started_and_parked
 
 from .conftest import AbortLog
 
@@ -296,12 +296,8 @@ async def test_a_large_backlog_goes_out_in_bounded_chunks_in_order_never_copied_
 async def test_an_unencodable_output_is_declined_by_the_sink_and_fails_the_request_in_the_loop(
     registry: tether.Registry, aborts: AbortLog
 ) -> None:
-    stream = registry.open()
-    exchange = tether.http.Exchange(stream, streaming=True)
-    registry.deliver(stream.rid, "first")
     async with asyncio.timeout(10):
-        head = await exchange.start()
-        writer, running = await parked(exchange, head.body)
+        stream, exchange, writer, running = await started_and_parked(registry)
         assert registry.deliver(stream.rid, "second")
         assert registry.deliver(stream.rid, object())  # not JSON: declined, never raised
         assert registry.deliver(stream.rid, "third")  # the sink is gone: this one waits

@@ -8,18 +8,14 @@ import asyncio
 
 import tether
 import tether.http
-from tests._support.direct_writes import parked
+from tests._support.direct_writes import started_and_parked
 
 
 async def test_the_last_output_goes_out_before_the_farewell_of_a_cancelled_write_loop(
     registry: tether.Registry,
 ) -> None:
-    stream = registry.open()
-    exchange = tether.http.Exchange(stream, streaming=True)
-    registry.deliver(stream.rid, "first")
     async with asyncio.timeout(10):
-        head = await exchange.start()
-        writer, running = await parked(exchange, head.body)
+        stream, _, writer, running = await started_and_parked(registry)
         registry.deliver(stream.rid, "second")
         registry.deliver(stream.rid, "last", finished=True)
         running.cancel()  # in the same step: the server's shutdown

@@ -9,7 +9,7 @@ from collections import Counter
 
 import tether
 import tether.http
-from tests._support.direct_writes import DirectTransport, parked
+from tests._support.direct_writes import DirectTransport, started_and_parked
 
 
 async def test_an_output_the_transport_declines_is_shaped_once(registry: tether.Registry) -> None:
@@ -19,13 +19,12 @@ async def test_an_output_the_transport_declines_is_shaped_once(registry: tether.
         shaped[output] += 1
         return output.upper()
 
-    stream = registry.open()
-    exchange = tether.http.Exchange(stream, streaming=True, transform=transform)
-    registry.deliver(stream.rid, "first")
     async with asyncio.timeout(10):
-        head = await exchange.start()
         # The client reads slowly: one direct write fills the kernel's buffer.
-        writer, running = await parked(exchange, head.body, DirectTransport(room=1))
+        full_after_one = DirectTransport(room=1)
+        stream, _, writer, running = await started_and_parked(
+            registry, full_after_one, transform=transform
+        )
         registry.deliver(stream.rid, "second")  # written by the sink: the buffer fills
         registry.deliver(stream.rid, "third")  # declined: the write loop writes it
         registry.deliver(stream.rid, "last", finished=True)
