@@ -21,6 +21,7 @@ from aiohttp.typedefs import Handler
 
 import tether
 import tether_aiohttp
+from tests._support.aborts import Aborted
 from tests._support.servers import start_default_server
 from tests._support.stalled import http_get, stalled_client
 
@@ -46,6 +47,10 @@ class Server:
                 self.aborted_changed.clear()
                 await self.aborted_changed.wait()
 
+    async def handlers_ended(self) -> None:
+        for task in self.handlers:
+            await task
+
 
 Options = dict[str, Any]
 
@@ -62,16 +67,10 @@ async def serve() -> AsyncIterator[Callable[..., Awaitable[Server]]]:
     async def start(
         access_log: logging.Logger | None = None, drain_timeout: float = 5.0, **options: Any
     ) -> Server:
-        aborted: list[str] = []
-        changed = asyncio.Event()
-
-        def on_abort(rid: str) -> None:
-            aborted.append(rid)
-            changed.set()
-
-        registry = tether.Registry(on_abort)
+        aborted = Aborted()
+        registry = tether.Registry(aborted)
         opened: asyncio.Queue[str] = asyncio.Queue()
-        server = Server(registry, 0, opened, aborted, changed, loop_errors)
+        server = Server(registry, 0, opened, aborted, aborted.seen, loop_errors)
 
         @web.middleware
         async def keep_task(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -115,9 +114,7 @@ async def serve() -> AsyncIterator[Callable[..., Awaitable[Server]]]:
     assert not loop_errors, loop_errors
 
 
-async def strict_response(
-    reader: asyncio.StreamReader,
-) -> tuple[bytes, dict[str, str], list[bytes]]:
+async def strict_response(reader: asyncio.StreamReader) -> Response:
     """The next response on the connection, read exactly as HTTP/1.1 frames it: the
     status line and headers first, then each chunk (its size line in hex, its data,
     CRLF), then the last chunk; nothing is read past it. Returns the status line,
@@ -149,6 +146,15 @@ async def strict_chunks(reader: asyncio.StreamReader) -> list[bytes]:
         data = await reader.readexactly(size + 2)
         assert data.endswith(b"\r\n"), data[-20:]
         chunks.append(data[:-2])
+
+
+async def parsed(raw: bytes) -> bytes:
+    """The body of the whole response ``raw``, read as strictly as from a socket."""
+    feeder = asyncio.StreamReader()
+    feeder.feed_data(raw)
+    feeder.feed_eof()
+    _, _, chunks = await strict_response(feeder)
+    return b"".join(chunks)
 
 
 def sse(output: Any) -> bytes:
@@ -197,6 +203,8 @@ async def by_thread(registry: tether.Registry, step: list[tuple[str, Any, bool]]
 
 SHAPES: Final = {"deliver": by_deliver, "deliver_many": by_deliver_many, "thread": by_thread}
 
+Response = tuple[bytes, dict[str, str], list[bytes]]
+
 
 async def open_stream(
     server: Server, target: str = "/s", method: str = "GET"
@@ -205,6 +213,47 @@ async def open_stream(
     writer.write(f"{method} {target} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
     await writer.drain()
     return reader, writer
+
+
+async def start_reading(
+    server: Server, target: str = "/s"
+) -> tuple[asyncio.StreamWriter, str, asyncio.Task[Response]]:
+    """Open a stream, take its request's rid, and read its response in a task."""
+    reader, writer = await open_stream(server, target)
+    rid = await server.opened.get()
+    return writer, rid, asyncio.create_task(strict_response(reader))
+
+
+async def deliver_numbered(registry: tether.Registry, rid: str, count: int) -> None:
+    """Outputs ``{"n": 0}`` up to ``{"n": count - 1}``, the loop running between them."""
+    for n in range(count):
+        registry.deliver(rid, {"n": n})
+        await asyncio.sleep(0)
+
+
+def numbered(count: int) -> bytes:
+    """The events of ``deliver_numbered``'s outputs."""
+    return b"".join(sse({"n": n}) for n in range(count))
+
+
+async def cancel_the_handler(
+    server: Server, reading: asyncio.Task[Response]
+) -> tuple[asyncio.Task[Any], list[bytes]]:
+    """Cancel the one handler (the server's shutdown does), read the response to its
+    end and wait for the handler; the handler and the response's chunks."""
+    (task,) = server.handlers
+    task.cancel()
+    _, _, chunks = await reading
+    await asyncio.wait([task])
+    return task, chunks
+
+
+def assert_outputs_then_one_error(body: bytes, outputs: bytes, code: int) -> None:
+    """``body`` is ``outputs``, then one error event with ``code``, then the end."""
+    assert body.startswith(outputs), body
+    error, done, nothing = body[len(outputs) :].split(b"\n\n")
+    assert json.loads(error.removeprefix(b"data: "))["error"]["code"] == code
+    assert (done, nothing) == (b"data: [DONE]", b"")
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -222,7 +271,7 @@ async def test_many_clients_each_get_their_exact_chunked_stream_for_every_produc
             rids.append(await server.opened.get())
         expected = [outputs_for(c, count) for c in range(clients)]
 
-        async def read_all(c: int) -> tuple[bytes, dict[str, str], list[bytes]]:
+        async def read_all(c: int) -> Response:
             return await strict_response(connections[c][0])
 
         readers = [asyncio.create_task(read_all(c)) for c in range(clients)]
@@ -279,10 +328,7 @@ async def test_a_ping_sends_the_head_then_outputs_then_a_failure_is_one_error_ev
         writer.close()
     body = b"".join(chunks).replace(b": ping\n\n", b"")
     outputs = b"".join(sse({"n": n, "s": "ü" * n}) for n in range(50))
-    assert body.startswith(outputs), body
-    error, done, nothing = body[len(outputs) :].split(b"\n\n")
-    assert json.loads(error.removeprefix(b"data: "))["error"]["code"] == 500
-    assert (done, nothing) == (b"data: [DONE]", b"")
+    assert_outputs_then_one_error(body, outputs, 500)
     assert server.registry.in_flight == 0
 
 
@@ -355,8 +401,7 @@ async def test_a_client_gone_mid_stream_aborts_the_work_once_while_the_producer_
             n += 1
             await asyncio.sleep(0)
         assert server.aborted == [rid]
-        for task in server.handlers:
-            await task
+        await server.handlers_ended()
     assert server.registry.in_flight == 0
     assert server.registry.stats().aborted == {str(tether.AbortReason.CLIENT_DISCONNECTED): 1}
     await asyncio.sleep(0)
@@ -368,21 +413,14 @@ async def test_a_handler_cancelled_while_the_producer_writes_ends_with_the_farew
 ) -> None:
     server = await serve()
     async with asyncio.timeout(BOUND):
-        reader, writer = await open_stream(server)
-        rid = await server.opened.get()
-        reading = asyncio.create_task(strict_response(reader))
-        for n in range(5):
-            server.registry.deliver(rid, {"n": n})
-            await asyncio.sleep(0)
-        (task,) = server.handlers
-        task.cancel()
-        _, _, chunks = await reading
-        await asyncio.wait([task])
+        writer, rid, reading = await start_reading(server)
+        await deliver_numbered(server.registry, rid, 5)
+        task, chunks = await cancel_the_handler(server, reading)
         writer.close()
     assert task.cancelled()
     body = b"".join(chunks)
     events = body.split(b"\n\n")
-    assert body.startswith(b"".join(sse({"n": n}) for n in range(5))), body
+    assert body.startswith(numbered(5)), body
     assert json.loads(events[-3].removeprefix(b"data: "))["error"]["code"] == 503
     assert events[-2:] == [b"data: [DONE]", b""]
     assert server.aborted == [rid]
@@ -429,9 +467,7 @@ async def test_custom_framing_reaches_the_wire_as_its_encoder_writes_it(
         encoder = encoder.shaped(options["transform"])
     outputs: list[Any] = [{"n": n, "t": "ß" * n} for n in range(30)]
     async with asyncio.timeout(BOUND):
-        reader, writer = await open_stream(server)
-        rid = await server.opened.get()
-        reading = asyncio.create_task(strict_response(reader))
+        writer, rid, reading = await start_reading(server)
         for n, output in enumerate(outputs):
             server.registry.deliver(rid, output, finished=n == len(outputs) - 1)
             if n % 3:
@@ -529,9 +565,7 @@ async def test_outputs_and_a_failure_in_one_step_arrive_in_order_before_one_erro
     deliver = SHAPES[shape]
     server = await serve()
     async with asyncio.timeout(BOUND):
-        reader, writer = await open_stream(server)
-        rid = await server.opened.get()
-        reading = asyncio.create_task(strict_response(reader))
+        writer, rid, reading = await start_reading(server)
         await deliver(server.registry, [(rid, {"n": 0}, False)])
         for _ in range(5):
             await asyncio.sleep(0)
@@ -543,11 +577,8 @@ async def test_outputs_and_a_failure_in_one_step_arrive_in_order_before_one_erro
         _, _, chunks = await reading
         writer.close()
     body = b"".join(chunks)
-    outputs = b"".join(sse({"n": n}) for n in range(4))
-    assert body.startswith(outputs), body
-    error, done, nothing = body[len(outputs) :].split(b"\n\n")
-    assert json.loads(error.removeprefix(b"data: "))["error"]["code"] == 500
-    assert (done, nothing) == (b"data: [DONE]", b"")
+    outputs = numbered(4)
+    assert_outputs_then_one_error(body, outputs, 500)
     assert server.registry.in_flight == 0
 
 
@@ -557,25 +588,18 @@ async def test_an_output_that_cannot_be_written_after_direct_writes_is_one_error
 ) -> None:
     server = await serve()
     async with asyncio.timeout(BOUND):
-        reader, writer = await open_stream(server)
-        rid = await server.opened.get()
-        reading = asyncio.create_task(strict_response(reader))
-        for n in range(3):
-            server.registry.deliver(rid, {"n": n})
-            await asyncio.sleep(0)
+        writer, rid, reading = await start_reading(server)
+        await deliver_numbered(server.registry, rid, 3)
         server.registry.deliver(rid, {"bad": bad})
         server.registry.deliver(rid, {"n": "never"}, finished=True)
         _, _, chunks = await reading
         writer.close()
     body = b"".join(chunks)
-    outputs = b"".join(sse({"n": n}) for n in range(3))
+    outputs = numbered(3)
     if isinstance(bad, float):  # (NaN is written as null, as orjson writes it)
         assert body == outputs + sse({"bad": None}) + sse({"n": "never"}) + DONE, body
         return
-    assert body.startswith(outputs), body
-    error, done, nothing = body[len(outputs) :].split(b"\n\n")
-    assert json.loads(error.removeprefix(b"data: "))["error"]["code"] == 500
-    assert (done, nothing) == (b"data: [DONE]", b"")
+    assert_outputs_then_one_error(body, outputs, 500)
     assert server.registry.in_flight == 0
 
 
@@ -604,11 +628,7 @@ async def test_megabyte_outputs_reach_a_slow_reader_whole_and_in_order(
             await asyncio.sleep(0)
         await reading
         writer.close()
-    feeder = asyncio.StreamReader()
-    feeder.feed_data(bytes(raw))
-    feeder.feed_eof()
-    _, _, chunks = await strict_response(feeder)
-    assert b"".join(chunks) == b"".join(sse(o) for o in outputs) + DONE
+    assert await parsed(bytes(raw)) == b"".join(sse(o) for o in outputs) + DONE
     assert server.registry.in_flight == 0
 
 
@@ -651,14 +671,6 @@ async def read_slowly(server: Server, target: str, until: Awaitable[None]) -> by
     finally:
         sock.close()
     return bytes(raw)
-
-
-async def parsed(raw: bytes) -> bytes:
-    feeder = asyncio.StreamReader()
-    feeder.feed_data(raw)
-    feeder.feed_eof()
-    _, _, chunks = await strict_response(feeder)
-    return b"".join(chunks)
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -707,13 +719,10 @@ async def test_a_shutdown_mid_stream_ends_each_stream_with_its_outputs_one_error
         results = await asyncio.gather(*readings)
         for _, writer in connections:
             writer.close()
-    outputs = b"".join(sse({"n": n}) for n in range(5))
+    outputs = numbered(5)
     for _, _, chunks in results:
         body = b"".join(chunks)
-        assert body.startswith(outputs), body
-        error, done, nothing = body[len(outputs) :].split(b"\n\n")
-        assert json.loads(error.removeprefix(b"data: "))["error"]["code"] == 503
-        assert (done, nothing) == (b"data: [DONE]", b"")
+        assert_outputs_then_one_error(body, outputs, 503)
     assert sorted(server.aborted) == sorted(rids)
     assert server.registry.in_flight == 0
 
@@ -733,8 +742,7 @@ async def test_a_client_gone_while_a_megabyte_output_is_being_written_aborts_the
         await server.until_aborted()
         for n in range(1, 20):  # (late outputs for the gone client: counted, never raised)
             server.registry.deliver(rid, {"n": n})
-        for task in server.handlers:
-            await task
+        await server.handlers_ended()
     assert server.aborted == [rid]
     assert server.registry.in_flight == 0
 
@@ -780,20 +788,16 @@ async def test_a_transform_that_aborts_its_own_request_ends_it_once_with_the_out
     server = await serve(transform=censor)
     held["registry"] = server.registry
     async with asyncio.timeout(BOUND):
-        reader, writer = await open_stream(server)
-        rid = held["rid"] = await server.opened.get()
-        reading = asyncio.create_task(strict_response(reader))
-        for n in range(3):
-            server.registry.deliver(rid, {"n": n})
-            await asyncio.sleep(0)
+        writer, rid, reading = await start_reading(server)
+        held["rid"] = rid
+        await deliver_numbered(server.registry, rid, 3)
         server.registry.deliver(rid, {"stop": True})
         server.registry.deliver(rid, {"n": "after"}, finished=True)
         _, _, chunks = await reading
         writer.close()
-        for task in server.handlers:
-            await task
+        await server.handlers_ended()
     body = b"".join(chunks)
-    outputs = b"".join(sse({"n": n}) for n in range(3))
+    outputs = numbered(3)
     assert body.startswith(outputs), body
     assert b'"after"' not in body
     assert body.endswith(DONE), body
@@ -806,13 +810,12 @@ async def test_a_client_gone_before_the_status_line_aborts_the_work_once(
 ) -> None:
     server = await serve()
     async with asyncio.timeout(BOUND):
-        _reader, writer = await open_stream(server)
+        _, writer = await open_stream(server)
         rid = await server.opened.get()
         writer.transport.abort()
         await server.until_aborted()
         assert not server.registry.deliver(rid, {"n": 0})  # late: counted, never raised
-        for task in server.handlers:
-            await task
+        await server.handlers_ended()
     assert server.aborted == [rid]
     assert server.registry.in_flight == 0
     assert server.registry.stats().aborted == {str(tether.AbortReason.CLIENT_DISCONNECTED): 1}
@@ -823,19 +826,12 @@ async def test_the_last_output_delivered_before_a_handler_is_cancelled_reaches_t
 ) -> None:
     server = await serve()
     async with asyncio.timeout(BOUND):
-        reader, writer = await open_stream(server)
-        rid = await server.opened.get()
-        reading = asyncio.create_task(strict_response(reader))
-        for n in range(3):
-            server.registry.deliver(rid, {"n": n})
-            await asyncio.sleep(0)
+        writer, rid, reading = await start_reading(server)
+        await deliver_numbered(server.registry, rid, 3)
         # The engine's last output, then the server's shutdown cancels the handler,
         # in the same step (aiohttp cancels what still runs past its shutdown timeout).
         server.registry.deliver(rid, {"n": "last"}, finished=True)
-        (task,) = server.handlers
-        task.cancel()
-        _, _, chunks = await reading
-        await asyncio.wait([task])
+        _, chunks = await cancel_the_handler(server, reading)
         writer.close()
     body = b"".join(chunks)
     outputs = b"".join(sse({"n": n}) for n in [0, 1, 2, "last"])

@@ -6,7 +6,10 @@ capture must not depend on when a task first runs.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -51,3 +54,29 @@ def aborts() -> AbortLog:
 @pytest.fixture
 def registry(aborts: AbortLog) -> tether.Registry:
     return tether.Registry(aborts)
+
+
+async def hand_over_a_bad_step(
+    registry: tether.Registry, bad: Callable[[str], Any]
+) -> tuple[list[object], list[BaseException], list[dict[str, object]]]:
+    """From a producer thread, hand over a step of a good item then ``bad(rid)``,
+    keeping the ``TypeError`` it raises there, then a last output alone. Returns what
+    the request's reader received, what the thread was refused, and the loop's errors."""
+    good = registry.open()
+    loop_errors: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: loop_errors.append(context))
+    refused: list[BaseException] = []
+
+    def engine() -> None:
+        try:
+            registry.deliver_many_threadsafe([(good.rid, "lost?", False), bad(good.rid)])
+        except TypeError as exc:
+            refused.append(exc)
+        registry.deliver_many_threadsafe([(good.rid, "after", True)])
+
+    worker = threading.Thread(target=engine)
+    worker.start()
+    async with asyncio.timeout(10):
+        received = [output async for output in good]
+    await asyncio.to_thread(worker.join)
+    return received, refused, loop_errors

@@ -9,16 +9,9 @@ import pytest
 
 import tether
 import tether.http
+from tests._support.direct_writes import parked, sse_values, started_and_parked
 
 from .conftest import AbortLog
-
-
-def _sse_values(data: bytes) -> list[object]:
-    frames = [frame for frame in data.split(b"\n\n") if frame.startswith(b"data: ")]
-    return [
-        "[DONE]" if frame == b"data: [DONE]" else json.loads(frame.removeprefix(b"data: "))
-        for frame in frames
-    ]
 
 
 async def test_non_streaming_answers_with_the_result_as_one_json_body(
@@ -73,11 +66,11 @@ async def test_streaming_head_carries_the_first_outputs_and_chunks_coalesce_the_
         assert head.headers["content-type"] == "text/event-stream; charset=utf-8"
         assert head.headers["cache-control"] == "no-cache"
         assert not exchange.done
-        assert _sse_values(head.body) == [1]
+        assert sse_values(head.body) == [1]
         registry.deliver(stream.rid, 2)
         registry.deliver(stream.rid, 3, finished=True)
         # one write: the ready outputs and, the request being over, the terminal frame
-        assert _sse_values(await exchange.next_chunk() or b"") == [2, 3, "[DONE]"]
+        assert sse_values(await exchange.next_chunk() or b"") == [2, 3, "[DONE]"]
         assert exchange.done
         assert exchange.done
         assert await exchange.next_chunk() == b""
@@ -125,7 +118,7 @@ async def test_streaming_server_abort_after_start_ends_with_an_error_event_and_d
     async with asyncio.timeout(10):
         await exchange.start()
         registry.abort(stream.rid)
-        values = _sse_values(await exchange.next_chunk() or b"")
+        values = sse_values(await exchange.next_chunk() or b"")
     assert values[0]["error"]["code"] == 503  # type: ignore[index]
     assert values[1] == "[DONE]"
 
@@ -155,7 +148,7 @@ async def test_idle_stream_pings_before_the_first_output_and_between_outputs(
         assert (head.status, head.body, not exchange.done) == (200, b": ping\n\n", True)
         assert await exchange.next_chunk() == b": ping\n\n"
         registry.deliver(stream.rid, "x", finished=True)
-        assert _sse_values(await exchange.next_chunk() or b"") == ["x", "[DONE]"]
+        assert sse_values(await exchange.next_chunk() or b"") == ["x", "[DONE]"]
         assert exchange.done
         assert await exchange.next_chunk() == b""
 
@@ -181,7 +174,7 @@ async def test_streaming_batch_writes_each_output_in_an_envelope_with_its_index(
     async with asyncio.timeout(10):
         exchange = tether.http.Exchange(batch, streaming=True)
         head = await exchange.start()
-    assert _sse_values(head.body) == [
+    assert sse_values(head.body) == [
         {"index": 1, "output": "b"},
         {"index": 0, "output": {"text": "a", "index": 7}},
         "[DONE]",
@@ -220,7 +213,7 @@ async def test_streaming_keep_going_batch_sends_a_failed_sub_request_as_an_error
     registry.deliver(batch.rids[1], "ok", finished=True)
     async with asyncio.timeout(10):
         head = await tether.http.Exchange(batch, streaming=True).start()
-    failed, ok, end = _sse_values(head.body)
+    failed, ok, end = sse_values(head.body)
     assert end == "[DONE]"
     assert failed["index"] == 0  # type: ignore[index]
     assert failed["error"]["type"] == "ProducerError"  # type: ignore[index]
@@ -238,7 +231,7 @@ async def test_an_output_the_encoder_cannot_serialise_after_the_start_ends_with_
         assert not exchange.done
         registry.deliver(stream.rid, object())  # not JSON
         chunk = await exchange.next_chunk() or b""
-    error, end = _sse_values(chunk)
+    error, end = sse_values(chunk)
     assert error["error"]["code"] == 500  # type: ignore[index]
     assert end == "[DONE]"
     assert exchange.done
@@ -292,7 +285,7 @@ async def test_a_large_backlog_goes_out_in_bounded_chunks_in_order_never_copied_
         chunks = [head.body]
         while not exchange.done:
             chunks.append(await exchange.next_chunk())
-    values = _sse_values(b"".join(chunks))
+    values = sse_values(b"".join(chunks))
     assert values[-1] == "[DONE]"
     assert [value["n"] for value in values[:-1] if value["n"] >= 0] == list(range(40))  # type: ignore[index]
     largest = max(len(chunk) for chunk in chunks)
@@ -300,70 +293,11 @@ async def test_a_large_backlog_goes_out_in_bounded_chunks_in_order_never_copied_
     assert len(chunks) >= 8
 
 
-class _Direct:
-    """A write that never waits (aiohttp's transport write), recorded."""
-
-    def __init__(self) -> None:
-        self.written: list[bytes] = []
-        self.asked = asyncio.Event()  # the write loop asked whether it may park
-
-    def writable(self) -> bool:
-        self.asked.set()
-        return True
-
-    def write(self, chunk: bytes) -> bool:
-        self.written.append(chunk)
-        return True
-
-    def values(self) -> list[object]:
-        return _sse_values(b"".join(self.written))
-
-
-class _Writer:
-    """An adapter's writer with a direct write: what the producer's step writes goes
-    to ``sink``, what the write loop writes to ``framed``."""
-
-    lost_when_cut = False
-
-    def __init__(self) -> None:
-        self.sink = _Direct()
-        self.framed: list[tuple[bytes, bool]] = []
-
-    async def start(self) -> None:
-        return None
-
-    async def write(self, chunk: bytes, last: bool) -> None:
-        self.framed.append((chunk, last))
-
-    async def answer(self, head: tether.http.Head) -> None:
-        raise AssertionError("the response had started")
-
-    def drop(self) -> None:
-        raise AssertionError("nobody stalled")
-
-    def direct(self) -> _Direct:
-        return self.sink
-
-
-async def _parked(
-    exchange: tether.http.Exchange, first: bytes
-) -> tuple[_Writer, asyncio.Task[None]]:
-    """Run ``exchange`` until its write loop parks with the stream's sink set."""
-    writer = _Writer()
-    task = asyncio.ensure_future(exchange.run(writer, first))
-    await writer.sink.asked.wait()
-    return writer, task
-
-
 async def test_an_unencodable_output_is_declined_by_the_sink_and_fails_the_request_in_the_loop(
     registry: tether.Registry, aborts: AbortLog
 ) -> None:
-    stream = registry.open()
-    exchange = tether.http.Exchange(stream, streaming=True)
-    registry.deliver(stream.rid, "first")
     async with asyncio.timeout(10):
-        head = await exchange.start()
-        writer, running = await _parked(exchange, head.body)
+        stream, exchange, writer, running = await started_and_parked(registry)
         assert registry.deliver(stream.rid, "second")
         assert registry.deliver(stream.rid, object())  # not JSON: declined, never raised
         assert registry.deliver(stream.rid, "third")  # the sink is gone: this one waits
@@ -372,7 +306,7 @@ async def test_an_unencodable_output_is_declined_by_the_sink_and_fails_the_reque
         # The write loop reads what waits, in order, and fails the request there.
         await running
     chunk, last = writer.framed[-1]
-    error, end = _sse_values(chunk)
+    error, end = sse_values(chunk)
     assert last
     assert error["error"]["code"] == 500  # type: ignore[index]
     assert end == "[DONE]"
@@ -389,7 +323,7 @@ async def test_the_end_and_errors_reach_the_write_loop_past_the_sink(
         runs = []
         for stream, exchange in zip((ended, failed), exchanges, strict=True):
             registry.deliver(stream.rid, "first")
-            runs.append(await _parked(exchange, (await exchange.start()).body))
+            runs.append(await parked(exchange, (await exchange.start()).body))
         registry.deliver(ended.rid, "last", finished=True)
         registry.deliver(failed.rid, "second")
         registry.fail(failed.rid, RuntimeError("the engine broke"))
@@ -399,7 +333,7 @@ async def test_the_end_and_errors_reach_the_write_loop_past_the_sink(
         for _, running in runs:
             await running
     assert runs[0][0].framed[-1] == (b'data: "last"\n\ndata: [DONE]\n\n', True)
-    error, end = _sse_values(runs[1][0].framed[-1][0])
+    error, end = sse_values(runs[1][0].framed[-1][0])
     assert error["error"]["type"] == "ProducerError"  # type: ignore[index]
     assert end == "[DONE]"
     assert all(exchange.done for exchange in exchanges)

@@ -9,7 +9,7 @@ import pytest
 
 import tether
 
-from .conftest import AbortLog
+from .conftest import AbortLog, hand_over_a_bad_step
 
 
 async def test_outputs_delivered_from_a_real_thread_arrive_in_order(
@@ -40,23 +40,8 @@ async def test_outputs_delivered_from_a_real_thread_arrive_in_order(
 async def test_a_malformed_step_from_a_thread_is_refused_in_that_thread_whole(
     registry: tether.Registry, bad: object
 ) -> None:
-    good = registry.open()
-    loop_errors: list[dict[str, object]] = []
-    asyncio.get_running_loop().set_exception_handler(lambda _, context: loop_errors.append(context))
-    refused: list[BaseException] = []
-
-    def engine() -> None:
-        try:
-            registry.deliver_many_threadsafe([(good.rid, "lost?", False), bad])
-        except TypeError as exc:
-            refused.append(exc)
-        registry.deliver_many_threadsafe([(good.rid, "after", True)])
-
-    worker = threading.Thread(target=engine)
-    worker.start()
-    async with asyncio.timeout(10):
-        assert await _read_all(good) == ["after"]  # nothing of the refused step went in
-    await asyncio.to_thread(worker.join)
+    received, refused, loop_errors = await hand_over_a_bad_step(registry, lambda _rid: bad)
+    assert received == ["after"]  # nothing of the refused step went in
     assert len(refused) == 1
     assert "item 1" in str(refused[0])
     assert loop_errors == []

@@ -4,13 +4,13 @@ refused in the producer's thread, and nothing of its step reaches the loop."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from typing import Any
 
 import pytest
 
 import tether
+
+from .conftest import hand_over_a_bad_step
 
 
 def _one_shot(rid: str) -> Any:
@@ -26,23 +26,7 @@ def _mapping(rid: str) -> Any:
 async def test_an_item_the_loop_cannot_read_as_a_triple_is_refused_in_the_producers_thread(
     registry: tether.Registry, make: Any
 ) -> None:
-    good = registry.open()
-    loop_errors: list[dict[str, object]] = []
-    asyncio.get_running_loop().set_exception_handler(lambda _, context: loop_errors.append(context))
-    refused: list[BaseException] = []
-
-    def engine() -> None:
-        try:
-            registry.deliver_many_threadsafe([(good.rid, "lost?", False), make(good.rid)])
-        except TypeError as exc:
-            refused.append(exc)
-        registry.deliver_many_threadsafe([(good.rid, "after", True)])
-
-    worker = threading.Thread(target=engine)
-    worker.start()
-    async with asyncio.timeout(10):
-        received = [output async for output in good]
-    await asyncio.to_thread(worker.join)
+    received, refused, loop_errors = await hand_over_a_bad_step(registry, make)
     assert loop_errors == []
     assert len(refused) == 1, f"handed over, and the loop read {received!r}"
     assert received == ["after"]

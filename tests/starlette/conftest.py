@@ -5,7 +5,9 @@ app, and a real uvicorn server on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import socket
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
 
@@ -22,8 +24,10 @@ from tests._support.engine import HANG as HANG
 from tests._support.engine import Changes as Changes
 from tests._support.engine import Engine as Engine
 from tests._support.loops import LoopFactories, server_loops
+from tests._support.raw_http import leave
 from tests._support.ready_server import ReadyServer as ReadyServer
 from tests._support.servers import serve as serve
+from tests._support.stalled import http_get, stalled_client
 from tether_starlette import TetherMiddleware, respond
 
 BOUND: Final = 10.0
@@ -188,3 +192,64 @@ class FakeServer(Changes):
         """Call ``app`` for this request (bounded)."""
         async with asyncio.timeout(BOUND):
             await app(self.scope, self.receive, self.send)
+
+
+def one_stream_app(
+    registry: tether.Registry,
+    opened: asyncio.Queue[str],
+    *,
+    producer_writes: bool = False,
+    **options: Any,
+) -> Starlette:
+    """``/one`` opens a stream (for the query's ``rid``, if it has one), puts its rid in
+    ``opened`` and streams it with ``respond``'s ``options``."""
+
+    async def handle(request: Request) -> Response:
+        stream = registry.open(request.query_params.get("rid"))
+        opened.put_nowait(stream.rid)
+        return await respond(request, stream, streaming=True, **options)
+
+    return Starlette(
+        routes=[Route("/one", handle)],
+        middleware=[
+            Middleware(TetherMiddleware, registry=registry, producer_writes=producer_writes)
+        ],
+    )
+
+
+@contextlib.asynccontextmanager
+async def requested(
+    url: str, opened: asyncio.Queue[str], target: str = "/one"
+) -> AsyncIterator[tuple[asyncio.StreamReader, str]]:
+    """GET ``target`` on a raw connection to ``url``; yields its reader and the rid of
+    the stream its handler opened, all within :data:`BOUND`."""
+    port = int(url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        async with asyncio.timeout(BOUND):
+            writer.write(http_get(target))
+            yield reader, await opened.get()
+    finally:
+        writer.close()
+
+
+@contextlib.asynccontextmanager
+async def stalled_request(
+    url: str, opened: asyncio.Queue[str], request: bytes
+) -> AsyncIterator[tuple[socket.socket, str]]:
+    """Send ``request`` to ``url`` from a client that reads nothing; yields its socket
+    and the rid of the stream its handler opened (awaited within :data:`BOUND`)."""
+    port = int(url.rsplit(":", 1)[1])
+    async with stalled_client(port, request) as sock:
+        async with asyncio.timeout(BOUND):
+            rid = await opened.get()
+        yield sock, rid
+
+
+async def leave_until_aborted(engine: Engine, writer: asyncio.StreamWriter, rid: str) -> float:
+    """The client of ``writer`` leaves; wait until ``rid`` was aborted and nothing is in
+    flight any more. Returns when the client left (``leave``'s clock)."""
+    left_at = await leave(writer)
+    await engine.until(lambda: rid in engine.aborted_at)
+    await engine.until(lambda: engine.registry.in_flight == 0)
+    return left_at

@@ -25,10 +25,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from tests._support.raw_http import connection, leave, read_response, request
+from tests._support.raw_http import connection, read_response, request
 from tether_starlette import respond
 
-from .conftest import Engine, make_app, serve
+from .conftest import Engine, leave_until_aborted, make_app, serve
 
 pytestmark = pytest.mark.both_loops
 
@@ -105,9 +105,7 @@ async def test_a_client_leaving_during_a_json_wait_is_noticed_at_once(
         writer.write(request("POST", "/json", body))
         await engine.until(lambda: len(engine.submitted) == 1)
         rid = engine.submitted[0]
-        left_at = await leave(writer)
-        await engine.until(lambda: rid in engine.aborted_at)
-        await engine.until(lambda: engine.registry.in_flight == 0)
+        left_at = await leave_until_aborted(engine, writer, rid)
     assert engine.aborted_at[rid] - left_at < ABORT_BOUND
     assert engine.registry.stats().aborted == {"client_disconnected": 1}
 
@@ -122,9 +120,7 @@ async def test_a_body_over_the_read_ahead_read_after_open_arrives_whole_and_a_le
         writer.write(request("POST", "/read", upload))
         await engine.until(lambda: len(engine.bodies) == 1)  # type: ignore[attr-defined]
         rid = engine.submitted[0]
-        left_at = await leave(writer)
-        await engine.until(lambda: rid in engine.aborted_at)
-        await engine.until(lambda: engine.registry.in_flight == 0)
+        left_at = await leave_until_aborted(engine, writer, rid)
     assert engine.bodies == [hashlib.sha256(upload).hexdigest()]  # type: ignore[attr-defined]
     assert engine.aborted_at[rid] - left_at < ABORT_BOUND
     assert engine.registry.stats().aborted == {"client_disconnected": 1}
@@ -147,9 +143,7 @@ async def test_pipelined_json_answers_come_in_order_and_a_leave_during_the_last_
             answers.append(await read_response(reader))
         await engine.until(lambda: len(engine.submitted) == 3)
         last = engine.submitted[2]
-        left_at = await leave(writer)
-        await engine.until(lambda: last in engine.aborted_at)
-        await engine.until(lambda: engine.registry.in_flight == 0)
+        left_at = await leave_until_aborted(engine, writer, last)
     assert answers == [(200, b'{"turn":1}'), (200, b'{"turn":2}')]
     assert list(engine.aborted_at) == [last]
     assert engine.aborted_at[last] - left_at < ABORT_BOUND
@@ -242,9 +236,7 @@ async def test_a_client_leaving_mid_upload_while_the_app_reads_after_open_is_not
         await writer.drain()
         await engine.until(lambda: len(engine.submitted) == 1)
         rid = engine.submitted[0]
-        left_at = await leave(writer)
-        await engine.until(lambda: rid in engine.aborted_at)
-        await engine.until(lambda: engine.registry.in_flight == 0)
+        left_at = await leave_until_aborted(engine, writer, rid)
     assert engine.bodies == []  # type: ignore[attr-defined]  # (its body never came whole)
     assert engine.aborted_at[rid] - left_at < ABORT_BOUND
     assert engine.registry.stats().aborted == {"client_disconnected": 1}

@@ -25,9 +25,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tests._support.raw_http import connection, leave, read_response, request
+from tests._support.raw_http import connection, read_response, request
 
-from .conftest import Changes, Engine, make_app, serve
+from .conftest import Changes, Engine, leave_until_aborted, make_app, serve
 
 pytestmark = pytest.mark.both_loops
 
@@ -157,9 +157,7 @@ async def test_an_outer_receive_wrapper_still_lets_a_leaving_client_abort_its_js
         writer.write(request("GET", "/json"))
         await engine.until(lambda: len(engine.submitted) == 1)
         rid = engine.submitted[0]
-        left_at = await leave(writer)
-        await engine.until(lambda: rid in engine.aborted_at)
-        await engine.until(lambda: engine.registry.in_flight == 0)
+        left_at = await leave_until_aborted(engine, writer, rid)
     assert engine.aborted_at[rid] - left_at < ABORT_BOUND
     assert engine.registry.stats().aborted == {"client_disconnected": 1}
     assert [type(exc) for exc in app.escaped] == []

@@ -7,7 +7,6 @@ timeout and the farewell still hold, and the send chain sees the request's conte
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import gc
 import socket
@@ -18,20 +17,26 @@ from typing import Any, Final
 import hypercorn.asyncio
 import hypercorn.config
 import pytest
-from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tether
 from tests._support.raw_http import read_response
-from tests._support.stalled import http_get, stalled_client
-from tether_starlette import TetherMiddleware, respond
+from tests._support.stalled import http_get
 
-from .conftest import BOUND, Engine, FakeServer, make_app, serve
+from .conftest import (
+    BOUND,
+    Engine,
+    FakeServer,
+    make_app,
+    one_stream_app,
+    requested,
+    serve,
+    stalled_request,
+)
 
 REQUEST: contextvars.ContextVar[str] = contextvars.ContextVar("REQUEST", default="none")
 """Set per request by an outer middleware, read by the send chain (as a tracer's span is)."""
@@ -232,41 +237,11 @@ class Recorder:
                 await self.changed.wait()
 
 
-def one_stream_app(
-    registry: tether.Registry, opened: asyncio.Queue[str], **options: Any
-) -> Starlette:
-    async def handle(request: Request) -> Response:
-        stream = registry.open()
-        opened.put_nowait(stream.rid)
-        return await respond(request, stream, streaming=True, **options)
-
-    return Starlette(
-        routes=[Route("/one", handle)],
-        middleware=[Middleware(TetherMiddleware, registry=registry, producer_writes=True)],
-    )
-
-
-@contextlib.asynccontextmanager
-async def requested(
-    url: str, opened: asyncio.Queue[str], target: str = "/one"
-) -> AsyncIterator[tuple[asyncio.StreamReader, str]]:
-    """GET ``target`` on a raw connection to ``url``; yields its reader and the rid of
-    the stream its handler opened, all within :data:`BOUND`."""
-    port = int(url.rsplit(":", 1)[1])
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        async with asyncio.timeout(BOUND):
-            writer.write(http_get(target))
-            yield reader, await opened.get()
-    finally:
-        writer.close()
-
-
 @pytest.mark.both_loops
 async def test_on_uvicorn_outputs_are_sent_inside_deliver_in_the_request_s_context() -> None:
     registry = tether.Registry()
     opened: asyncio.Queue[str] = asyncio.Queue()
-    recorder = Recorder(one_stream_app(registry, opened))
+    recorder = Recorder(one_stream_app(registry, opened, producer_writes=True))
     async with (
         serve(recorder, http="httptools") as (url, _),
         requested(url, opened, "/one?mine") as (reader, rid),
@@ -287,32 +262,32 @@ async def test_on_uvicorn_outputs_are_sent_inside_deliver_in_the_request_s_conte
 async def test_on_uvicorn_outputs_arrive_once_in_order_as_a_slow_reader_turns_fast() -> None:
     registry = tether.Registry()
     opened: asyncio.Queue[str] = asyncio.Queue()
-    recorder = Recorder(one_stream_app(registry, opened))
-    async with serve(recorder, http="httptools") as (url, _):
-        port = int(url.rsplit(":", 1)[1])
-        async with stalled_client(port, http_get("/one")) as sock:
-            async with asyncio.timeout(BOUND):
-                rid = await opened.get()
-                here = asyncio.current_task()
-                delivered = 0
+    recorder = Recorder(one_stream_app(registry, opened, producer_writes=True))
+    async with (
+        serve(recorder, http="httptools") as (url, _),
+        stalled_request(url, opened, http_get("/one")) as (sock, rid),
+    ):
+        async with asyncio.timeout(BOUND):
+            here = asyncio.current_task()
+            delivered = 0
 
-                async def deliver(finished: bool = False) -> None:
-                    nonlocal delivered
-                    registry.deliver(rid, {"i": delivered, "pad": PAD}, finished=finished)
-                    delivered += 1
-                    await asyncio.sleep(0)  # one output per step, as an engine's loop
+            async def deliver(finished: bool = False) -> None:
+                nonlocal delivered
+                registry.deliver(rid, {"i": delivered, "pad": PAD}, finished=finished)
+                delivered += 1
+                await asyncio.sleep(0)  # one output per step, as an engine's loop
 
-                # None read: the buffers fill up until a send suspends inside deliver().
-                while not any(n["in"] is here and n["out"] is None for n in recorder.sends):
-                    await deliver()
-                for _ in range(OUTPUTS):  # these wait for the handler
-                    await deliver()
-                reader, writer = await asyncio.open_connection(sock=sock)  # reading now
-                for _ in range(OUTPUTS):
-                    await deliver()
-                await deliver(finished=True)
-                _, body = await read_response(reader)
-                writer.close()
+            # None read: the buffers fill up until a send suspends inside deliver().
+            while not any(n["in"] is here and n["out"] is None for n in recorder.sends):
+                await deliver()
+            for _ in range(OUTPUTS):  # these wait for the handler
+                await deliver()
+            reader, writer = await asyncio.open_connection(sock=sock)  # reading now
+            for _ in range(OUTPUTS):
+                await deliver()
+            await deliver(finished=True)
+            _, body = await read_response(reader)
+            writer.close()
     frames = body.split(b"\n\n")
     assert frames[-2:] == [b"data: [DONE]", b""]
     indices = [int(frame.split(b'"i":')[1].split(b",")[0]) for frame in frames[:-2]]
@@ -325,23 +300,23 @@ async def test_on_uvicorn_the_send_timeout_ends_a_send_that_suspended_inside_del
     gone = asyncio.Event()
     registry = tether.Registry(lambda rid: gone.set())
     opened: asyncio.Queue[str] = asyncio.Queue()
-    recorder = Recorder(one_stream_app(registry, opened, send_timeout=0.2))
-    async with serve(recorder, http="httptools") as (url, _):
-        port = int(url.rsplit(":", 1)[1])
-        async with stalled_client(port, http_get("/one")):
-            async with asyncio.timeout(BOUND):
-                rid = await opened.get()
-                here = asyncio.current_task()
-                n = 0
-                while not any(note["out"] is None for note in recorder.sends):
-                    sent = len(recorder.sends)
-                    assert registry.deliver(rid, {"i": n, "pad": PAD})  # never raises
-                    await recorder.sent_more_than(sent)
-                    n += 1
-                stuck = recorder.sends[-1]
-                assert stuck["in"] is here  # it suspended inside deliver()
-                await gone.wait()  # the client counts as gone: the request is aborted
-                await recorder.until(lambda: stuck["out"] is not None)
+    recorder = Recorder(one_stream_app(registry, opened, producer_writes=True, send_timeout=0.2))
+    async with (
+        serve(recorder, http="httptools") as (url, _),
+        stalled_request(url, opened, http_get("/one")) as (_, rid),
+    ):
+        async with asyncio.timeout(BOUND):
+            here = asyncio.current_task()
+            n = 0
+            while not any(note["out"] is None for note in recorder.sends):
+                sent = len(recorder.sends)
+                assert registry.deliver(rid, {"i": n, "pad": PAD})  # never raises
+                await recorder.sent_more_than(sent)
+                n += 1
+            stuck = recorder.sends[-1]
+            assert stuck["in"] is here  # it suspended inside deliver()
+            await gone.wait()  # the client counts as gone: the request is aborted
+            await recorder.until(lambda: stuck["out"] is not None)
     assert isinstance(stuck.get("failed"), asyncio.CancelledError)
     assert registry.in_flight == 0
     assert registry.stats().aborted == {"client_disconnected": 1}
@@ -350,7 +325,7 @@ async def test_on_uvicorn_the_send_timeout_ends_a_send_that_suspended_inside_del
 async def test_on_uvicorn_a_silent_stream_pings_after_the_last_output_sent_inside_deliver() -> None:
     registry = tether.Registry()
     opened: asyncio.Queue[str] = asyncio.Queue()
-    recorder = Recorder(one_stream_app(registry, opened, ping_interval=0.1))
+    recorder = Recorder(one_stream_app(registry, opened, producer_writes=True, ping_interval=0.1))
     async with (
         serve(recorder, http="httptools") as (url, _),
         requested(url, opened) as (reader, rid),
@@ -399,7 +374,7 @@ async def test_every_output_arrives_in_order_where_sends_suspend_each_time(
 ) -> None:
     registry = tether.Registry()
     opened: asyncio.Queue[str] = asyncio.Queue()
-    app = one_stream_app(registry, opened)
+    app = one_stream_app(registry, opened, producer_writes=True)
 
     async def exchange(url: str) -> bytes:
         async with requested(url, opened) as (reader, rid):

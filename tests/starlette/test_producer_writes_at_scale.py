@@ -19,17 +19,12 @@ from typing import Any, Final
 
 import pytest
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tether
-from tests._support.stalled import stalled_client
-from tether_starlette import TetherMiddleware, respond
+from tests._support.aborts import Aborted
 
-from .conftest import BOUND, FakeServer, serve
+from .conftest import BOUND, FakeServer, one_stream_app, serve, stalled_request
 from .test_send_chain_under_every_producer import hypercorn_serving
 
 CLIENTS: Final = 24
@@ -45,15 +40,8 @@ def output(client: int, n: int) -> dict[str, Any]:
 
 
 def app_for(registry: tether.Registry, opened: asyncio.Queue[str], **options: Any) -> Starlette:
-    async def handle(request: Request) -> Response:
-        stream = registry.open(request.query_params.get("rid"))
-        opened.put_nowait(stream.rid)
-        return await respond(request, stream, streaming=True, **options)
-
-    return Starlette(
-        routes=[Route("/one", handle)],
-        middleware=[Middleware(TetherMiddleware, registry=registry, producer_writes=True)],
-    )
+    """The one-stream app, its outputs written from the producer's step."""
+    return one_stream_app(registry, opened, producer_writes=True, **options)
 
 
 def get(target: str) -> bytes:
@@ -133,6 +121,22 @@ async def produce(registry: tether.Registry, shape: str, rids: list[str]) -> Non
     await asyncio.to_thread(engine)
 
 
+async def many_fast_and_slow_clients(
+    url: str, registry: tether.Registry, opened: asyncio.Queue[str], shape: str
+) -> list[bytes]:
+    """:data:`CLIENTS` clients at ``url``, every other one slow, fed by ``produce``;
+    each one's raw response."""
+    port = int(url.rsplit(":", 1)[1])
+    async with asyncio.timeout(60):
+        readers = [
+            asyncio.create_task(client(port, index, slow=index % 2 == 1))
+            for index in range(CLIENTS)
+        ]
+        rids = [await opened.get() for _ in range(CLIENTS)]
+        await produce(registry, shape, rids)
+        return await asyncio.gather(*readers)
+
+
 @contextlib.contextmanager
 def watched_loop() -> Any:
     """Collects what reaches the loop's exception handler, and the runtime warnings."""
@@ -158,15 +162,7 @@ async def test_many_fast_and_slow_clients_get_every_event_once_in_order(shape: s
     opened: asyncio.Queue[str] = asyncio.Queue()
     with watched_loop() as seen:
         async with serve(app_for(registry, opened), http="httptools") as (url, _):
-            port = int(url.rsplit(":", 1)[1])
-            async with asyncio.timeout(60):
-                readers = [
-                    asyncio.create_task(client(port, index, slow=index % 2 == 1))
-                    for index in range(CLIENTS)
-                ]
-                rids = [await opened.get() for _ in range(CLIENTS)]
-                await produce(registry, shape, rids)
-                raws = await asyncio.gather(*readers)
+            raws = await many_fast_and_slow_clients(url, registry, opened, shape)
     for index, raw in enumerate(raws):
         assert events(dechunk(raw)) == [output(index, n) for n in range(OUTPUTS)], index
     assert seen == []
@@ -196,45 +192,44 @@ class Pending:
 
         await self.app(scope, receive, watched)
 
+    async def until_idle(self) -> None:
+        """Wait until no body send is under way."""
+        while self.now:
+            self.changed.clear()
+            await self.changed.wait()
+
 
 @pytest.mark.both_loops
 @pytest.mark.parametrize("shape", ["task", "thread"])
 async def test_a_client_that_leaves_while_a_write_begun_in_deliver_waits_is_aborted_at_once(
     shape: str,
 ) -> None:
-    aborted: list[str] = []
-    gone = asyncio.Event()
-
-    def on_abort(rid: str) -> None:
-        aborted.append(rid)
-        gone.set()
-
-    registry = tether.Registry(on_abort, max_pending=100_000, max_pending_bytes=None)
+    aborted = Aborted()
+    gone = aborted.seen
+    registry = tether.Registry(aborted, max_pending=100_000, max_pending_bytes=None)
     opened: asyncio.Queue[str] = asyncio.Queue()
     pending = Pending(app_for(registry, opened))
     loop = asyncio.get_running_loop()
     with watched_loop() as seen:
-        async with serve(pending, http="httptools") as (url, _):
-            port = int(url.rsplit(":", 1)[1])
-            async with stalled_client(port, get("/one")) as sock:
-                async with asyncio.timeout(BOUND):
-                    rid = await opened.get()
-                    await deliver_until_a_send_stays_under_way(registry, rid, shape, pending)
-                # The client resets its connection (SO_LINGER 0): gone, mid-write.
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                left = loop.time()
-                sock.close()
-                try:
-                    async with asyncio.timeout(2):
-                        await gone.wait()
-                except TimeoutError:
-                    pytest.fail("the client left 2 s ago and its request is still in flight")
-                took = loop.time() - left
-                assert registry.deliver(rid, {"late": True}) is False
-                async with asyncio.timeout(BOUND):
-                    while pending.now:
-                        pending.changed.clear()
-                        await pending.changed.wait()
+        async with (
+            serve(pending, http="httptools") as (url, _),
+            stalled_request(url, opened, get("/one")) as (sock, rid),
+        ):
+            async with asyncio.timeout(BOUND):
+                await deliver_until_a_send_stays_under_way(registry, rid, shape, pending)
+            # The client resets its connection (SO_LINGER 0): gone, mid-write.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            left = loop.time()
+            sock.close()
+            try:
+                async with asyncio.timeout(2):
+                    await gone.wait()
+            except TimeoutError:
+                pytest.fail("the client left 2 s ago and its request is still in flight")
+            took = loop.time() - left
+            assert registry.deliver(rid, {"late": True}) is False
+            async with asyncio.timeout(BOUND):
+                await pending.until_idle()
     assert took < 2
     assert aborted == [rid]
     assert registry.in_flight == 0
@@ -357,21 +352,21 @@ async def test_a_server_that_cuts_a_write_begun_in_deliver_ends_the_stream_with_
     opened: asyncio.Queue[str] = asyncio.Queue()
     handlers = Handlers(app_for(registry, opened))
     with watched_loop() as seen:
-        async with serve(handlers, http="httptools") as (url, _):
-            port = int(url.rsplit(":", 1)[1])
-            async with stalled_client(port, get("/one")) as sock:
-                async with asyncio.timeout(BOUND):
-                    rid = await opened.get()
-                    delivered = await deliver_until_a_send_stays_under_way(
-                        registry, rid, shape, handlers
-                    )
-                    await asyncio.sleep(0)  # (the handler takes the begun write over)
-                    (task,) = handlers.tasks
-                    task.cancel()  # the server's forced shutdown
-                    reader, writer = await asyncio.open_connection(sock=sock)  # reads now
-                    raw = await reader.read()  # (uvicorn closes an unfinished response)
-                    writer.close()
-                    await asyncio.wait((task,))
+        async with (
+            serve(handlers, http="httptools") as (url, _),
+            stalled_request(url, opened, get("/one")) as (sock, rid),
+        ):
+            async with asyncio.timeout(BOUND):
+                delivered = await deliver_until_a_send_stays_under_way(
+                    registry, rid, shape, handlers
+                )
+                await asyncio.sleep(0)  # (the handler takes the begun write over)
+                (task,) = handlers.tasks
+                task.cancel()  # the server's forced shutdown
+                reader, writer = await asyncio.open_connection(sock=sock)  # reads now
+                raw = await reader.read()  # (uvicorn closes an unfinished response)
+                writer.close()
+                await asyncio.wait((task,))
     frames = dechunk(raw + b"0\r\n\r\n" if not raw.endswith(b"0\r\n\r\n") else raw).split(b"\n\n")
     assert frames[-2:] == [b"data: [DONE]", b""], frames[-3:]
     assert frames[-3].startswith(b'data: {"error":'), frames[-3][:200]
@@ -382,18 +377,25 @@ async def test_a_server_that_cuts_a_write_begun_in_deliver_ends_the_stream_with_
     assert seen == []
 
 
+async def deliver_from(
+    shape: str, registry: tether.Registry, rid: str, output: Any, finished: bool = False
+) -> None:
+    """Deliver one output from a task (then the engine's step ends), or from an engine
+    thread (``shape``)."""
+    if shape == "task":
+        registry.deliver(rid, output, finished=finished)
+        await asyncio.sleep(0)  # (the engine's step)
+    else:
+        await asyncio.to_thread(registry.deliver_many_threadsafe, [(rid, output, finished)])
+
+
 async def deliver_until_a_send_stays_under_way(
     registry: tether.Registry, rid: str, shape: str, pending: Pending
 ) -> int:
     """Deliver 2 KiB outputs (``shape``: from a task, or from an engine thread) to a
     client that reads nothing, until one's send waits for flow control; how many."""
     for n in itertools.count():
-        item = {"i": n, "pad": PAD}
-        if shape == "task":
-            registry.deliver(rid, item)
-            await asyncio.sleep(0)  # (the engine's step)
-        else:
-            await asyncio.to_thread(registry.deliver_many_threadsafe, [(rid, item, False)])
+        await deliver_from(shape, registry, rid, {"i": n, "pad": PAD})
         if pending.now:
             return n + 1
     raise AssertionError("unreachable")
@@ -402,27 +404,20 @@ async def deliver_until_a_send_stays_under_way(
 @pytest.mark.both_loops
 @pytest.mark.parametrize("shape", ["task", "thread"])
 async def test_the_send_timeout_ends_a_write_begun_in_deliver_under_every_shape(shape: str) -> None:
-    gone = asyncio.Event()
-    aborted: list[str] = []
-
-    def on_abort(rid: str) -> None:
-        aborted.append(rid)
-        gone.set()
-
-    registry = tether.Registry(on_abort, max_pending=100_000, max_pending_bytes=None)
+    aborted = Aborted()
+    gone = aborted.seen
+    registry = tether.Registry(aborted, max_pending=100_000, max_pending_bytes=None)
     opened: asyncio.Queue[str] = asyncio.Queue()
     pending = Pending(app_for(registry, opened, send_timeout=0.3))
     with watched_loop() as seen:
-        async with serve(pending, http="httptools") as (url, _):
-            port = int(url.rsplit(":", 1)[1])
-            async with stalled_client(port, get("/one")):
-                async with asyncio.timeout(BOUND):
-                    rid = await opened.get()
-                    await deliver_until_a_send_stays_under_way(registry, rid, shape, pending)
-                    await gone.wait()  # the client counts as gone
-                    while pending.now:
-                        pending.changed.clear()
-                        await pending.changed.wait()
+        async with (
+            serve(pending, http="httptools") as (url, _),
+            stalled_request(url, opened, get("/one")) as (_, rid),
+        ):
+            async with asyncio.timeout(BOUND):
+                await deliver_until_a_send_stays_under_way(registry, rid, shape, pending)
+                await gone.wait()  # the client counts as gone
+                await pending.until_idle()
     assert aborted == [rid]
     assert registry.stats().aborted == {"client_disconnected": 1}
     assert registry.in_flight == 0
@@ -434,14 +429,9 @@ async def test_the_send_timeout_ends_a_write_begun_in_deliver_under_every_shape(
 async def test_a_client_that_leaves_while_the_handler_is_parked_is_aborted_at_once(
     shape: str,
 ) -> None:
-    gone = asyncio.Event()
-    aborted: list[str] = []
-
-    def on_abort(rid: str) -> None:
-        aborted.append(rid)
-        gone.set()
-
-    registry = tether.Registry(on_abort)
+    aborted = Aborted()
+    gone = aborted.seen
+    registry = tether.Registry(aborted)
     opened: asyncio.Queue[str] = asyncio.Queue()
     with watched_loop() as seen:
         async with serve(app_for(registry, opened), http="httptools") as (url, _):
@@ -451,12 +441,7 @@ async def test_a_client_that_leaves_while_the_handler_is_parked_is_aborted_at_on
                 writer.write(get("/one"))
                 rid = await opened.get()
                 for n in range(10):  # written inside deliver(), the handler parked
-                    if shape == "task":
-                        registry.deliver(rid, {"n": n})
-                    else:
-                        await asyncio.to_thread(
-                            registry.deliver_many_threadsafe, [(rid, {"n": n}, False)]
-                        )
+                    await deliver_from(shape, registry, rid, {"n": n})
                     await reader.readuntil(b"\n\n")
             writer.close()
             try:
@@ -482,14 +467,7 @@ async def test_outputs_of_megabytes_of_non_ascii_text_arrive_whole_in_order(shap
                 reading = asyncio.create_task(client(port, 0, slow=False))
                 rid = await opened.get()
                 for n, item in enumerate(huge):
-                    last = n == len(huge) - 1
-                    if shape == "task":
-                        registry.deliver(rid, item, finished=last)
-                        await asyncio.sleep(0)
-                    else:
-                        await asyncio.to_thread(
-                            registry.deliver_many_threadsafe, [(rid, item, last)]
-                        )
+                    await deliver_from(shape, registry, rid, item, finished=n == len(huge) - 1)
                 raw = await reading
     assert events(dechunk(raw)) == huge
     assert registry.in_flight == 0
@@ -504,15 +482,7 @@ async def test_on_hypercorn_many_fast_and_slow_clients_get_every_event_once_in_o
     opened: asyncio.Queue[str] = asyncio.Queue()
     with watched_loop() as seen:
         async with hypercorn_serving(app_for(registry, opened)) as url:
-            port = int(url.rsplit(":", 1)[1])
-            async with asyncio.timeout(60):
-                readers = [
-                    asyncio.create_task(client(port, index, slow=index % 2 == 1))
-                    for index in range(CLIENTS)
-                ]
-                rids = [await opened.get() for _ in range(CLIENTS)]
-                await produce(registry, shape, rids)
-                raws = await asyncio.gather(*readers)
+            raws = await many_fast_and_slow_clients(url, registry, opened, shape)
     for index, raw in enumerate(raws):
         assert events(dechunk(raw)) == [output(index, n) for n in range(OUTPUTS)], index
     assert seen == []

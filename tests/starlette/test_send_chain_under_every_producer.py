@@ -21,21 +21,20 @@ import fastapi
 import hypercorn.asyncio
 import hypercorn.config
 import pytest
-from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tether
+from tests._support.aborts import Aborted
 from tests._support.raw_http import read_response
-from tests._support.stalled import http_get, stalled_client
+from tests._support.stalled import http_get
 from tether_starlette import TetherMiddleware, respond
 
-from .conftest import BOUND, serve
+from .conftest import BOUND, one_stream_app, requested, serve, stalled_request
 
 SHAPES: Final = ("task", "step", "thread")
 OUTPUTS: Final = 40
@@ -43,18 +42,6 @@ PAD: Final = "x" * 2048
 
 SENT: contextvars.ContextVar[int] = contextvars.ContextVar("SENT", default=0)
 """Body messages sent so far in this request, as a middleware counts them."""
-
-
-def app_with(registry: tether.Registry, opened: asyncio.Queue[str], **options: Any) -> Starlette:
-    async def handle(request: Request) -> Response:
-        stream = registry.open()
-        opened.put_nowait(stream.rid)
-        return await respond(request, stream, streaming=True, **options)
-
-    return Starlette(
-        routes=[Route("/one", handle)],
-        middleware=[Middleware(TetherMiddleware, registry=registry)],
-    )
 
 
 def timed_send(app: ASGIApp, seconds: float) -> ASGIApp:
@@ -105,20 +92,13 @@ def sse(outputs: list[Any]) -> bytes:
 
 
 async def one_response(url: str, opened: asyncio.Queue[str], producer: Producer) -> bytes:
-    port = int(url.rsplit(":", 1)[1])
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        async with asyncio.timeout(BOUND):
-            writer.write(http_get("/one"))
-            rid = await opened.get()
-            outputs = [{"n": n} for n in range(OUTPUTS)]
-            run = asyncio.create_task(producer.run(rid, outputs))
-            status, body = await read_response(reader)
-            await run
-        assert status == 200
-        return body
-    finally:
-        writer.close()
+    async with requested(url, opened) as (reader, rid):
+        outputs = [{"n": n} for n in range(OUTPUTS)]
+        run = asyncio.create_task(producer.run(rid, outputs))
+        status, body = await read_response(reader)
+        await run
+    assert status == 200
+    return body
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -127,7 +107,7 @@ async def test_a_middleware_that_bounds_send_with_asyncio_timeout_streams_whole(
 ) -> None:
     registry = tether.Registry()
     opened: asyncio.Queue[str] = asyncio.Queue()
-    app = timed_send(app_with(registry, opened), BOUND)
+    app = timed_send(one_stream_app(registry, opened), BOUND)
     async with serve(app, http="httptools") as (url, _):
         body = await one_response(url, opened, Producer(registry, shape))
     assert body == sse([{"n": n} for n in range(OUTPUTS)])
@@ -139,42 +119,36 @@ async def test_a_middleware_s_send_timeout_cuts_that_request_never_the_engine_s_
     """A send that stalls past a middleware's ``asyncio.timeout`` fails its own request
     (the timeout is the request's); the engine's task, which delivered the output
     whose send stalled, goes on serving every other request."""
-    aborted: list[str] = []
-    ended = asyncio.Event()
-
-    def on_abort(rid: str) -> None:
-        aborted.append(rid)
-        ended.set()
-
-    registry = tether.Registry(on_abort)
+    aborted = Aborted()
+    ended = aborted.seen
+    registry = tether.Registry(aborted)
     opened: asyncio.Queue[str] = asyncio.Queue()
     # tether's own send timeout far away: the middleware's 0.3 s is what must fire.
-    app = timed_send(app_with(registry, opened, send_timeout=BOUND), 0.3)
-    async with serve(app, http="httptools") as (url, _):
-        port = int(url.rsplit(":", 1)[1])
-        async with stalled_client(port, http_get("/one")):
-            async with asyncio.timeout(BOUND):
-                rid = await opened.get()
-            stop = asyncio.Event()
-            delivered = 0
+    app = timed_send(one_stream_app(registry, opened, send_timeout=BOUND), 0.3)
+    async with (
+        serve(app, http="httptools") as (url, _),
+        stalled_request(url, opened, http_get("/one")) as (_, rid),
+    ):
+        stop = asyncio.Event()
+        delivered = 0
 
-            async def engine() -> None:  # one task for every request, as engines run
-                nonlocal delivered
-                while not stop.is_set():
-                    registry.deliver(rid, {"i": delivered, "pad": PAD})
-                    delivered += 1
-                    await asyncio.sleep(0.005)  # the engine's pace
+        async def engine() -> None:  # one task for every request, as engines run
+            nonlocal delivered
+            while not stop.is_set():
+                registry.deliver(rid, {"i": delivered, "pad": PAD})
+                delivered += 1
+                await asyncio.sleep(0.005)  # the engine's pace
 
-            engine_task = asyncio.create_task(engine())
-            abort_seen = asyncio.create_task(ended.wait())
-            try:  # the request ends, or the engine's task does (it must not)
-                await asyncio.wait(
-                    (engine_task, abort_seen), timeout=BOUND, return_when=asyncio.FIRST_COMPLETED
-                )
-            finally:
-                stop.set()
-                abort_seen.cancel()
-            await asyncio.wait((engine_task,), timeout=BOUND)
+        engine_task = asyncio.create_task(engine())
+        abort_seen = asyncio.create_task(ended.wait())
+        try:  # the request ends, or the engine's task does (it must not)
+            await asyncio.wait(
+                (engine_task, abort_seen), timeout=BOUND, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            stop.set()
+            abort_seen.cancel()
+        await asyncio.wait((engine_task,), timeout=BOUND)
     assert not engine_task.cancelled(), "the middleware's timeout cancelled the engine's task"
     assert engine_task.exception() is None
     assert aborted == [rid]
@@ -216,7 +190,7 @@ async def test_a_send_chain_sees_one_context_for_the_whole_response(shape: str) 
 
         return wrapped
 
-    app = counting_bodies(counting_sends(app_with(registry, opened), totals))
+    app = counting_bodies(counting_sends(one_stream_app(registry, opened), totals))
     async with serve(app, http="httptools") as (url, _):
         await one_response(url, opened, Producer(registry, shape))
     assert totals == [len(bodies)]  # every body message counted in one context
@@ -252,27 +226,22 @@ async def test_a_send_chain_that_reenters_the_registry_ends_its_request_once_in_
     opened: asyncio.Queue[str] = asyncio.Queue()
     rids: list[str] = []
 
-    inner = app_with(registry, opened)
+    inner = one_stream_app(registry, opened)
     app = reentering(inner, registry, rids, how)
     loop = asyncio.get_running_loop()
     seen: list[dict[str, Any]] = []
     loop.set_exception_handler(lambda _, context: seen.append(context))
     try:
-        async with serve(app, http="httptools") as (url, _):
-            port = int(url.rsplit(":", 1)[1])
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            try:
-                async with asyncio.timeout(BOUND):
-                    writer.write(http_get("/one"))
-                    rid = await opened.get()
-                    rids.append(rid)
-                    run = asyncio.create_task(
-                        Producer(registry, shape).run(rid, [{"n": n} for n in range(8)])
-                    )
-                    _, body = await read_response(reader)
-                    await run
-            finally:
-                writer.close()
+        async with (
+            serve(app, http="httptools") as (url, _),
+            requested(url, opened) as (reader, rid),
+        ):
+            rids.append(rid)
+            run = asyncio.create_task(
+                Producer(registry, shape).run(rid, [{"n": n} for n in range(8)])
+            )
+            _, body = await read_response(reader)
+            await run
     finally:
         loop.set_exception_handler(None)
     frames = body.split(b"\n\n")
@@ -321,7 +290,7 @@ async def test_every_server_stack_streams_whole_under_every_producer_shape(
 ) -> None:
     registry = tether.Registry()
     opened: asyncio.Queue[str] = asyncio.Queue()
-    app = app_with(registry, opened)
+    app = one_stream_app(registry, opened)
     producer = Producer(registry, shape)
     if stack == "hypercorn":
         async with hypercorn_serving(app) as url:
@@ -382,7 +351,7 @@ async def test_a_gzipped_ndjson_stream_decompresses_whole_under_every_producer_s
 ) -> None:
     registry = tether.Registry()
     opened: asyncio.Queue[str] = asyncio.Queue()
-    app = app_with(registry, opened, encoder=tether.NDJSON)
+    app = one_stream_app(registry, opened, encoder=tether.NDJSON)
     app.user_middleware.insert(0, Middleware(GZipMiddleware, minimum_size=1))
     async with serve(app, http="httptools") as (url, _):
         port = int(url.rsplit(":", 1)[1])
@@ -421,22 +390,17 @@ async def test_a_deliver_from_a_foreign_thread_never_drives_the_server_s_send_th
 
         return wrapped
 
-    app = recording(app_with(registry, opened))
-    async with serve(app, http="httptools") as (url, _):
-        port = int(url.rsplit(":", 1)[1])
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            async with asyncio.timeout(BOUND):
-                writer.write(http_get("/one"))
-                rid = await opened.get()
-                registry.deliver(rid, {"n": 0})
-                await reader.readuntil(b"\n\n")  # out, and the handler parked again
-                with contextlib.suppress(tether.TetherError):  # (refused: fine too)
-                    await asyncio.to_thread(registry.deliver, rid, {"n": 1})
-                registry.deliver(rid, {"n": 2}, finished=True)
-                await read_response_rest(reader)
-        finally:
-            writer.close()
+    app = recording(one_stream_app(registry, opened))
+    async with (
+        serve(app, http="httptools") as (url, _),
+        requested(url, opened) as (reader, rid),
+    ):
+        registry.deliver(rid, {"n": 0})
+        await reader.readuntil(b"\n\n")  # out, and the handler parked again
+        with contextlib.suppress(tether.TetherError):  # (refused: fine too)
+            await asyncio.to_thread(registry.deliver, rid, {"n": 1})
+        registry.deliver(rid, {"n": 2}, finished=True)
+        await read_response_rest(reader)
     assert threads == {threading.get_ident()}
 
 
@@ -456,7 +420,7 @@ async def test_pipelined_streams_on_one_connection_come_whole_in_order(shape: st
     first one's last ``send``): each stream comes whole, the second after the first."""
     registry = tether.Registry()
     opened: asyncio.Queue[str] = asyncio.Queue()
-    app = app_with(registry, opened)
+    app = one_stream_app(registry, opened)
     producer = Producer(registry, shape)
     outputs = [{"n": n} for n in range(OUTPUTS)]
     async with serve(app, http="httptools") as (url, _):
