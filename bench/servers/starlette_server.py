@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from collections.abc import AsyncIterator
 
 import orjson
@@ -227,10 +228,12 @@ def build(backend: Backend) -> ASGIApp:
     if backend.variant == "tether":
         import tether_starlette
 
-        # (no send wrapper here needs the handler's task: the producer may drive send)
-        return tether_starlette.TetherMiddleware(
-            app, registry=backend.registry, producer_writes=True
-        )
+        # No send wrapper here needs the handler's task: the producer may drive send
+        # (asked only of a tree that offers it: bench.ab runs earlier revisions too).
+        middleware = tether_starlette.TetherMiddleware
+        offered = "producer_writes" in inspect.signature(middleware).parameters
+        options = {"producer_writes": True} if offered else {}
+        return middleware(app, registry=backend.registry, **options)
     return app
 
 

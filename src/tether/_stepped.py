@@ -55,18 +55,24 @@ class Stepped:
         self._suspended = 0
 
     def writable(self) -> bool:
-        """Whether a write is worth trying now (its writes do not keep suspending)."""
-        return self._suspended < SUSPENDS_IN_A_ROW and not self._busy
+        """Whether a write is worth trying now: its writes do not keep suspending, and
+        this is a task of the handler's thread (a thread's hand-over, in a loop
+        callback, counts as a suspension: after a few, the handler writes for good,
+        rather than have every output encoded, declined and encoded again)."""
+        if self._suspended >= SUSPENDS_IN_A_ROW or self._busy:
+            return False
+        if threading.get_ident() != self._thread or asyncio.current_task() is None:
+            self._suspended += 1
+            return False
+        return True
 
     def write(self, chunk: bytes) -> bool | _Begun:
         """Drive the write of ``chunk`` one step: ``True`` if that wrote it, ``False`` if
         it was not tried, else the begun write (to await, or ``close()``)."""
-        if self._suspended >= SUSPENDS_IN_A_ROW or self._busy:
-            return False
-        # Only from a task of the handler's thread: a thread's hand-over runs in a loop
-        # callback, where a send chain that needs a task (anyio, asyncio.timeout)
-        # raises; and a deliver() from elsewhere must never write to the transport.
-        if threading.get_ident() != self._thread or asyncio.current_task() is None:
+        # Only from a task of the handler's thread (writable()): a thread's hand-over
+        # runs in a loop callback, where a send chain that needs a task (anyio,
+        # asyncio.timeout) raises; a deliver() from elsewhere must never write.
+        if not self.writable():
             return False
         steps = self._write(chunk, False).__await__()
         self._busy = True

@@ -1,0 +1,48 @@
+"""A write driven from the producer's step (``tether.http.Stepped``) runs only in a task
+of the handler's thread: a thread's hand-over, in a loop callback, never drives it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tether._stepped import SUSPENDS_IN_A_ROW
+from tether.http import Stepped
+
+
+def _recording() -> tuple[Stepped, list[bytes]]:
+    sent: list[bytes] = []
+
+    async def write(chunk: bytes, last: bool) -> None:
+        sent.append(chunk)
+
+    return Stepped(write), sent
+
+
+async def test_a_stepped_write_in_a_task_of_the_handlers_thread_is_written_at_once() -> None:
+    stepped, sent = _recording()
+    assert stepped.writable()
+    assert stepped.write(b"x") is True
+    assert sent == [b"x"]
+
+
+async def test_a_hand_over_outside_any_task_is_declined_and_after_a_few_for_good() -> None:
+    stepped, sent = _recording()
+    loop = asyncio.get_running_loop()
+    results: list[object] = []
+    done = asyncio.Event()
+
+    def hand_over() -> None:  # where deliver_many_threadsafe's step runs: no task
+        results.append(stepped.write(b"x"))
+        if len(results) < SUSPENDS_IN_A_ROW:
+            loop.call_soon(hand_over)
+        else:
+            done.set()
+
+    loop.call_soon(hand_over)
+    async with asyncio.timeout(10):
+        await done.wait()
+    assert results == [False] * SUSPENDS_IN_A_ROW
+    assert sent == []
+    assert not stepped.writable()  # even in a task now: the handler writes for good
+    assert stepped.write(b"y") is False
+    assert sent == []
