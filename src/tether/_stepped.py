@@ -56,13 +56,14 @@ class Stepped:
 
     def writable(self) -> bool:
         """Whether a write is worth trying now: its writes do not keep suspending, and
-        this is a task of the handler's thread (a thread's hand-over, in a loop
-        callback, counts as a suspension: after a few, the handler writes for good,
-        rather than have every output encoded, declined and encoded again)."""
+        this is a task of the handler's thread. A hand-over from elsewhere (a producer
+        thread's, in a loop callback) settles it: the handler writes for good, at once
+        (its own writes through this would otherwise reset the count, and every output
+        would be offered, declined and written by the handler, at a fifth more CPU)."""
         if self._suspended >= SUSPENDS_IN_A_ROW or self._busy:
             return False
         if threading.get_ident() != self._thread or asyncio.current_task() is None:
-            self._suspended += 1
+            self._suspended = SUSPENDS_IN_A_ROW
             return False
         return True
 

@@ -25,7 +25,7 @@ async def test_a_stepped_write_in_a_task_of_the_handlers_thread_is_written_at_on
     assert sent == [b"x"]
 
 
-async def test_a_hand_over_outside_any_task_is_declined_and_after_a_few_for_good() -> None:
+async def test_a_hand_over_outside_any_task_is_declined_and_the_handler_writes_for_good() -> None:
     stepped, sent = _recording()
     loop = asyncio.get_running_loop()
     results: list[object] = []
@@ -45,4 +45,21 @@ async def test_a_hand_over_outside_any_task_is_declined_and_after_a_few_for_good
     assert sent == []
     assert not stepped.writable()  # even in a task now: the handler writes for good
     assert stepped.write(b"y") is False
+    assert sent == []
+
+
+async def test_one_hand_over_outside_any_task_is_enough_to_settle_it() -> None:
+    stepped, sent = _recording()
+    done = asyncio.Event()
+    declined: list[object] = []
+
+    def hand_over() -> None:
+        declined.append(stepped.write(b"x"))
+        done.set()
+
+    asyncio.get_running_loop().call_soon(hand_over)
+    async with asyncio.timeout(10):
+        await done.wait()
+    assert declined == [False]
+    assert stepped.write(b"y") is False  # the handler's own writes go its own way now
     assert sent == []
