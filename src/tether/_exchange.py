@@ -454,10 +454,8 @@ class Exchange:
                 self._gone()
                 writer.drop()
                 return
-            begun_chunk = self._begun_chunk if self._begun is not None else None
-            self._abandon_begun()
-            unsent = body if begun_chunk is None else begun_chunk
-            await self._farewell(writer, started, unsent, last)
+            cut = self._abandon_begun()  # (a write begun in the sink was the one cut)
+            await self._farewell(writer, started, body if cut is None else cut, last)
             raise
         finally:
             await self.aclose()
@@ -512,15 +510,19 @@ class Exchange:
             if timeout <= 0:
                 return None
 
-    def _abandon_begun(self) -> None:
-        """The response is cut: a write the sink began is closed, never finished."""
+    def _abandon_begun(self) -> bytes | None:
+        """The response is cut: a write the sink began is closed, never finished; its
+        chunk, if there was one (``None``: none was pending)."""
         begun, self._begun = self._begun, None
+        if begun is None:
+            return None
         close = getattr(begun, "close", None)
         if close is not None:
             try:
                 close()
             except Exception as exc:  # (a write that would not stop: nothing more to do)
                 logger.debug("%r: a begun write did not close: %r", self.source, exc)
+        return self._begun_chunk
 
     def _last_sink_write(self) -> float | None:
         """When the sink last wrote (monotonic time) since this was last asked, if it did."""
