@@ -78,6 +78,9 @@ class Plan:
     serializers: tuple[str, ...] = tuple(SERIALIZERS)
     shapes: tuple[str, ...] = SHAPES
     min_requests: int = 0
+    frameworks: tuple[str, ...] = FRAMEWORKS
+    json: bool = True
+    """Whether the JSON cells run (``--shapes ''`` with it: the JSON rows alone)."""
 
     def warmup_for(self, concurrency: int) -> float:
         # 512 streams start in one wave: let it break up before measuring
@@ -108,7 +111,8 @@ def _cells(plan: Plan) -> list[tuple[str, str, str, int]]:
         for name in plan.serializers
         for conc in plan.concurrency
     ]
-    cells += [("json", JSON_SHAPE, "orjson", conc) for conc in plan.concurrency]
+    if plan.json:
+        cells += [("json", JSON_SHAPE, "orjson", conc) for conc in plan.concurrency]
     return cells
 
 
@@ -118,7 +122,7 @@ def run(plan: Plan) -> dict[str, Any]:
     out: dict[str, Any] = {"stream": {}, "json": {}, "limit": {}}
     cells = _cells(plan)
     for rep in range(plan.reps):
-        for framework in FRAMEWORKS:
+        for framework in plan.frameworks:
             with _servers(framework, seed=rep + 1) as servers:
                 argvs: list[list[object]] = []
                 where: list[tuple[str, str, str]] = []
@@ -181,7 +185,7 @@ def _verdict(ratio: float | None, bound: float, *, at_most: bool = False) -> boo
 def render(out: dict[str, Any]) -> tuple[str, str]:
     """The README's headline block and the detail block of RESULTS.md."""
     meta = out["meta"]
-    concs = sorted({int(key.rsplit("/", 1)[1]) for key in out["stream"]})
+    concs = sorted({int(key.rsplit("/", 1)[1]) for key in (*out["stream"], *out["json"])})
     head = ["framework", "producer", "JSON", *(f"C = {c}" for c in concs)]
     rows: list[list[str]] = []
     met = total = 0
@@ -323,14 +327,39 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     ]
 
 
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part for part in text.split(",") if part)
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in _names(text))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("--quick", action="store_true", help="a short smoke run; writes nothing")
     parser.add_argument("--reps", type=int, help="repetitions (default: 3, quick: 1)")
+    # A narrowed run (any of these) prints its tables and writes nothing: a part of the
+    # matrix must not stand in the README for the whole.
+    parser.add_argument("--frameworks", type=_names, help="e.g. starlette (default: both)")
+    parser.add_argument("--shapes", type=_names, help="e.g. task,step; '' for none")
+    parser.add_argument("--concurrency", type=_counts, help="e.g. 64,512")
+    parser.add_argument("--no-json", action="store_true", help="leave the JSON cells out")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.reps:
         plan = dataclasses.replace(plan, reps=args.reps)
+    narrowed = {
+        name: value
+        for name, value in (
+            ("frameworks", args.frameworks),
+            ("shapes", args.shapes),
+            ("concurrency", args.concurrency),
+            ("json", False if args.no_json else None),
+        )
+        if value is not None
+    }
+    plan = dataclasses.replace(plan, **narrowed)
     command = " ".join(["python -m bench.matrix", *(argv if argv is not None else sys.argv[1:])])
     started, load_start = time.time(), report.load_average()
     out = run(plan)
@@ -341,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         load_start=load_start,
     )
     headline, detail = render(out)
-    if args.quick:
+    if args.quick or narrowed:
         print(headline, detail, sep="\n\n", flush=True)
         return 0
     (ROOT / "bench" / "results" / "matrix.json").write_text(json.dumps(out, indent=1) + "\n")
