@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from collections.abc import Coroutine
 from typing import Any, Final, TypeVar
 
 from starlette.middleware.errors import ServerErrorMiddleware
@@ -174,9 +175,23 @@ class TetherMiddleware:
             raise
 
 
+def _needs_no_task(receive: Receive) -> bool:
+    """Whether ``receive`` is a server's own, known to wait on plain futures: uvicorn's
+    request cycle, or the ``asyncio.Queue.get`` hypercorn hands over. Anything else may be
+    a middleware's wrapper that wants a task of its own (``asyncio.timeout``, an anyio
+    cancel scope, ``BaseHTTPMiddleware``) or resets a context (OpenTelemetry's)."""
+    owner = getattr(receive, "__self__", None)
+    if owner is None:
+        return False
+    if isinstance(owner, asyncio.Queue):
+        return getattr(receive, "__func__", None) is asyncio.Queue.get
+    return type(owner).__module__.startswith("uvicorn.protocols.http.")
+
+
 class _ServerLink:
     """One request's link to the server: it watches ``send`` and, once the scope adopts a
-    stream, reads ``receive`` ahead in an owned task to see the disconnect at once."""
+    stream, reads ``receive`` ahead to see the disconnect at once: stepped by hand when
+    ``receive`` is the server's own (:func:`_needs_no_task`), else in an owned task."""
 
     __slots__ = (
         "_arrived",
@@ -200,7 +215,8 @@ class _ServerLink:
         self._receive, self._send = receive, send
         self.scope: tether.RequestScope | None = None
         self.request_id: str | None = None  # echoed on the response
-        self._reader: asyncio.Task[None] | None = None
+        # A task, or the coroutine _step drives (closed at once when the response ends):
+        self._reader: asyncio.Task[None] | Coroutine[Any, Any, None] | None = None
         self._body: collections.deque[Message] = collections.deque()  # read, not yet taken
         self._buffered = 0  # bytes in _body
         # Made when first waited on (a GET that never waits for its body needs neither):
@@ -218,7 +234,41 @@ class _ServerLink:
 
     def _start(self) -> None:
         if self._reader is None and self._last is None:
-            self._reader = asyncio.get_running_loop().create_task(self._read(), name="tether-rx")
+            loop = asyncio.get_running_loop()
+            if _needs_no_task(self._receive):
+                # No Task, no cancel, no loop turn to await it: a fifth of a JSON request's
+                # CPU on uvicorn, and objects the collector would walk.
+                self._reader = self._read()
+                loop.call_soon(self._step)
+            else:
+                self._reader = loop.create_task(self._read(), name="tether-rx")
+
+    # _read driven as a task would drive it, for a receive that needs no task.
+    def _step(self, _: object = None) -> None:  # (also the done callback of its wait)
+        reader = self._reader
+        if reader is None or isinstance(reader, asyncio.Task):  # closed (the response ended)
+            return
+        try:
+            waited = reader.send(None)
+        except (StopIteration, asyncio.CancelledError):  # ended; or what it waited on, cut
+            return
+        except Exception:  # (_read catches receive's own errors: this is tether's)
+            logger.exception("the disconnect watch of a request failed")
+            return
+        if waited is None:  # a bare yield (sleep(0)): on at the next turn
+            asyncio.get_running_loop().call_soon(self._step)
+        else:
+            waited.add_done_callback(self._step)
+
+    def _close_stepped(self) -> None:
+        reader = self._reader
+        if reader is not None and not isinstance(reader, asyncio.Task):
+            self._reader = None
+            self._last = self._last or {"type": "http.disconnect"}
+            if not getattr(
+                reader, "cr_running", False
+            ):  # (else it runs this: it ends, and is never stepped)
+                reader.close()  # GeneratorExit where it waits: the server forgets the wait
 
     def _arrive(self) -> None:  # a message or the end is there: wake a waiting app
         arrived = self._arrived
@@ -255,7 +305,8 @@ class _ServerLink:
         self._arrive()
 
     async def stop(self) -> None:  # the request is over: a receive() still waiting ends
-        if self._reader is not None:
+        self._close_stepped()
+        if isinstance(self._reader, asyncio.Task):
             await http.stop_tasks((self._reader,))
         self._last = self._last or {"type": "http.disconnect"}
         self._arrive()
@@ -302,8 +353,10 @@ class _ServerLink:
                 self._room.set()
         elif kind == "http.response.body" and not message.get("more_body", False):
             # Marked before sending: the server may report its own end-of-response
-            # disconnect before this coroutine resumes.
+            # disconnect before this coroutine resumes. Nothing is left to watch for: a
+            # stepped reader closes now, so that the server's own end wakes nobody.
             self.complete = True
+            self._close_stepped()
         try:
             await self._send(message)
         except OSError as exc:

@@ -257,5 +257,6 @@ class RequestScope:
         From now on the scope adopts nothing: see :func:`current_scope`.
         """
         self._ended = True
+        self._on_first_track = None  # (an adapter's bound method, which may hold the scope)
         consumers, self._consumers = self._consumers, []
         return sum(_leave(consumer, AbortReason.CANCELLED) for consumer in consumers)
