@@ -1,15 +1,13 @@
-"""Installing tether in a Starlette (or FastAPI) app: :class:`TetherMiddleware`, pure ASGI
-on purpose (``BaseHTTPMiddleware`` hides disconnects). Per HTTP request a
-:class:`tether.RequestScope` marked in the ASGI scope (:data:`SCOPE_KEY`, not judged by
-the context: uvicorn starts a pipelined request inside the previous one's ``send()``),
-the one reader of ``receive`` (:class:`_ServerLink`), the answer to escaped errors."""
+"""Installing tether in a Starlette (or FastAPI) app: :class:`TetherMiddleware`, pure ASGI on
+purpose (``BaseHTTPMiddleware`` hides disconnects). Per HTTP request: a :class:`tether.RequestScope`
+marked in the ASGI scope (:data:`SCOPE_KEY`, not judged by the context: uvicorn starts a pipelined
+request in the previous one's ``send()``), the one reader of ``receive``, the error answers."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import logging
-from collections.abc import Coroutine
 from typing import Any, Final, TypeVar
 
 from starlette.middleware.errors import ServerErrorMiddleware
@@ -66,13 +64,12 @@ def _installed(request: HTTPConnection, key: str, kind: type[T]) -> T:
 
 def _on_asyncio() -> bool:
     try:
-        asyncio.get_running_loop()
+        return asyncio.get_running_loop() is not None
     except RuntimeError:
         raise RuntimeError(
             "TetherMiddleware needs an asyncio event loop, and this app runs on another "
             "(trio?): run the server on asyncio (uvicorn's loop, or hypercorn -k asyncio)"
         ) from None
-    return True
 
 
 def _repeat(item: Message | Exception) -> Message:
@@ -164,10 +161,9 @@ class TetherMiddleware:
                 await send_whole(channel.send, http.server_ended())
             raise
         except Exception:
-            # Starlette's ServerErrorMiddleware answers outside this one, without the
-            # request id: its plain 500 goes from here instead, if nothing stands between
-            # them (a user middleware there may answer its own way: a 500 sent first would
-            # pre-empt it) and the app has no 500 handler and no debug page.
+            # Starlette's ServerErrorMiddleware answers outside, without the request id: its
+            # plain 500 goes from here instead, if nothing stands between (a middleware there
+            # may answer its own way) and the app has no 500 handler and no debug page.
             stack: Any = getattr(app, "middleware_stack", None)
             plain = isinstance(stack, ServerErrorMiddleware) and stack.handler is None
             if plain and stack.app is self and not stack.debug and not channel.started:
@@ -175,23 +171,9 @@ class TetherMiddleware:
             raise
 
 
-def _needs_no_task(receive: Receive) -> bool:
-    """Whether ``receive`` is a server's own, known to wait on plain futures: uvicorn's
-    request cycle, or the ``asyncio.Queue.get`` hypercorn hands over. Anything else may be
-    a middleware's wrapper that wants a task of its own (``asyncio.timeout``, an anyio
-    cancel scope, ``BaseHTTPMiddleware``) or resets a context (OpenTelemetry's)."""
-    owner = getattr(receive, "__self__", None)
-    if owner is None:
-        return False
-    if isinstance(owner, asyncio.Queue):
-        return getattr(receive, "__func__", None) is asyncio.Queue.get
-    return type(owner).__module__.startswith("uvicorn.protocols.http.")
-
-
 class _ServerLink:
     """One request's link to the server: it watches ``send`` and, once the scope adopts a
-    stream, reads ``receive`` ahead to see the disconnect at once: stepped by hand when
-    ``receive`` is the server's own (:func:`_needs_no_task`), else in an owned task."""
+    stream, reads ``receive`` ahead (:func:`tether.http.read_ahead`) to see the disconnect."""
 
     __slots__ = (
         "_arrived",
@@ -215,11 +197,10 @@ class _ServerLink:
         self._receive, self._send = receive, send
         self.scope: tether.RequestScope | None = None
         self.request_id: str | None = None  # echoed on the response
-        # A task, or the coroutine _step drives (closed at once when the response ends):
-        self._reader: asyncio.Task[None] | Coroutine[Any, Any, None] | None = None
+        self._reader: asyncio.Task[None] | http.Driven | None = None
         self._body: collections.deque[Message] = collections.deque()  # read, not yet taken
         self._buffered = 0  # bytes in _body
-        # Made when first waited on (a GET that never waits for its body needs neither):
+        # (made when first waited on: a GET that never waits for its body needs neither)
         self._arrived: asyncio.Event | None = None  # the reader's: a message or the end
         self._room: asyncio.Event | None = None  # the app's: it took a message
         self._last: Message | Exception | None = None
@@ -232,43 +213,9 @@ class _ServerLink:
         if not self._in_receive:  # else the app's receive() starts it when it returns
             self._start()
 
-    def _start(self) -> None:
+    def _start(self) -> None:  # (a Task only if receive may need one: http.read_ahead)
         if self._reader is None and self._last is None:
-            loop = asyncio.get_running_loop()
-            if _needs_no_task(self._receive):
-                # No Task, no cancel, no loop turn to await it: a fifth of a JSON request's
-                # CPU on uvicorn, and objects the collector would walk.
-                self._reader = self._read()
-                loop.call_soon(self._step)
-            else:
-                self._reader = loop.create_task(self._read(), name="tether-rx")
-
-    # _read driven as a task would drive it, for a receive that needs no task.
-    def _step(self, _: object = None) -> None:  # (also the done callback of its wait)
-        reader = self._reader
-        if reader is None or isinstance(reader, asyncio.Task):  # closed (the response ended)
-            return
-        try:
-            waited = reader.send(None)
-        except (StopIteration, asyncio.CancelledError):  # ended; or what it waited on, cut
-            return
-        except Exception:  # (_read catches receive's own errors: this is tether's)
-            logger.exception("the disconnect watch of a request failed")
-            return
-        if waited is None:  # a bare yield (sleep(0)): on at the next turn
-            asyncio.get_running_loop().call_soon(self._step)
-        else:
-            waited.add_done_callback(self._step)
-
-    def _close_stepped(self) -> None:
-        reader = self._reader
-        if reader is not None and not isinstance(reader, asyncio.Task):
-            self._reader = None
-            self._last = self._last or {"type": "http.disconnect"}
-            if not getattr(
-                reader, "cr_running", False
-            ):  # (else it runs this: it ends, and is never stepped)
-                reader.close()  # GeneratorExit where it waits: the server forgets the wait
+            self._reader = http.read_ahead(self._read(), self._receive)
 
     def _arrive(self) -> None:  # a message or the end is there: wake a waiting app
         arrived = self._arrived
@@ -305,8 +252,7 @@ class _ServerLink:
         self._arrive()
 
     async def stop(self) -> None:  # the request is over: a receive() still waiting ends
-        self._close_stepped()
-        if isinstance(self._reader, asyncio.Task):
+        if self._reader is not None:
             await http.stop_tasks((self._reader,))
         self._last = self._last or {"type": "http.disconnect"}
         self._arrive()
@@ -353,10 +299,12 @@ class _ServerLink:
                 self._room.set()
         elif kind == "http.response.body" and not message.get("more_body", False):
             # Marked before sending: the server may report its own end-of-response
-            # disconnect before this coroutine resumes. Nothing is left to watch for: a
-            # stepped reader closes now, so that the server's own end wakes nobody.
+            # disconnect before this coroutine resumes (and wake no driven reader).
             self.complete = True
-            self._close_stepped()
+            if isinstance(self._reader, http.Driven):
+                self._reader.close()
+                self._last = self._last or {"type": "http.disconnect"}
+                self._arrive()
         try:
             await self._send(message)
         except OSError as exc:

@@ -1,6 +1,5 @@
-"""respond() and resume() for Starlette: :class:`tether.http.Responder`'s, writing a stream
-through an :class:`ExchangeResponse` (from the producer's step too: :class:`Stepped`);
-uvicorn writes nothing of a write cut by cancellation, and drops an unfinished response."""
+"""respond() and resume() for Starlette: :class:`tether.http.Responder`'s, a stream written
+by an :class:`ExchangeResponse` (from the producer's step too: :class:`Stepped`)."""
 
 from __future__ import annotations
 
@@ -69,7 +68,7 @@ class ExchangeResponse(Response):
     async def answer(self, head: Head) -> None:
         await send_whole(self._send, head)
 
-    def drop(self) -> None:  # uvicorn closes a connection whose response ends unfinished
+    def drop(self) -> None:  # uvicorn writes nothing of a cut write, drops an unfinished response
         return None
 
     def direct(self) -> Stepped | None:

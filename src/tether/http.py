@@ -51,7 +51,7 @@ from ._responses import (
 from ._scope import MAX_REQUEST_ID_LENGTH, REQUEST_ID_HEADER, accept_request_id, current_scope
 from ._shapes import Schema, event_stream_responses, http_error, validation_error
 from ._stepped import Stepped
-from ._tasks import stop_tasks
+from ._tasks import Driven, read_ahead, stop_tasks
 
 __all__ = [
     "CLIENT_CLOSED_REQUEST",
@@ -62,6 +62,7 @@ __all__ = [
     "REQUEST_ID_HEADER",
     "Direct",
     "DrainOnSignal",
+    "Driven",
     "ErrorResponse",
     "Exchange",
     "Framework",
@@ -80,6 +81,7 @@ __all__ = [
     "event_stream_responses",
     "http_error",
     "lifespan",
+    "read_ahead",
     "server_ended",
     "stop_tasks",
     "validation_error",

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tether.http import stop_tasks
+from tether.http import Driven, read_ahead, stop_tasks
 
 
 async def test_stopping_tasks_ends_each_and_raises_nothing_of_theirs() -> None:
@@ -47,3 +47,99 @@ async def test_a_cancellation_of_the_owner_while_it_stops_its_tasks_goes_on() ->
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_a_driven_coroutine_runs_to_its_end_without_a_task() -> None:
+    gate: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    seen: list[object] = []
+    ended = asyncio.Event()
+
+    async def watch() -> None:
+        seen.append(asyncio.current_task())  # (run from callbacks: no task of its own)
+        seen.append(await gate)
+        await asyncio.sleep(0)  # a bare yield: on at the next turn
+        seen.append("after a yield")
+        ended.set()
+
+    Driven(watch())
+    gate.set_result("woken")
+    async with asyncio.timeout(10):
+        await ended.wait()
+    assert seen == [None, "woken", "after a yield"]
+
+
+async def test_closing_a_driven_coroutine_ends_it_at_once_where_it_waits() -> None:
+    waiting, cleaned = asyncio.Event(), []
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def watch() -> None:
+        waiting.set()
+        try:
+            await gate
+        finally:
+            cleaned.append("finally ran")
+
+    driven = Driven(watch())
+    async with asyncio.timeout(10):
+        await waiting.wait()
+    driven.close()
+    assert cleaned == ["finally ran"]  # at once, not at a later turn
+    driven.close()  # idempotent
+    gate.set_result(None)  # its old wait resolving steps nothing
+    await stop_tasks((driven,))  # stop_tasks closes a driven one too, without waiting
+    assert cleaned == ["finally ran"]
+
+
+async def test_a_driven_coroutine_closed_before_its_first_step_never_runs() -> None:
+    ran: list[bool] = []
+
+    async def watch() -> None:
+        ran.append(True)
+
+    driven = Driven(watch())
+    driven.close()
+    await asyncio.sleep(0)  # the turn it would have started at
+    assert ran == []
+
+
+async def test_an_error_that_escapes_a_driven_coroutine_is_logged_not_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    raised = asyncio.Event()
+
+    async def watch() -> None:
+        raised.set()
+        raise ValueError("broken watch")
+
+    Driven(watch())
+    async with asyncio.timeout(10):
+        await raised.wait()
+    await asyncio.sleep(0)  # (the step that raised has returned)
+    assert any("broken watch" in repr(record.exc_info) for record in caplog.records)
+
+
+class _Cycle:  # a server's request cycle, as uvicorn names its module
+    __module__ = "uvicorn.protocols.http.httptools_impl"
+
+    async def receive(self) -> dict[str, str]:
+        return {"type": "http.disconnect"}
+
+
+async def test_read_ahead_drives_the_servers_own_receive_and_gives_a_wrapper_a_task() -> None:
+    queue: asyncio.Queue[dict[str, str]] = asyncio.Queue()
+    cycle = _Cycle()
+
+    async def wrapped() -> dict[str, str]:  # a middleware's receive: it may want a task
+        return await cycle.receive()
+
+    async def reader(receive: object) -> None:
+        await asyncio.Event().wait()
+
+    for receive in (cycle.receive, queue.get):
+        watch = read_ahead(reader(receive), receive)
+        assert isinstance(watch, Driven), receive
+        await stop_tasks((watch,))
+    watch = read_ahead(reader(wrapped), wrapped)
+    assert not isinstance(watch, Driven)  # a task (of the loop's task factory)
+    await stop_tasks((watch,))
+    assert watch.cancelled()
