@@ -45,11 +45,13 @@ class Stepped:
     if the response is cut.
     """
 
-    __slots__ = ("_busy", "_context", "_suspended", "_thread", "_write")
+    __slots__ = ("_busy", "_context", "_loop", "_suspended", "_thread", "_write")
 
     def __init__(self, write: Callable[[bytes, bool], Awaitable[object]]) -> None:
         self._write = write
         self._thread = threading.get_ident()
+        # (current_task() with the loop named: without it, a getpid() per write on 3.11)
+        self._loop = asyncio.get_running_loop()
         self._context = contextvars.copy_context()
         self._busy = False  # (a write's step re-entering write(): the context is entered)
         self._suspended = 0
@@ -62,7 +64,7 @@ class Stepped:
         would be offered, declined and written by the handler, at a fifth more CPU)."""
         if self._suspended >= SUSPENDS_IN_A_ROW or self._busy:
             return False
-        if threading.get_ident() != self._thread or asyncio.current_task() is None:
+        if threading.get_ident() != self._thread or asyncio.current_task(self._loop) is None:
             self._suspended = SUSPENDS_IN_A_ROW
             return False
         return True
