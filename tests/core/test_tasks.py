@@ -143,3 +143,61 @@ async def test_read_ahead_drives_the_servers_own_receive_and_gives_a_wrapper_a_t
     assert not isinstance(watch, Driven)  # a task (of the loop's task factory)
     await stop_tasks((watch,))
     assert watch.cancelled()
+
+
+async def test_a_driven_coroutine_closed_from_inside_itself_is_never_stepped_again() -> None:
+    """Re-entrancy: what it calls closes it (a disconnect whose hook ends the request's
+    read), then it goes on to its next wait. It ends there, its ``finally`` runs once,
+    and the wait resolving later steps nothing."""
+    loop = asyncio.get_running_loop()
+    gate: asyncio.Future[None] = loop.create_future()
+    later: asyncio.Future[None] = loop.create_future()
+    seen: list[str] = []
+    watching: list[Driven] = []
+    waiting, ended = asyncio.Event(), asyncio.Event()
+
+    async def watch() -> None:
+        waiting.set()
+        try:
+            await gate
+            watching[0].close()  # from inside: it runs now, so it is not closed here
+            seen.append("went on")
+            await later
+            seen.append("stepped again")
+        finally:
+            seen.append("finally ran")
+            ended.set()
+
+    watching.append(Driven(watch()))
+    async with asyncio.timeout(10):
+        await waiting.wait()
+        gate.set_result(None)
+        await ended.wait()
+    assert seen == ["went on", "finally ran"]
+    later.set_result(None)
+    await asyncio.sleep(0)  # the turn its old wait's callback runs at
+    watching[0].close()  # and closing again does nothing
+    await stop_tasks(watching)
+    assert seen == ["went on", "finally ran"]
+
+
+async def test_a_driven_coroutine_whose_wait_is_cancelled_meets_the_cancellation_there() -> None:
+    loop = asyncio.get_running_loop()
+    gate: asyncio.Future[None] = loop.create_future()
+    seen: list[str] = []
+    waiting, ended = asyncio.Event(), asyncio.Event()
+
+    async def watch() -> None:
+        waiting.set()
+        try:
+            await gate
+        except asyncio.CancelledError:
+            seen.append("cancelled where it waited")
+        ended.set()
+
+    Driven(watch())
+    async with asyncio.timeout(10):
+        await waiting.wait()
+        gate.cancel()
+        await ended.wait()
+    assert seen == ["cancelled where it waited"]
