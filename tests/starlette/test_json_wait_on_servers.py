@@ -1,9 +1,11 @@
 """A JSON answer's wait (``respond(streaming=False)``) on uvicorn and hypercorn, real
 servers on 127.0.0.1 over raw sockets: a client that leaves is noticed (with no body,
 with a body unread, with a body over the read-ahead that the app read, on the second
-request of a pipelined pair), a body the app reads after opening its stream reaches
-it whole, and a task of the handler's that waits in ``receive()`` is answered once
-the response has ended (as the server itself would answer it), not left waiting.
+request of a pipelined pair, mid-way through a chunked upload on either of uvicorn's
+parsers), a body the app reads after opening its stream reaches it whole, a task of
+the handler's that waits in ``receive()`` is answered once the response has ended (as
+the server itself would answer it), not left waiting, and a stream that ignores a
+large body still sees its client leave.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ READ_AHEAD: Final = 64 * 1024
 
 SERVERS: Final = [pytest.param("uvicorn", id="uvicorn"), pytest.param("hypercorn", id="hypercorn")]
 
+EVERY_PARSER: Final = [*SERVERS, pytest.param("uvicorn-h11", id="uvicorn-h11")]
+"""The servers, and uvicorn on its other HTTP parser (``--http h11``)."""
+
 
 @contextlib.asynccontextmanager
 async def hypercorn_serving(app: ASGIApp, stop: asyncio.Event | None = None) -> AsyncIterator[str]:
@@ -65,8 +70,8 @@ async def hypercorn_serving(app: ASGIApp, stop: asyncio.Event | None = None) -> 
 
 @contextlib.asynccontextmanager
 async def serving(server: str, app: ASGIApp) -> AsyncIterator[str]:
-    if server == "uvicorn":
-        async with serve(app) as (url, _):
+    if server.startswith("uvicorn"):
+        async with serve(app, http="h11" if server == "uvicorn-h11" else "auto") as (url, _):
             yield url
     else:
         async with hypercorn_serving(app) as url:
@@ -238,5 +243,59 @@ async def test_a_client_leaving_mid_upload_while_the_app_reads_after_open_is_not
         rid = engine.submitted[0]
         left_at = await leave_until_aborted(engine, writer, rid)
     assert engine.bodies == []  # type: ignore[attr-defined]  # (its body never came whole)
+    assert engine.aborted_at[rid] - left_at < ABORT_BOUND
+    assert engine.registry.stats().aborted == {"client_disconnected": 1}
+
+
+def _chunked_head(path: str) -> bytes:
+    """The head of a POST whose body comes in chunks (``Transfer-Encoding: chunked``)."""
+    return f"POST {path} HTTP/1.1\r\nhost: test\r\ntransfer-encoding: chunked\r\n\r\n".encode()
+
+
+def _chunks(*chunks: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for chunk in chunks)
+
+
+@pytest.mark.parametrize("server", EVERY_PARSER)
+@pytest.mark.parametrize(
+    ("path", "size"),
+    [
+        pytest.param("/json", 2000, id="unread"),
+        pytest.param("/read", 2 * READ_AHEAD + 1000, id="read-after-open-over-the-read-ahead"),
+    ],
+)
+async def test_a_client_leaving_mid_chunked_upload_is_noticed_whether_or_not_the_app_reads(
+    engine: Engine, server: str, path: str, size: int
+) -> None:
+    engine.script = None
+    async with serving(server, _app(engine)) as url, connection(url) as (_, writer):
+        writer.write(_chunked_head(path) + _chunks(b"c" * 1000))
+        await engine.until(lambda: len(engine.submitted) == 1)
+        rid = engine.submitted[0]
+        writer.write(_chunks(*[b"d" * 1000] * (size // 1000)))
+        await writer.drain()  # more of the body, never its last chunk
+        left_at = await leave_until_aborted(engine, writer, rid)
+    assert engine.bodies == []  # type: ignore[attr-defined]  # (its body never came whole)
+    assert engine.aborted_at[rid] - left_at < ABORT_BOUND
+    assert engine.registry.stats().aborted == {"client_disconnected": 1}
+
+
+@pytest.mark.parametrize("server", EVERY_PARSER)
+async def test_a_stream_that_ignores_a_large_body_still_notices_its_client_leaving(
+    engine: Engine, server: str
+) -> None:
+    """The stream's first output goes out while the body it never reads is still
+    arriving, over the read-ahead: the rest is dropped as it comes, so the client
+    leaving behind it is still seen."""
+    engine.script = None
+    async with serving(server, make_app(engine)) as url, connection(url) as (reader, writer):
+        writer.write(request("POST", "/stream", b"x" * (5 * READ_AHEAD), length=30 * READ_AHEAD))
+        await engine.until(lambda: len(engine.submitted) == 1)
+        rid = engine.submitted[0]
+        assert engine.registry.deliver(rid, {"n": 1})
+        async with asyncio.timeout(10):
+            await reader.readuntil(b"\r\n\r\n")  # the response has started
+        writer.write(b"y" * (5 * READ_AHEAD))
+        left_at = await leave_until_aborted(engine, writer, rid)
     assert engine.aborted_at[rid] - left_at < ABORT_BOUND
     assert engine.registry.stats().aborted == {"client_disconnected": 1}
