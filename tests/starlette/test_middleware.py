@@ -245,7 +245,7 @@ async def test_a_request_that_opens_no_stream_reads_receive_directly_with_no_rea
             # Nothing reads ahead of the app: it pulled exactly what it received.
             assert server.pulled == len(received)
         reader_tasks.extend(
-            task.get_name() for task in asyncio.all_tasks() if task.get_name() == "tether-receive"
+            task.get_name() for task in asyncio.all_tasks() if task.get_name() == "tether-rx"
         )
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
