@@ -10,6 +10,8 @@ of its own can be :class:`Driven` instead, and closed at once.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 from collections.abc import Coroutine, Iterable
 from typing import Any
@@ -29,18 +31,19 @@ class Driven:
     An exception it lets out is logged, as a task's would be.
     """
 
-    __slots__ = ("_coro",)
+    __slots__ = ("_context", "_coro")
 
     def __init__(self, coro: Coroutine[Any, Any, None]) -> None:
         self._coro: Coroutine[Any, Any, None] | None = coro
-        asyncio.get_running_loop().call_soon(self._step)
+        self._context = contextvars.copy_context()  # one for every step, as a task's
+        asyncio.get_running_loop().call_soon(self._step, context=self._context)
 
-    def _step(self, _: object = None) -> None:  # (also the done callback of its wait)
-        coro = self._coro
+    def _step(self, _: object = None, *, thrown: BaseException | None = None) -> None:
+        coro = self._coro  # (also the done callback of its wait)
         if coro is None:  # closed
             return
         try:
-            waited = coro.send(None)
+            waited = coro.send(None) if thrown is None else coro.throw(thrown)
         except (StopIteration, asyncio.CancelledError):  # ended; or what it waited on, cut
             self._coro = None
             return
@@ -48,10 +51,14 @@ class Driven:
             self._coro = None
             logger.exception("a coroutine run without a task failed")
             return
-        if waited is None:  # a bare yield (sleep(0)): on at the next turn
-            asyncio.get_running_loop().call_soon(self._step)
-        else:
-            waited.add_done_callback(self._step)
+        loop, context = asyncio.get_running_loop(), self._context
+        if asyncio.isfuture(waited):
+            waited.add_done_callback(self._step, context=context)
+        elif waited is None:  # a bare yield (sleep(0)): on at the next turn
+            loop.call_soon(self._step, context=context)
+        else:  # as a task does: the coroutine meets the error where it waits
+            bad = RuntimeError(f"a coroutine run without a task awaited {waited!r}, not a future")
+            loop.call_soon(functools.partial(self._step, thrown=bad), context=context)
 
     def close(self) -> None:
         """End it now (idempotent). Called from inside it, it is never stepped again."""
@@ -78,14 +85,14 @@ async def stop_tasks(tasks: Iterable[asyncio.Task[Any] | asyncio.Future[Any] | D
     """Cancel ``tasks`` and wait until each has ended (a :class:`Driven` one is closed at
     once). Their own cancellation is not raised; a cancellation of the caller is; so is
     any other exception of theirs."""
-    awaited = []
+    tasks = list(tasks)
     for task in tasks:
+        if not isinstance(task, Driven):
+            task.cancel()
+    for task in tasks:  # (every task is cancelled before anything of theirs is raised)
         if isinstance(task, Driven):
             task.close()
-        else:
-            task.cancel()
-            awaited.append(task)
-    for task in awaited:
+            continue
         try:
             await task
         except asyncio.CancelledError:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
+import types
+from collections.abc import Generator
 
 import pytest
 
@@ -201,3 +205,101 @@ async def test_a_driven_coroutine_whose_wait_is_cancelled_meets_the_cancellation
         gate.cancel()
         await ended.wait()
     assert seen == ["cancelled where it waited"]
+
+
+_LABEL: contextvars.ContextVar[str] = contextvars.ContextVar("label", default="none")
+
+
+async def test_a_driven_coroutine_keeps_one_context_across_its_waits() -> None:
+    """As a task would: a context variable it sets before a wait is reset after it (a
+    logging or tracing helper around an await), and nothing it sets reaches its maker."""
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    seen: list[str] = []
+    waiting, ended = asyncio.Event(), asyncio.Event()
+
+    async def watch() -> None:
+        token = _LABEL.set("watching")
+        waiting.set()
+        try:
+            await gate
+            seen.append(_LABEL.get())
+        finally:
+            try:
+                _LABEL.reset(token)
+                seen.append("reset")
+            except ValueError as exc:  # "created in a different Context"
+                seen.append(repr(exc))
+            ended.set()
+
+    Driven(watch())
+    async with asyncio.timeout(10):
+        await waiting.wait()  # it waits on the gate: the rest is another step
+        gate.set_result(None)
+        await ended.wait()
+    assert seen == ["watching", "reset"]
+    assert _LABEL.get() == "none"
+
+
+async def test_stopping_tasks_cancels_every_one_even_if_a_driven_one_fails_as_it_closes() -> None:
+    """A driven coroutine whose cleanup raises: the error is the caller's, as a task's
+    would be, but only once every other task given was cancelled too."""
+    started, waiting = asyncio.Event(), asyncio.Event()
+
+    async def cleanup_fails() -> None:
+        waiting.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            raise ValueError("its cleanup failed")
+
+    async def forever() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    driven = Driven(cleanup_fails())
+    task = asyncio.create_task(forever())
+    try:
+        async with asyncio.timeout(10):
+            await waiting.wait()
+            await started.wait()
+            with pytest.raises(ValueError, match="its cleanup failed"):
+                await stop_tasks((driven, task))
+            assert task.cancelling() or task.done()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_driven_coroutine_that_awaits_no_future_meets_the_error_where_it_waits() -> None:
+    """Misuse (an awaitable that yields something other than a future, which only a
+    task of another library would drive): as in a task, the coroutine meets a clear
+    error where it awaited and ends; nothing reaches the loop's exception handler."""
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _, context: unhandled.append(context))
+    seen: list[str] = []
+    ended = asyncio.Event()
+
+    @types.coroutine
+    def foreign() -> Generator[str, None, None]:
+        yield "not a future"
+
+    async def watch() -> None:
+        try:
+            await foreign()
+        except RuntimeError:
+            seen.append("refused where it waited")
+        finally:
+            ended.set()
+
+    driven = Driven(watch())
+    try:
+        async with asyncio.timeout(2):
+            await ended.wait()
+    except TimeoutError:
+        driven.close()  # (it would wait for good: the test ends, and says so)
+    finally:
+        loop.set_exception_handler(None)
+    assert seen == ["refused where it waited"]
+    assert unhandled == []
