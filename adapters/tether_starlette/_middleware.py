@@ -266,11 +266,11 @@ class _ServerLink:
                 message = await self._receive()
             finally:
                 self._in_receive = False
+                if self._wanted:  # a stream opened meanwhile: watched on, even if cancelled
+                    self._start()
             if message["type"] == "http.disconnect":
                 self._last = message
                 self._gone()
-            elif self._wanted:
-                self._start()
             return message
         body = self._body
         while not body:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import httpx
@@ -428,3 +429,37 @@ async def test_an_escaped_error_gets_starlettes_plain_500_with_the_request_id() 
     assert (response.status_code, response.text) == (500, "Internal Server Error")
     assert response.headers["x-request-id"] == "job-7"
     assert registry.in_flight == 0
+
+
+async def test_a_stream_opened_while_a_receive_of_the_app_waits_that_is_then_cancelled_sees_a_leave(
+    engine: Engine,
+) -> None:
+    """The app waits in ``receive()`` (Starlette's ``is_disconnected()``, a body read
+    under a deadline), opens its stream meanwhile, then gives that receive up
+    (cancelled): the middleware still watches for the client leaving."""
+    engine.script = None
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        pending = asyncio.create_task(receive())
+        await asyncio.sleep(0)  # one loop turn: it starts, and waits for the body
+        assert server.receiving == 1
+        stream = engine.registry.open()
+        pending.cancel()  # given up, with nothing received
+        with contextlib.suppress(asyncio.CancelledError):
+            await pending
+        engine.submit(stream)
+        result = await stream.result()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": repr(result).encode()})
+
+    server = FakeServer(method="POST", body=())
+    async with asyncio.TaskGroup() as tasks:
+        running = tasks.create_task(server.run(TetherMiddleware(app, registry=engine.registry)))
+        await engine.until(lambda: len(engine.submitted) == 1)
+        server.disconnect()
+        try:
+            async with asyncio.timeout(2):
+                await engine.until(lambda: len(engine.aborted_at) == 1)
+        except TimeoutError:
+            running.cancel()  # (the handler waits for good: the test ends, and says so)
+    assert engine.registry.stats().aborted == {"client_disconnected": 1}
