@@ -27,7 +27,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from tests._support.raw_http import connection, read_response, request
+from tests._support.raw_http import connection, leave, read_response, request
 from tether_starlette import respond
 
 from .conftest import Engine, leave_until_aborted, make_app, serve
@@ -278,6 +278,45 @@ async def test_a_client_leaving_mid_chunked_upload_is_noticed_whether_or_not_the
     assert engine.bodies == []  # type: ignore[attr-defined]  # (its body never came whole)
     assert engine.aborted_at[rid] - left_at < ABORT_BOUND
     assert engine.registry.stats().aborted == {"client_disconnected": 1}
+
+
+PIPELINED_LEAVE_UNSEEN: Final = pytest.mark.xfail(
+    strict=True,
+    reason="the server never tells the first of two pipelined requests that its client left: "
+    "uvicorn (httptools) moves the connection on to the next request as soon as its head "
+    "arrives, hypercorn stops reading the socket until the first response ends "
+    "(docs/starlette.md, Client disconnects)",
+)
+
+
+@pytest.mark.parametrize(
+    "server",
+    [
+        pytest.param("uvicorn", id="uvicorn", marks=PIPELINED_LEAVE_UNSEEN),
+        pytest.param("hypercorn", id="hypercorn", marks=PIPELINED_LEAVE_UNSEEN),
+        pytest.param("uvicorn-h11", id="uvicorn-h11"),
+    ],
+)
+async def test_a_json_wait_whose_client_pipelined_its_next_request_is_aborted_when_it_leaves(
+    engine: Engine, server: str
+) -> None:
+    """The client sends its next request before the first is answered (HTTP/1.1
+    pipelining), then leaves: the first, still waiting, is aborted as soon as a request
+    sent alone would be."""
+    engine.script = None
+    async with serving(server, make_app(engine)) as url, connection(url) as (_, writer):
+        writer.write(request("GET", "/json") + request("GET", "/json"))
+        await engine.until(lambda: len(engine.submitted) == 1)
+        first = engine.submitted[0]
+        left_at = await leave(writer)
+        try:
+            async with asyncio.timeout(2 * ABORT_BOUND):
+                await engine.until(lambda: first in engine.aborted_at)
+        except TimeoutError:
+            # (answered, not aborted, so that the server can stop and the test can say so)
+            engine.registry.deliver(first, {"n": 1}, finished=True)
+    assert first in engine.aborted_at, "the client left and its first request went on"
+    assert engine.aborted_at[first] - left_at < ABORT_BOUND
 
 
 @pytest.mark.parametrize("server", EVERY_PARSER)
