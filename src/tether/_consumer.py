@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -29,6 +30,9 @@ from ._errors import Aborted, AbortReason, ConcurrentRead
 from ._idle import IdleDeadline
 from ._scope import waiter_cancelled
 from ._state import NOTHING, Group, RequestState
+
+_thread_id = threading.get_ident
+_current_task = asyncio.current_task
 
 if TYPE_CHECKING:
     from ._table import Table
@@ -188,7 +192,9 @@ class Consumer:
             if self._closed:
                 raise StopAsyncIteration
             if box.pending:
-                self._table.check_thread("async for")  # (before anything is taken)
+                table = self._table
+                if table.thread != _thread_id():  # (before anything is taken)
+                    table.check_thread("async for")
                 items = box.take()
                 if not items:
                     continue  # only an aborted sub-request's outputs waited
@@ -203,9 +209,12 @@ class Consumer:
             if box.waiter is not None:
                 raise ConcurrentRead(self)
             # The common wait, inlined: one coroutine less per output.
-            loop = asyncio.get_running_loop()
-            if loop is not self._table.loop:
-                raise wrong_loop()
+            table = self._table
+            loop = table.loop
+            # A task of the registry's loop, in that loop's thread, runs on it: no
+            # asyncio.get_running_loop() (a getpid() system call per wait on 3.11).
+            if loop is None or table.thread != _thread_id() or _current_task(loop) is None:
+                loop = table.own_loop()  # (the full check: WrongLoop elsewhere)
             waiter = box.park(loop)
             if self._idle is not None:
                 self._idle.deadline = None  # an untimed wait

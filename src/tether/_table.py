@@ -75,7 +75,6 @@ class Table:
         "_notifier",
         "_opened",
         "_prefix",
-        "_thread",
         "_total",
         "closed",
         "entries",
@@ -84,6 +83,7 @@ class Table:
         "loop",
         "max_in_flight",
         "observers",
+        "thread",
         "ttfo",
     )
 
@@ -102,7 +102,8 @@ class Table:
         self._notifier = Notifier(on_abort, abort_timeout)
         self.loop: asyncio.AbstractEventLoop | None = None
         """The loop requests are opened on (consumers check it on their hot path)."""
-        self._thread: int | None = None
+        self.thread: int | None = None
+        """The thread of that loop (``threading.get_ident()``), once known."""
         self._idle: asyncio.Event | None = None
         self._prefix = os.urandom(4).hex()
         self._ids = itertools.count(1)
@@ -145,7 +146,7 @@ class Table:
                     "that loop, or give each event loop its own Registry"
                 )
             self.loop = loop
-            self._thread = threading.get_ident()
+            self.thread = threading.get_ident()
         if self.closed:
             raise RegistryClosed()
         limit = self.max_in_flight
@@ -198,7 +199,7 @@ class Table:
 
         :raises WrongLoop: called from another thread.
         """
-        thread = self._thread
+        thread = self.thread
         if thread is not None and thread != threading.get_ident():
             raise WrongLoop(
                 f"{what} was called from thread {threading.current_thread().name!r}, not "
@@ -310,7 +311,7 @@ class Table:
         (called from ``__del__``, maybe on another thread, maybe with the loop gone)."""
         how = End(Aborted(states[0].rid, AbortReason.CANCELLED), WHOLE)
         loop = self.loop
-        if self._thread == threading.get_ident() and loop is not None and not loop.is_closed():
+        if self.thread == threading.get_ident() and loop is not None and not loop.is_closed():
             self.end(states, how, defer=True)
             return
         try:
