@@ -431,6 +431,7 @@ class _Writer:
         "_forgotten",
         "_keys",
         "_lease_seen",
+        "_mine_until",
         "_outbox",
         "_remote",
         "_sizes",
@@ -454,6 +455,11 @@ class _Writer:
         """Its last try failed: Redis lacks this stream (or may) until the next works."""
         self._remote: str | None = None  # the client attached on another worker, if any
         self._lease_seen = 0.0
+        # While this worker's own attach is on its way to the control stream: an attach
+        # heard from elsewhere meanwhile is older in the stream's order (which every
+        # worker follows: the last attach wins), so it ends no newer client here. Bounded
+        # in time, so that an attach of ours Redis never showed leaves no state for good.
+        self._mine_until = 0.0
         self._sizes: collections.deque[tuple[int, int]] = collections.deque()
         """The number and size in bytes of each event the log in Redis holds."""
         self.dirty = True
@@ -498,9 +504,13 @@ class _Writer:
         self._wake.set()
 
     def attach_here(self) -> None:
+        self._attach_sent()
         if not self.dirty:
             self._outbox.append(("ctl", {"op": "attach", "w": self._store.worker}))
             self._wake.set()
+
+    def _attach_sent(self) -> None:  # (a republication sends it too, if a client is here)
+        self._mine_until = asyncio.get_running_loop().time() + 3 * self._store.block_ms / 1000
 
     def forgotten(self) -> None:
         self._forgotten = True
@@ -600,6 +610,7 @@ class _Writer:
             # The control stream exists from now on (others post to it only if it does).
             pipe.xadd(ctl, {"op": "open", "w": store.worker}, maxlen=_CTL_MAXLEN)
             if channel.follower is not None:  # (clients elsewhere end: this one is newer)
+                self._attach_sent()
                 pipe.xadd(ctl, {"op": "attach", "w": store.worker}, maxlen=_CTL_MAXLEN)
             self._expire(pipe, self._keep())
             await pipe.execute()
@@ -688,7 +699,10 @@ class _Writer:
         if op == "cancel":
             self._stop()
         elif who == store.worker:
-            pass
+            if op == "attach":  # heard: what is heard from now on is newer
+                self._mine_until = 0.0
+        elif op == "attach" and asyncio.get_running_loop().time() < self._mine_until:
+            pass  # older than this worker's own, still unheard: its client stays
         elif op == "attach":
             self._remote = text(fields, b"f")
             self._lease_seen = asyncio.get_running_loop().time()
