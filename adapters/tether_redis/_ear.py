@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-__all__ = ["Ear", "Fields", "Listener", "StoreUnreachable", "text"]
+__all__ = ["Ear", "Fields", "Listener", "StoreUnreachable", "entry_order", "text"]
 
 logger = logging.getLogger("tether.redis")
 
@@ -49,7 +49,7 @@ class Listener(Protocol):
         ...
 
 
-def _order(entry_id: Any) -> tuple[int, int]:
+def entry_order(entry_id: Any) -> tuple[int, int]:
     """An entry id (``b"ms-seq"``) as something that compares as Redis orders them."""
     raw = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
     ms, _, seq = raw.partition("-")
@@ -166,21 +166,21 @@ class Ear:
     async def _read(self) -> None:
         streams = {self._wake_key: self._wake_id}
         for key, held in self._keys.items():
-            streams[key] = min(held.values(), key=_order)
+            streams[key] = min(held.values(), key=entry_order)
         answer: Any = await self._client.xread(streams, block=self._block_ms)  # type: ignore[arg-type]
         for raw, entries in answer or ():
             key = raw.decode() if isinstance(raw, bytes) else raw
             if key == self._wake_key:
                 self._wake_id = entries[-1][0]
                 continue
-            start = _order(streams[key])
+            start = entry_order(streams[key])
             for entry_id, fields in entries:
-                order = _order(entry_id)
+                order = entry_order(entry_id)
                 for listener, last in list(self._keys.get(key, {}).items()):
                     now = self._keys.get(key)
-                    if now is None or listener not in now or _order(last) >= order:
+                    if now is None or listener not in now or entry_order(last) >= order:
                         continue  # dropped meanwhile, or it had this one already
-                    if _order(last) < start:
+                    if entry_order(last) < start:
                         # It joined during this read, from before where the read began:
                         # this answer lacks what comes first (the next read starts at it).
                         continue

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 import tether
 from tether.resume import Channel, Follower, new_token
 
-from ._ear import Ear, Fields, StoreUnreachable, text
+from ._ear import Ear, Fields, StoreUnreachable, entry_order, text
 
 __all__ = ["Host", "Mirror", "end_error"]
 
@@ -76,6 +76,7 @@ class Mirror:
         "_announce",
         "_caught_up",
         "_channel",
+        "_claim",
         "_closing",
         "_fid",
         "_seen",
@@ -90,6 +91,9 @@ class Mirror:
         self._after = after
         self._fid = new_token()
         self._channel: Channel | None = None
+        self._claim = "0-0"
+        """The place of this client's claim (its ``attach`` entry) in the control stream:
+        only a claim after it ends this client."""
         self._closing = False
         self._caught_up: asyncio.Future[None] | None = None
         self._seen = 0.0  # when Redis last answered this mirror's upkeep
@@ -221,6 +225,7 @@ class Mirror:
             store.ear.drop(self)
             return None
         self._seen = asyncio.get_running_loop().time()
+        self._claim = ctl_id.decode() if isinstance(ctl_id, bytes) else str(ctl_id)
         channel.attach(follower)
         if channel.ended:
             store.ear.drop(self)
@@ -249,6 +254,9 @@ class Mirror:
             channel.end(tether.Aborted(channel.rid, tether.AbortReason.CANCELLED))
             return False
         if op == "attach" and text(fields, b"f") != self._fid:
+            renewed = text(fields, b"c")  # (a claim said again: judged at its first place)
+            if renewed is not None and entry_order(renewed) < entry_order(self._claim):
+                return True  # older than this client's: it ends nobody
             channel.attach_remote()  # a newer client, elsewhere: this one ends
             return False
         return True
@@ -294,7 +302,8 @@ class Mirror:
             channel.end(tether.Aborted(channel.rid, tether.AbortReason.SERVER, gone))
             return False
         if self._announce:  # (again at the next tick if its control stream is not back)
-            fields = {"op": "attach", "w": store.worker, "f": self._fid}
+            # Its claim renewed, at its place: a newer client's stays.
+            fields = {"op": "attach", "w": store.worker, "f": self._fid, "c": self._claim}
             self._announce = not await self._send(fields)
         return True
 

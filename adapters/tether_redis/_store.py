@@ -10,14 +10,16 @@ from a local mirror channel (``_mirror``) fed with the backlog (``XRANGE``) and 
 the live tail (``XREAD BLOCK``).
 
 The workers speak through a second stream, ``<prefix><token>:ctl``: a client that
-attaches (the newest wins: every other one ends), a client that leaves (the owner
-parks the request and starts its grace period), and Stop (the owner aborts at once;
-its store's one reader is blocked on that stream, so it hears it within a round
-trip). However many streams a worker holds, it reads them all with one blocked
+attaches (its *claim*: the newest wins, every other one ends), a client that leaves
+(the owner parks the request and starts its grace period), and Stop (the owner aborts
+at once; its store's one reader is blocked on that stream, so it hears it within a
+round trip). However many streams a worker holds, it reads them all with one blocked
 connection (``_ear``). Only the owner aborts, so ``on_abort`` runs exactly once. A
 worker whose client is attached holds a lease (``<prefix><token>:lease``) that it
 renews while it reads; a lease that lapses, or that cannot be seen for as long, is a
-client gone, and the owner parks the request then.
+client gone, and the owner parks the request then. Newest means latest in the control
+stream, the one order every worker reads: a claim is judged by its place there, never
+by when a worker hears it (see :class:`_Writer`).
 
 Redis is never trusted to be up, fast or to keep what it was told: every command goes
 through :meth:`RedisStore.command`, bounded in time (``timeout``) and in concurrency
@@ -52,7 +54,7 @@ import tether.resume
 from tether.http import error_response
 from tether.resume import Channel, Follower, new_token
 
-from ._ear import Ear, Fields, StoreUnreachable, text
+from ._ear import Ear, Fields, StoreUnreachable, entry_order, text
 from ._mirror import Mirror
 
 __all__ = ["RedisStore", "StoreUnreachable"]
@@ -318,6 +320,8 @@ class RedisStore(tether.resume.MemoryStore):
         writer = self._writers.get(channel.token)
         if writer is None and self.holds(channel):
             writer = self._writers[channel.token] = _Writer(self, channel)
+            if channel.follower is not None:  # its first client: claimed before the task
+                writer.attach_here()  # runs (an eager one publishes at once, the claim too)
             writer.task = self.spawn(writer.run())
         return writer
 
@@ -332,9 +336,16 @@ class RedisStore(tether.resume.MemoryStore):
             writer.end(channel.error)
 
     def attached(self, channel: Channel, follower: Follower) -> None:
-        writer = self._writer(channel)
-        if writer is not None:  # (a reconnect here: the clients elsewhere end)
+        writer = self._writers.get(channel.token)
+        if writer is None:
+            self._writer(channel)  # (its first client: the writer starts with its claim)
+        else:  # (a reconnect here: the clients elsewhere end)
             writer.attach_here()
+
+    def detached(self, channel: Channel, follower: Follower) -> None:
+        writer = self._writers.get(channel.token)
+        if writer is not None:
+            writer.left()
 
     def forget(self, channel: Channel) -> None:
         super().forget(channel)
@@ -405,6 +416,11 @@ class RedisStore(tether.resume.MemoryStore):
         return results[1] is not None  # (None: the owner forgot it since)
 
 
+def _place(entry_id: Any) -> str:
+    """An entry id as text (Redis answers bytes)."""
+    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
+
 def _keep_ms(channel: Channel) -> int:
     """How long the keys of a running stream live unless renewed: a stalled owner's
     lapse once its grace period (and a margin) passed."""
@@ -423,19 +439,33 @@ class _Writer:
     entries land in order. A copy that fails, or keys that Redis lost, make the writer
     *dirty*: it publishes the whole channel again (what this process holds) once Redis
     answers, and goes on from there.
+
+    Claims (``attach`` entries) are judged by their place in the control stream, which
+    every worker reads in the same order: a client elsewhere listens from its own claim
+    on and ends at the next. A client here attaches before its claim is there: until
+    this worker hears that claim back, every claim it hears is older and ends nobody
+    (its client ends when it hears ours). A claim of a client that left before it was
+    sent is never sent (it would end a newer client elsewhere), and a client elsewhere
+    that was heard meanwhile takes the stream then. A claim said again (a publication
+    after Redis lost it, a lease renewed after it lapsed) carries the place of the
+    first (``c``): one older than the newest claim ends nobody.
     """
 
     __slots__ = (
         "_channel",
+        "_claims",
+        "_deferred",
         "_ended",
         "_forgotten",
         "_keys",
+        "_latest",
         "_lease_seen",
-        "_mine_until",
         "_outbox",
+        "_pending",
         "_remote",
         "_sizes",
         "_store",
+        "_unsent",
         "_wake",
         "dirty",
         "failing",
@@ -455,11 +485,17 @@ class _Writer:
         """Its last try failed: Redis lacks this stream (or may) until the next works."""
         self._remote: str | None = None  # the client attached on another worker, if any
         self._lease_seen = 0.0
-        # While this worker's own attach is on its way to the control stream: an attach
-        # heard from elsewhere meanwhile is older in the stream's order (which every
-        # worker follows: the last attach wins), so it ends no newer client here. Bounded
-        # in time, so that an attach of ours Redis never showed leaves no state for good.
-        self._mine_until = 0.0
+        self._claims = 0  # how many clients attached here: the number of the last claim
+        self._pending = 0
+        """The number of the claim of the client here until this worker hears it back
+        (0: none pending): every claim heard meanwhile is older."""
+        self._unsent = False
+        """The pending claim has not left this process yet (it can be withdrawn)."""
+        self._latest: str | None = None
+        """The place (entry id) of the newest claim heard, this worker's or another's."""
+        self._deferred: tuple[str, str] | None = None
+        """The newest client elsewhere (its id, its claim's place) heard while a claim
+        was pending: the client if that claim is withdrawn."""
         self._sizes: collections.deque[tuple[int, int]] = collections.deque()
         """The number and size in bytes of each event the log in Redis holds."""
         self.dirty = True
@@ -504,13 +540,52 @@ class _Writer:
         self._wake.set()
 
     def attach_here(self) -> None:
-        self._attach_sent()
-        if not self.dirty:
-            self._outbox.append(("ctl", {"op": "attach", "w": self._store.worker}))
+        """A client attached here: its claim goes out (that of a client it replaced, if
+        not sent yet, never does)."""
+        self._claims += 1
+        self._pending = self._claims
+        self._unsent = True
+        self._outbox = [entry for entry in self._outbox if entry[0] != "ctl"]
+        if not self.dirty:  # (else the publication sends it)
+            self._outbox.append(("ctl", self._claim()))
             self._wake.set()
 
-    def _attach_sent(self) -> None:  # (a republication sends it too, if a client is here)
-        self._mine_until = asyncio.get_running_loop().time() + 3 * self._store.block_ms / 1000
+    def _claim(self) -> dict[str, str]:
+        return {"op": "attach", "w": self._store.worker, "g": str(self._pending)}
+
+    def left(self) -> None:
+        """The client here left: its claim, if not sent yet, is withdrawn."""
+        if self._pending and self._unsent:
+            self._outbox = [entry for entry in self._outbox if entry[0] != "ctl"]
+            self._withdraw()
+
+    def _withdraw(self) -> None:
+        """No claim of this worker's is pending any more: a client elsewhere heard
+        meanwhile is the newest after all."""
+        self._pending = 0
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            self._attach_remote(*deferred)
+
+    def _attach_remote(self, fid: str, place: str) -> None:
+        self._latest = place
+        self._remote = fid
+        self._lease_seen = asyncio.get_running_loop().time()
+        self._channel.attach_remote()
+
+    def _standing_claim(self) -> dict[str, str] | None:
+        """What a publication says of the client here: its claim if this worker has not
+        heard it yet (Redis may never have had it), else that claim renewed at its place
+        (a client elsewhere that claimed since stays); nothing if it left (a pending
+        claim is withdrawn: Redis may never have had it)."""
+        if self._channel.follower is None:
+            if self._pending:
+                self._withdraw()
+            return None
+        if self._pending or self._latest is None:
+            self._unsent = False
+            return self._claim()
+        return {"op": "attach", "w": self._store.worker, "c": self._latest}
 
     def forgotten(self) -> None:
         self._forgotten = True
@@ -609,9 +684,9 @@ class _Writer:
             )
             # The control stream exists from now on (others post to it only if it does).
             pipe.xadd(ctl, {"op": "open", "w": store.worker}, maxlen=_CTL_MAXLEN)
-            if channel.follower is not None:  # (clients elsewhere end: this one is newer)
-                self._attach_sent()
-                pipe.xadd(ctl, {"op": "attach", "w": store.worker}, maxlen=_CTL_MAXLEN)
+            claim = self._standing_claim()
+            if claim is not None:
+                pipe.xadd(ctl, claim, maxlen=_CTL_MAXLEN)  # type: ignore[arg-type]
             self._expire(pipe, self._keep())
             await pipe.execute()
         # The log as it stands now, end included or not (no await until it is queued).
@@ -630,6 +705,8 @@ class _Writer:
             await pipe.execute()
         self.dirty = False
         # What came while that transaction was in flight (put() ignored it: dirty).
+        if self._pending and self._unsent:
+            self._outbox.append(("ctl", self._claim()))
         for n in range(max(upto + 1, channel.first), channel.count + 1):
             self._outbox.append(self._log_entry(n, channel.events[n - channel.first]))
         if channel.ended and not ended:
@@ -668,7 +745,8 @@ class _Writer:
         async with client.pipeline(transaction=False) as pipe:
             events: list[tuple[str, dict[str, str]]] = []
             for entry_id, fields in outbox:
-                if entry_id == "ctl":
+                if entry_id == "ctl":  # (the claim of the client here: sent from now on)
+                    self._unsent = False
                     pipe.xadd(ctl, fields, maxlen=_CTL_MAXLEN)  # type: ignore[arg-type]
                 elif "end" in fields:
                     self._add(pipe, events)
@@ -694,23 +772,45 @@ class _Writer:
 
     def heard(self, key: str, entry_id: Any, fields: Fields) -> bool:
         """The owner's ear: clients attaching and leaving elsewhere, Stop."""
-        store, channel = self._store, self._channel
         op, who = text(fields, b"op"), text(fields, b"w")
         if op == "cancel":
             self._stop()
-        elif who == store.worker:
-            if op == "attach":  # heard: what is heard from now on is newer
-                self._mine_until = 0.0
-        elif op == "attach" and asyncio.get_running_loop().time() < self._mine_until:
-            pass  # older than this worker's own, still unheard: its client stays
+        elif op == "attach" and who == self._store.worker:
+            if b"c" not in fields:  # (a claim renewed says nothing new here)
+                self._heard_mine(_place(entry_id), text(fields, b"g"))
         elif op == "attach":
-            self._remote = text(fields, b"f")
-            self._lease_seen = asyncio.get_running_loop().time()
-            channel.attach_remote()
-        elif op == "detach" and self._remote is not None and text(fields, b"f") == self._remote:
-            self._remote = None
-            channel.detach_remote(int(text(fields, b"pos") or 0))
+            fid, renewed = text(fields, b"f"), text(fields, b"c")
+            if fid is not None:
+                self._heard_claim(fid, renewed or _place(entry_id), renewed=renewed is not None)
+        elif op == "detach" and who != self._store.worker:
+            fid = text(fields, b"f")
+            if self._deferred is not None and self._deferred[0] == fid:
+                self._deferred = None
+            if self._remote is not None and fid == self._remote:
+                self._remote = None
+                self._channel.detach_remote(int(text(fields, b"pos") or 0))
         return True
+
+    def _heard_mine(self, place: str, number: str | None) -> None:
+        """A claim of this worker's: every client elsewhere heard before it ends."""
+        self._latest = place
+        if number == str(self._pending):
+            self._pending = 0
+        self._deferred = None
+        if self._remote is not None:  # (the stream parks if its client here left)
+            self._remote = None
+            self._channel.detach_remote(self._channel.sent)
+
+    def _heard_claim(self, fid: str, place: str, *, renewed: bool) -> None:
+        """A claim from elsewhere, made at ``place`` (heard in the stream's order, unless
+        ``renewed``): the newest (its client takes the stream), or older than one this
+        worker made or heard (it ends nobody)."""
+        if self._pending:
+            deferred = self._deferred
+            if deferred is None or entry_order(place) > entry_order(deferred[1]):
+                self._deferred = (fid, place)
+        elif not renewed or self._latest is None or entry_order(place) >= entry_order(self._latest):
+            self._attach_remote(fid, place)
 
     async def tick(self) -> bool:
         """Renew the keys (and notice that Redis lost them: publish again); a client

@@ -216,9 +216,10 @@ class Channel:
         self.follower = None
         self.sent = follower.pos
         self.wake()
-        self.keeper.detached(self, follower)
         if self.keeper.holds(self):
             self.arm()
+        # Told last: it may hand the stream to a client of another process at once.
+        self.keeper.detached(self, follower)
 
     def arm(self) -> None:
         """Start the grace period (again)."""

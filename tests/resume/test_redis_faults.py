@@ -1,8 +1,9 @@
 """RedisStore against a Redis that fails: paused (SIGSTOP), restarted empty, capped
-with ``maxclients``, flooded. Two stores in one process stand for two workers sharing
-one ``redis-server`` that the test starts on a free loopback port. Every command is
-bounded, no failure is permanent while Redis can come back, and one request's Redis
-work never starves another's."""
+with ``maxclients``, flooded, or heard late by one worker (its clients' claims must
+still be judged in the control stream's order). Two stores in one process stand for
+two workers sharing one ``redis-server`` that the test starts on a free loopback port.
+Every command is bounded, no failure is permanent while Redis can come back, and one
+request's Redis work never starves another's."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 from tether_redis import RedisStore
+from tether_redis._ear import entry_order
 
 import tether
 import tether.resume
@@ -71,9 +73,39 @@ async def _first_read(
     return stream, first
 
 
+class _HardOfHearing(Redis):
+    """A client whose ``XREAD`` answers wait at the door while ``hearing`` is clear:
+    its store's one reader hears late what other workers posted meanwhile, as one held
+    up by a slow Redis or a busy loop does."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hearing = asyncio.Event()
+        self.hearing.set()
+        self._marks: list[tuple[str, tuple[int, int], asyncio.Event]] = []
+
+    async def xread(self, streams: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        for key, mark, past in self._marks:
+            position = streams.get(key)
+            if position is not None and entry_order(position) >= mark:
+                past.set()
+        answer = await super().xread(streams, *args, **kwargs)
+        await self.hearing.wait()
+        return answer
+
+    async def heard_all_of(self, key: str) -> None:
+        """Let the store hear again, and wait until it handled every entry ``key``
+        holds now (its reader asks for what follows the last one)."""
+        [(last, _)] = await self.xrevrange(key, count=1)
+        past = asyncio.Event()
+        self._marks.append((key, entry_order(last), past))
+        self.hearing.set()
+        await past.wait()
+
+
 @contextlib.asynccontextmanager
 async def _workers(
-    url: str, *, grace: float = 30.0, **options: Any
+    url: str, *, grace: float = 30.0, owner_client: type[Redis] = Redis, **options: Any
 ) -> AsyncIterator[
     tuple[tether.Registry, collections.Counter[str], tether.resume.Resume, tether.resume.Resume]
 ]:
@@ -81,7 +113,7 @@ async def _workers(
     worker's resumption (each its own client); both closed after."""
     aborts: collections.Counter[str] = collections.Counter()
     registry = tether.Registry(lambda rid: aborts.update([rid]))
-    clients = [Redis.from_url(url), Redis.from_url(url)]
+    clients = [owner_client.from_url(url), Redis.from_url(url)]
     owner, other = (
         tether.resume.Resume(grace=grace, store=RedisStore(client, block=BLOCK), **options)
         for client in clients
@@ -387,6 +419,131 @@ async def test_a_reconnect_ahead_of_a_log_its_owner_cannot_copy_yet_is_told_to_r
         registry.deliver(stream.rid, 4, finished=True)
         assert await _drain(back) == [4]
         await back.aclose()
+    assert aborts.total() == 0
+
+
+async def test_a_claim_from_a_reader_that_already_left_never_ends_a_newer_reader(
+    redis_proc: RedisProcess,
+) -> None:
+    # A client elsewhere attaches (its claim is in the control stream) and leaves; then
+    # one reconnects on the owner's worker. The owner hears that claim only after: it
+    # is older than the owner's own (which every worker will hear after it), so the
+    # newer reader reads on.
+    async with (
+        _workers(redis_proc.url, owner_client=_HardOfHearing) as (registry, aborts, owner, other),
+        asyncio.timeout(30),
+    ):
+        late = owner.store.client
+        assert isinstance(owner.store, RedisStore)
+        assert isinstance(late, _HardOfHearing)
+        late.hearing.clear()  # (from the start: the owner has not heard its own claim either)
+        stream, first = await _first_read(registry, owner)
+        await (await _reach(other, first.token, 1)).aclose()
+        again = await owner.follow(_point(first.token, 1))
+        assert again is not None
+        await late.heard_all_of(owner.store.key(first.token, "ctl"))
+        registry.deliver(stream.rid, 2)
+        registry.deliver(stream.rid, 3, finished=True)
+        assert await _drain(again) == [2, 3]
+    assert aborts.total() == 0
+
+
+async def test_a_reader_that_left_before_its_claim_was_sent_ends_no_reader_elsewhere(
+    redis_proc: RedisProcess,
+) -> None:
+    # A reconnect on the owner's worker leaves before its claim could be copied to
+    # Redis (the owner's copies are held up); a client elsewhere then attaches. The
+    # claim of the reader that left is never sent: it would end the newer one.
+    async with _workers(redis_proc.url) as (registry, aborts, owner, other), asyncio.timeout(30):
+        stream, first = await _first_read(registry, owner, leave=True)
+        await (await _reach(other, first.token, 1)).aclose()  # event 1 is in Redis
+        assert isinstance(owner.store, RedisStore)
+        slots = owner.store.upkeep_slots
+        held = 0
+        while not slots.locked():
+            await slots.acquire()
+            held += 1
+        try:
+            gone = await owner.follow(_point(first.token, 1))
+            assert gone is not None
+            await gone.aclose()
+            elsewhere = await _reach(other, first.token, 1)
+            registry.deliver(stream.rid, 2)  # (copied after that claim, had it been sent)
+        finally:
+            for _ in range(held):
+                slots.release()
+        assert [output for _, output in await elsewhere.next_ready() or ()] == [2]
+        registry.deliver(stream.rid, 3, finished=True)
+        assert await _drain(elsewhere) == [3]
+        await elsewhere.aclose()
+    assert aborts.total() == 0
+
+
+async def test_the_newest_claim_in_the_control_stream_wins_on_every_worker(
+    redis_proc: RedisProcess,
+) -> None:
+    # Claims in this order: the owner's first reader, a reader elsewhere, a reconnect
+    # on the owner's worker. The owner hears the middle one late, after its own first:
+    # the newest still wins on both workers, and only one reader is left.
+    async with (
+        _workers(redis_proc.url, owner_client=_HardOfHearing) as (registry, aborts, owner, other),
+        asyncio.timeout(30),
+    ):
+        late = owner.store.client
+        assert isinstance(owner.store, RedisStore)
+        assert isinstance(late, _HardOfHearing)
+        late.hearing.clear()
+        stream, first = await _first_read(registry, owner)
+        elsewhere = await _reach(other, first.token, 1)
+        newest = await owner.follow(_point(first.token, 1))
+        assert newest is not None
+        await late.heard_all_of(owner.store.key(first.token, "ctl"))
+        registry.deliver(stream.rid, 2)  # (copied after the newest claim)
+        assert [output for _, output in await newest.next_ready() or ()] == [2]
+        with pytest.raises(tether.Aborted, match="resumed elsewhere"):
+            await _drain(elsewhere)
+        registry.deliver(stream.rid, 3, finished=True)
+        assert await _drain(newest) == [3]
+    assert aborts.total() == 0
+
+
+async def test_a_claim_said_again_after_a_newer_one_ends_no_reader(
+    redis_proc: RedisProcess,
+) -> None:
+    # A claim is said again when Redis may have lost it (an owner publishes its stream
+    # again; a client elsewhere whose lease lapsed tells the owner it is still there),
+    # and that may land after a newer claim: it ends nobody, on either side.
+    async with (
+        _workers(redis_proc.url, owner_client=_HardOfHearing) as (registry, aborts, owner, other),
+        asyncio.timeout(30),
+    ):
+        late = owner.store.client
+        assert isinstance(owner.store, RedisStore)
+        assert isinstance(other.store, RedisStore)
+        assert isinstance(late, _HardOfHearing)
+        stream, first = await _first_read(registry, owner)
+        elsewhere = await _reach(other, first.token, 1)
+        with pytest.raises(tether.Aborted, match="resumed elsewhere"):
+            await first.next_ready()  # the owner heard the claim from elsewhere
+        ctl = owner.store.key(first.token, "ctl")
+        entries = await late.xrange(ctl)
+        claims = [(entry_id, fields) for entry_id, fields in entries if fields[b"op"] == b"attach"]
+        (mine, _), (theirs, their_fields) = claims
+        # The owner's first claim, said again: the client elsewhere claimed after it.
+        await late.xadd(ctl, {"op": "attach", "w": owner.store.worker, "c": mine})
+        registry.deliver(stream.rid, 2)  # (copied after that)
+        assert [output for _, output in await elsewhere.next_ready() or ()] == [2]
+        newest = await owner.follow(_point(first.token, 2))
+        assert newest is not None
+        with pytest.raises(tether.Aborted, match="resumed elsewhere"):
+            await _drain(elsewhere)  # (the newest claim is in Redis)
+        await late.heard_all_of(ctl)  # (and the owner heard it)
+        # The claim from elsewhere, said again: the reconnect here claimed after it.
+        renewed = {"op": "attach", "w": other.store.worker, "f": their_fields[b"f"], "c": theirs}
+        await late.xadd(ctl, renewed)  # type: ignore[arg-type]
+        await late.heard_all_of(ctl)
+        registry.deliver(stream.rid, 3, finished=True)
+        assert await _drain(newest) == [3]
     assert aborts.total() == 0
 
 
