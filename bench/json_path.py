@@ -102,27 +102,21 @@ def build(variant: str, *, streaming: bool = False) -> tuple[ASGIApp, Producer]:
 
 
 async def one_request(app: ASGIApp, sent: list[Message] | None = None) -> None:
-    """One GET, with uvicorn's ``receive`` behaviour: the request at once, then
+    """One GET, with a server's ``receive``: the request at once, then
     ``http.disconnect`` once the response is complete; ``sent`` collects what the
-    app sends (for tests)."""
-    complete = asyncio.Event()
-    sent_request = False
-
-    async def receive() -> Message:
-        nonlocal sent_request
-        if not sent_request:
-            sent_request = True
-            return {"type": "http.request", "body": b"", "more_body": False}
-        await complete.wait()
-        return {"type": "http.disconnect"}
+    app sends (for tests). ``receive`` is an ``asyncio.Queue``'s ``get``, as
+    hypercorn's is: a server's own ``receive``, which tether reads ahead without a
+    task of its own, as it does uvicorn's."""
+    inbox: asyncio.Queue[Message] = asyncio.Queue()
+    inbox.put_nowait({"type": "http.request", "body": b"", "more_body": False})
 
     async def send(message: Message) -> None:
         if sent is not None:
             sent.append(message)
         if message["type"] == "http.response.body" and not message.get("more_body", False):
-            complete.set()
+            inbox.put_nowait({"type": "http.disconnect"})
 
-    await app(dict(SCOPE), receive, send)
+    await app(dict(SCOPE), inbox.get, send)
 
 
 Build = Callable[[str], tuple[ASGIApp, Producer]]
