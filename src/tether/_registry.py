@@ -37,7 +37,7 @@ from ._handover import HandOver
 from ._limits import DEFAULT_MAX_PENDING_BYTES, Limits, approximate_size
 from ._observe import Observer, announce_first_output, opened
 from ._scope import current_scope
-from ._state import Group, RequestState
+from ._state import Group, RequestState, route
 from ._stats import RegistryStats
 from ._stream import Stream
 from ._table import Table, now
@@ -317,24 +317,17 @@ class Registry:
 
     def deliver_many(self, items: Iterable[tuple[str, Any, bool]]) -> int:
         """Deliver ``(rid, output, finished)`` triples in order; returns how many were live."""
-        # One loop, with deliver()'s usual case inline (a live request past its first
-        # output, not its last): an engine step calls this once for every live request.
-        entries, limits, table = self._entries, self._limits, self._table
-        live = 0
-        for rid, output, finished in items:
-            state = entries.get(rid)
-            if state is None or finished or not state.first_at:
-                live += self.deliver(rid, output, finished=finished)
-                continue
-            live += 1
-            try:
-                fits = state.put(output, limits)
-            except Exception as exc:  # as in deliver(): that request fails alone
-                table.merge_failed(state, exc, False)
-                continue
-            if not fits and state.live:
-                table.too_slow(state, False)
-        return live
+        # deliver()'s usual case is inline in the mailbox's route(), the rest comes back
+        # here: an engine step calls this once for every live request.
+        table = self._table
+        return route(
+            self._entries,
+            items,
+            self._limits,
+            self._deliver_positional,
+            table.merge_failed,
+            table.too_slow,
+        )
 
     def fail(self, rid: str, exc: BaseException) -> bool:
         """End a request with an error: its consumer gets :class:`~tether.ProducerError`.
@@ -407,8 +400,8 @@ class Registry:
         """:meth:`abort` from another thread."""
         self._hand.send(self._table.require_loop(), self.abort, rid, reason)
 
-    def _deliver_positional(self, rid: str, output: Any, finished: bool) -> None:
-        self.deliver(rid, output, finished=finished)
+    def _deliver_positional(self, rid: str, output: Any, finished: bool) -> bool:
+        return self.deliver(rid, output, finished=finished)
 
     # -- shutdown ----------------------------------------------------------------------
 

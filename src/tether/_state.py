@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ._errors import TetherError
@@ -29,7 +29,7 @@ from ._limits import Limits
 from ._mailbox import NOTHING, Mailbox
 
 logger = logging.getLogger("tether")
-__all__ = ["NOTHING", "Group", "Mailbox", "RequestState"]
+__all__ = ["NOTHING", "Group", "Mailbox", "RequestState", "route"]
 
 
 class Group(Mailbox):
@@ -399,3 +399,44 @@ class RequestState(Mailbox):
         group = self.group
         if group is not None:
             group.wake()
+
+
+def route(
+    entries: dict[str, RequestState],
+    items: Iterable[tuple[str, Any, bool]],
+    limits: Limits,
+    one: Callable[[str, Any, bool], bool],
+    failed: Callable[[RequestState, Exception, bool], None],
+    too_slow: Callable[[RequestState, bool], None],
+) -> int:
+    """An engine step: each ``(rid, output, finished)`` to its request, in order; how
+    many were live. ``one(rid, output, finished)`` delivers what is not the usual case
+    (a rid not in ``entries``, a request's first or last output); ``failed`` is told
+    of a ``merge`` that raised, ``too_slow`` of a backlog over a limit.
+
+    The usual case (a live request past its first output, not its last) is here, in
+    the mailbox's own module, so that the fold of a request whose ``result()`` waits
+    costs no call per output (``put``'s first case, inlined): an engine step calls
+    this once for every live request, and a JSON request gets every output folded.
+    """
+    live = 0
+    merge = limits.merge
+    get = entries.get
+    for rid, output, finished in items:
+        state = get(rid)
+        if state is None or finished or not state.first_at:
+            live += one(rid, output, finished)
+            continue
+        live += 1
+        if merge is None and state.collecting:
+            state.noutputs += 1
+            state.acc = output
+            continue
+        try:
+            fits = state.put(output, limits)
+        except Exception as exc:  # as in deliver(): that request fails alone
+            failed(state, exc, False)
+            continue
+        if not fits and state.live:
+            too_slow(state, False)
+    return live
