@@ -319,15 +319,7 @@ class Registry:
         """Deliver ``(rid, output, finished)`` triples in order; returns how many were live."""
         # deliver()'s usual case is inline in the mailbox's route(), the rest comes back
         # here: an engine step calls this once for every live request.
-        table = self._table
-        return route(
-            self._entries,
-            items,
-            self._limits,
-            self._deliver_positional,
-            table.merge_failed,
-            table.too_slow,
-        )
+        return route(self._entries, items, self._limits, self, self._table)
 
     def fail(self, rid: str, exc: BaseException) -> bool:
         """End a request with an error: its consumer gets :class:`~tether.ProducerError`.
@@ -400,8 +392,8 @@ class Registry:
         """:meth:`abort` from another thread."""
         self._hand.send(self._table.require_loop(), self.abort, rid, reason)
 
-    def _deliver_positional(self, rid: str, output: Any, finished: bool) -> bool:
-        return self.deliver(rid, output, finished=finished)
+    def _deliver_positional(self, rid: str, output: Any, finished: bool) -> None:
+        self.deliver(rid, output, finished=finished)
 
     # -- shutdown ----------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from ._errors import TetherError
 from ._limits import Limits
@@ -401,18 +401,31 @@ class RequestState(Mailbox):
             group.wake()
 
 
+class Delivers(Protocol):
+    """What :func:`route` hands the unusual cases to (the registry)."""
+
+    def deliver(self, rid: str, output: Any, *, finished: bool = False) -> bool: ...
+
+
+class Ends(Protocol):
+    """What :func:`route` tells of a request that must end (the table)."""
+
+    def merge_failed(self, state: RequestState, exc: Exception, finished: bool) -> None: ...
+
+    def too_slow(self, state: RequestState, finished: bool) -> None: ...
+
+
 def route(
     entries: dict[str, RequestState],
     items: Iterable[tuple[str, Any, bool]],
     limits: Limits,
-    one: Callable[[str, Any, bool], bool],
-    failed: Callable[[RequestState, Exception, bool], None],
-    too_slow: Callable[[RequestState, bool], None],
+    registry: Delivers,
+    table: Ends,
 ) -> int:
     """An engine step: each ``(rid, output, finished)`` to its request, in order; how
-    many were live. ``one(rid, output, finished)`` delivers what is not the usual case
-    (a rid not in ``entries``, a request's first or last output); ``failed`` is told
-    of a ``merge`` that raised, ``too_slow`` of a backlog over a limit.
+    many were live. ``registry.deliver`` takes what is not the usual case (a rid not
+    in ``entries``, a request's first or last output); ``table`` is told of a
+    ``merge`` that raised, or of a backlog over a limit.
 
     The usual case (a live request past its first output, not its last) is here, in
     the mailbox's own module, so that the fold of a request whose ``result()`` waits
@@ -425,7 +438,7 @@ def route(
     for rid, output, finished in items:
         state = get(rid)
         if state is None or finished or not state.first_at:
-            live += one(rid, output, finished)
+            live += registry.deliver(rid, output, finished=finished)
             continue
         live += 1
         if merge is None and state.collecting:
@@ -435,8 +448,8 @@ def route(
         try:
             fits = state.put(output, limits)
         except Exception as exc:  # as in deliver(): that request fails alone
-            failed(state, exc, False)
+            table.merge_failed(state, exc, False)
             continue
         if not fits and state.live:
-            too_slow(state, False)
+            table.too_slow(state, False)
     return live
