@@ -169,3 +169,44 @@ async def _read_until_it_ends(stream: tether.Stream) -> tuple[list[object], Exce
     except tether.TetherError as exc:
         return received, exc
     return received, None
+
+
+async def test_calls_left_by_a_burst_cancelled_before_its_step_run_when_the_registry_closes(
+    registry: tether.Registry,
+) -> None:
+    """No call comes after the cancelled burst: the registry's close runs what it left,
+    so the request finishes with its output instead of waiting out the drain."""
+    stream = registry.open()
+    loop = asyncio.get_running_loop()
+
+    async def write(chunk: bytes, last: bool) -> None:
+        raise AssertionError("never driven: the sink is offered outside a task")
+
+    stepped = Stepped(write)
+    stream.set_sink(lambda items: stepped.write(b"x") is True)  # as a Starlette writer
+    bursts: list[asyncio.Task[object]] = []
+    handed_over = asyncio.Event()
+
+    def cancel_the_burst() -> None:  # a runner cancelling every task, before the step
+        for task in asyncio.all_tasks(loop):
+            if task.get_name() == "tether-handover" and task.cancel():
+                bursts.append(task)
+
+    def engine() -> None:
+        # the first is offered to the sink in the loop's callback: declined, it asks
+        # for a task, and the next hand-over runs in a burst
+        registry.deliver_threadsafe(stream.rid, "first")
+        registry.deliver_threadsafe(stream.rid, "last", finished=True)
+        loop.call_soon_threadsafe(cancel_the_burst)
+        loop.call_soon_threadsafe(handed_over.set)
+
+    worker = threading.Thread(target=engine)
+    worker.start()
+    async with asyncio.timeout(10):
+        await handed_over.wait()
+        await asyncio.to_thread(worker.join)
+        if bursts:  # (under an eager task factory the burst ran at once)
+            assert stream.ready() == ["first"]  # "last" is stranded until the close
+        await registry.close(drain_timeout=5)
+        assert await stream.result() == "last"
+    assert registry.in_flight == 0
