@@ -14,8 +14,8 @@ it, later ones queue behind it, and it runs everything queued, in order, then en
 It never awaits, so it runs in one step and ends there: a ``send`` wrapper's timer
 that fires later cancels a task that is already done. A burst cancelled before its
 step (by whoever cancels every task) leaves its calls to the next burst, which runs
-them first, or to the registry's ``close()``; only a loop stopped with neither
-drops them, with the requests they were for. A registry whose writers need no task (aiohttp's write
+them first; only the loop's own shutdown, with no call after it, drops them, with
+the requests they were for. A registry whose writers need no task (aiohttp's write
 to the transport) never pays for one.
 """
 
@@ -85,15 +85,6 @@ class HandOver:
             return
         task = loop.create_task(self._run(), name="tether-handover")
         self._task = None if task.done() else task  # (an eager task factory ran it at once)
-
-    def settle(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Run now, in order, the calls a burst cancelled before its step left queued
-        (nothing, if none was): the registry's ``close()`` does, so that its drain
-        waits for requests, not for a call that nothing would run."""
-        running = self._task
-        if self._calls and (running is None or running.done() or running.cancelling()):
-            self._task = None
-            self._drain(loop)
 
     async def _run(self) -> None:
         self._drain(asyncio.get_running_loop())

@@ -403,9 +403,6 @@ class Registry:
         with an :class:`~tether.Aborted` error its adapter turns into a final error
         event. Waits (bounded) for asynchronous ``on_abort`` calls. Idempotent.
         """
-        table = self._table
-        if table.loop is not None and table.thread == threading.get_ident():
-            self._hand.settle(table.loop)  # (calls from threads a cancelled burst left)
         await self._table.close(drain_timeout)
 
 
