@@ -33,7 +33,6 @@ from ._errors import (
     WrongLoop,
     check_rid,
 )
-from ._handover import HandOver
 from ._limits import DEFAULT_MAX_PENDING_BYTES, Limits, approximate_size
 from ._observe import Observer, announce_first_output, opened
 from ._scope import current_scope
@@ -75,7 +74,7 @@ class Registry:
     :param abort_timeout: bound, in seconds, on an asynchronous ``on_abort``.
     """
 
-    __slots__ = ("_entries", "_hand", "_limits", "_table")
+    __slots__ = ("_entries", "_limits", "_table")
 
     def __init__(
         self,
@@ -102,7 +101,6 @@ class Registry:
             on_abort, max_in_flight=max_in_flight, limits=limits, abort_timeout=abort_timeout
         )
         self._entries = self._table.entries  # the same dict: one lookup on the hot path
-        self._hand = HandOver()  # (the *_threadsafe calls, in their order, in a task)
 
     # -- introspection -------------------------------------------------------------
 
@@ -369,7 +367,9 @@ class Registry:
 
         :raises WrongLoop: no request was ever opened (no loop known) or the loop closed.
         """
-        self._hand.send(self._table.require_loop(), self._deliver_positional, rid, output, finished)
+        self._table.require_loop().call_soon_threadsafe(
+            self._deliver_positional, rid, output, finished
+        )
 
     def deliver_many_threadsafe(self, items: Iterable[tuple[str, Any, bool]]) -> None:
         """Deliver ``(rid, output, finished)`` triples from another thread, in one hand-over.
@@ -382,15 +382,15 @@ class Registry:
         for index, item in enumerate(step):
             if type(item) is not tuple or len(item) != 3 or type(item[0]) is not str:
                 step[index] = _triple(index, item)  # (the usual item costs one test, not this)
-        self._hand.send(self._table.require_loop(), self.deliver_many, step)
+        self._table.require_loop().call_soon_threadsafe(self.deliver_many, step)
 
     def fail_threadsafe(self, rid: str, exc: BaseException) -> None:
         """:meth:`fail` from another thread."""
-        self._hand.send(self._table.require_loop(), self.fail, rid, exc)
+        self._table.require_loop().call_soon_threadsafe(self.fail, rid, exc)
 
     def abort_threadsafe(self, rid: str, reason: AbortReason = AbortReason.SERVER) -> None:
         """:meth:`abort` from another thread."""
-        self._hand.send(self._table.require_loop(), self.abort, rid, reason)
+        self._table.require_loop().call_soon_threadsafe(self.abort, rid, reason)
 
     def _deliver_positional(self, rid: str, output: Any, finished: bool) -> None:
         self.deliver(rid, output, finished=finished)

@@ -26,8 +26,6 @@ import threading
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Final
 
-from ._handover import want_task
-
 __all__ = ["Stepped"]
 
 SUSPENDS_IN_A_ROW: Final = 4
@@ -60,20 +58,14 @@ class Stepped:
 
     def writable(self) -> bool:
         """Whether a write is worth trying now: its writes do not keep suspending, and
-        this is a task of the handler's thread. A producer thread's hand-over, run in a
-        loop callback, is declined, and its registry's next hand-overs run in a task
-        (:func:`~tether._handover.want_task`). Any other call outside a task settles
-        it: the handler writes for good, at once (its own writes through this would
-        otherwise reset the count, and every output would be offered, declined and
-        written by the handler, at a fifth more CPU)."""
+        this is a task of the handler's thread. A hand-over from elsewhere (a producer
+        thread's, in a loop callback) settles it: the handler writes for good, at once
+        (its own writes through this would otherwise reset the count, and every output
+        would be offered, declined and written by the handler, at a fifth more CPU)."""
         if self._suspended >= SUSPENDS_IN_A_ROW or self._busy:
             return False
-        if threading.get_ident() != self._thread:
+        if threading.get_ident() != self._thread or asyncio.current_task(self._loop) is None:
             self._suspended = SUSPENDS_IN_A_ROW
-            return False
-        if asyncio.current_task(self._loop) is None:
-            if not want_task():
-                self._suspended = SUSPENDS_IN_A_ROW
             return False
         return True
 
