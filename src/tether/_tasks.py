@@ -31,17 +31,21 @@ class Driven:
     An exception it lets out is logged, as a task's would be.
     """
 
-    __slots__ = ("_context", "_coro")
+    __slots__ = ("_context", "_coro", "_loop", "_waited")
 
     def __init__(self, coro: Coroutine[Any, Any, None]) -> None:
         self._coro: Coroutine[Any, Any, None] | None = coro
         self._context = contextvars.copy_context()  # one for every step, as a task's
-        asyncio.get_running_loop().call_soon(self._step, context=self._context)
+        # (asked once: on 3.11 each get_running_loop() is a getpid() system call)
+        self._loop = loop = asyncio.get_running_loop()
+        self._waited: asyncio.Future[Any] | None = None  # the future it waits on now
+        loop.call_soon(self._step, context=self._context)
 
     def _step(self, _: object = None, *, thrown: BaseException | None = None) -> None:
         coro = self._coro  # (also the done callback of its wait)
         if coro is None:  # closed
             return
+        self._waited = None
         try:
             waited = coro.send(None) if thrown is None else coro.throw(thrown)
         except (StopIteration, asyncio.CancelledError):  # ended; or what it waited on, cut
@@ -51,8 +55,9 @@ class Driven:
             self._coro = None
             logger.exception("a coroutine run without a task failed")
             return
-        loop, context = asyncio.get_running_loop(), self._context
+        loop, context = self._loop, self._context
         if asyncio.isfuture(waited):
+            self._waited = waited
             waited.add_done_callback(self._step, context=context)
         elif waited is None:  # a bare yield (sleep(0)): on at the next turn
             loop.call_soon(self._step, context=context)
@@ -63,6 +68,9 @@ class Driven:
     def close(self) -> None:
         """End it now (idempotent). Called from inside it, it is never stepped again."""
         coro, self._coro = self._coro, None
+        waited, self._waited = self._waited, None
+        if waited is not None:  # (its wait may cancel that future: no step to schedule)
+            waited.remove_done_callback(self._step)
         if coro is not None and not getattr(coro, "cr_running", False):
             coro.close()
 
