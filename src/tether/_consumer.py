@@ -160,6 +160,8 @@ class Consumer:
         await self.aclose()  # however the block ended
 
     def __del__(self) -> None:
+        if getattr(self, "_closed", False):  # (aclose() ended every request of it)
+            return
         states = getattr(self, "_states", ())
         if any(state.live for state in states):
             warnings.warn(
@@ -335,6 +337,10 @@ class Consumer:
         if self._collecting:
             return
         self._collecting = True
+        if not outputs:  # (the usual wait: nothing was read before it)
+            for state in states:
+                state.collect(NOTHING)
+            return
         merge = self._table.limits.merge
         accs: list[Any] = [NOTHING] * len(states)
         for index, output in outputs:

@@ -285,8 +285,8 @@ class Registry:
                 announce_first_output(self._table.observers, rid, waited)
                 if not state.live:  # an observer ended it: the output has nobody to reach
                     return True
-        if finished:  # (a sink would write it alone: it goes out with the end, in one write)
-            state.set_sink(None)
+        if finished and state.sink is not None:  # (a sink would write it alone: it goes
+            state.set_sink(None)  # out with the end, in one write)
         try:
             fits = state.put(output, self._limits)
         except Exception as exc:  # merge() raised: that request fails, the producer goes on

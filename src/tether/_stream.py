@@ -80,7 +80,7 @@ class Stream(Consumer):
             self._first_read()
         state = self._state
         unread = (self._take_buffered() or EMPTY) + state.take()
-        await self._collect_result(state, [(0, output) for output in unread])
+        await self._collect_result(state, [(0, output) for output in unread] if unread else EMPTY)
         if state.error is not None:
             raise state.error.with_traceback(None)
         return None if state.acc is NOTHING else state.acc
