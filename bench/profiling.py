@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -186,7 +187,8 @@ def record(
     into.mkdir(parents=True, exist_ok=True)
     stacks_file = into / f"{framework}-{name or mode}-{variant}.txt"
     warmup = 1.0
-    with processes.server(framework, variant, "--loop", "uvloop") as (pid, base):
+    gc_env = {"BENCH_GC": "1"}  # (the collector's own time: py-spy cannot tell it apart)
+    with processes.server(framework, variant, "--loop", "uvloop", env=gc_env) as (pid, base):
         argv = [processes.PYTHON, "-m", "bench.client", mode, f"{base}{path}"]
         argv += [*("--concurrency", str(CLIENTS), "--server-pid", str(pid))]
         argv += [*("--warmup", str(warmup), "--duration", str(seconds))]
@@ -208,6 +210,7 @@ def record(
             # time (a loop of getpid() and Python work: 65 % of the samples for 35 % of
             # the time): the write and poll calls looked far heavier than they are.
             spy_argv += ["--full-filenames", "--nolineno", "--nonblocking"]
+            gc_before = _gc_clock(base)
             spied = subprocess.run(spy_argv, capture_output=True, text=True, timeout=seconds + 60)
             if spied.returncode != 0:
                 raise RuntimeError(
@@ -215,6 +218,7 @@ def record(
                     f"kernel.yama.ptrace_scope = 0): {spied.stderr.strip()}"
                 )
             stdout, _ = load.communicate(timeout=seconds + 60)
+            gc_after = _gc_clock(base)
         finally:
             if load.poll() is None:
                 load.kill()
@@ -225,7 +229,18 @@ def record(
     cost_field = "server_cpu_us_per_event" if mode == "stream" else "server_cpu_us_per_request"
     with stacks_file.open() as file:
         summary = summarise(parse(file), result.get(cost_field), areas_of())
-    return {"load": result, "stacks": stacks_file.name, **dataclasses.asdict(summary)}
+    gc: dict[str, Any] = {key: gc_after[key] - gc_before[key] for key in ("gc_s", "cpu_s")}
+    pairs = zip(gc_after["collections"], gc_before["collections"], strict=True)
+    gc["collections"] = [after - before for after, before in pairs]
+    gc["share"] = gc["gc_s"] / gc["cpu_s"] if gc["cpu_s"] > 0 else 0.0
+    return {"load": result, "stacks": stacks_file.name, "gc": gc, **dataclasses.asdict(summary)}
+
+
+def _gc_clock(base: str) -> dict[str, Any]:
+    """The server's :class:`bench.servers.producer.GcClock` reading."""
+    with urllib.request.urlopen(f"{base}/_bench/gc", timeout=30) as answer:
+        clock: dict[str, Any] = json.loads(answer.read())
+    return clock
 
 
 def profile(seconds: float) -> dict[str, Any]:
@@ -275,7 +290,14 @@ def _section(mode: str, runs: dict[str, dict[str, Any]]) -> list[str]:
     costs = ", ".join(
         f"{label[v]} {_num(runs[v]['cost'])} {unit} ({runs[v]['samples']} samples)" for v in names
     )
-    lines = [f"Server CPU in the profiled window: {costs}.", ""]
+    lines = [f"Server CPU in the profiled window: {costs}."]
+    if all("gc" in runs[v] for v in names):  # (profiles recorded before it was timed: none)
+        gcs = ", ".join(f"{label[v]} {_gc(runs[v])}" for v in names)
+        lines += [
+            f"Of it, the cyclic garbage collector (`gc.callbacks`; inside the areas below, "
+            f"charged to whichever frame's allocation set it off): {gcs}."
+        ]
+    lines += [""]
     areas = sorted(
         {a for run in runs.values() for a in run["areas"]},
         key=lambda a: -runs["tether"]["areas"].get(a, 0.0),
@@ -305,6 +327,13 @@ def _section(mode: str, runs: dict[str, dict[str, Any]]) -> list[str]:
         [[f"`{f}`", a, _us(s, tether["cost"]), f"{s:.1%}"] for f, a, s in tether["layers"]],
     )
     return lines
+
+
+def _gc(run: dict[str, Any]) -> str:
+    """``µs (share), N collections per generation`` of one profiled server."""
+    gc = run["gc"]
+    counts = "/".join(str(count) for count in gc["collections"])
+    return f"{_us(gc['share'], run['cost'])} ({gc['share']:.0%}; {counts} collections)"
 
 
 def _own(run: dict[str, Any], function: str, where: str) -> str:

@@ -222,12 +222,16 @@ def _tether_routes(backend: Backend) -> list[web.RouteDef]:
 
 
 def build(backend: Backend) -> web.Application:
-    """The application of ``backend.variant``, with the abort log at ``/_bench/aborts``."""
+    """The application of ``backend.variant``, with the abort log at ``/_bench/aborts``
+    and the collector's time at ``/_bench/gc``."""
 
     async def aborts(request: web.Request) -> web.Response:
         return web.Response(
             body=orjson.dumps(backend.aborts.take()), content_type="application/json"
         )
+
+    async def gc(request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(backend.gc.read()), content_type="application/json")
 
     async def producer_ctx(app: web.Application) -> AsyncIterator[None]:
         async with backend.running():
@@ -241,7 +245,7 @@ def build(backend: Backend) -> web.Application:
         "tether": _tether_routes,
         "limit": _limit_routes,
     }[backend.variant]
-    app.add_routes([*routes(backend), web.get("/_bench/aborts", aborts)])
+    app.add_routes([*routes(backend), web.get("/_bench/aborts", aborts), web.get("/_bench/gc", gc)])
     app.cleanup_ctx.append(producer_ctx)
     if backend.variant == "tether":
         import tether_aiohttp

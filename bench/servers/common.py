@@ -14,6 +14,8 @@ Every server exposes the same routes, whatever its framework and variant:
   each event tagged with its ``index``.
 * ``/idle``: one event, then an open, silent stream until the client leaves.
 * ``/_bench/aborts``: ``{rid: time.monotonic() of its abort}`` since the last call.
+* ``/_bench/gc``: the cyclic collector's time and the process CPU so far
+  (:class:`~.producer.GcClock`; zero unless the server runs with ``BENCH_GC=1``).
 
 Variants: ``handoff`` (issue 26's hand-off, :mod:`.handoff`: a queue per request
 streamed one write per event, a future per JSON request), ``raw`` (the careful
@@ -31,6 +33,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import os
 import socket
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from typing import Any
@@ -42,6 +45,7 @@ from .producer import (
     SSE_DONE,
     AbortLog,
     Box,
+    GcClock,
     Producer,
     RawTable,
     Shape,
@@ -119,6 +123,9 @@ class Backend:
     def __init__(self, variant: str, tick: float) -> None:
         self.variant = variant
         self.aborts = AbortLog()
+        self.gc = GcClock()
+        if os.environ.get("BENCH_GC") == "1":
+            self.gc.install()
         self.producer = Producer(tick=tick)
         self.raw = RawTable(self.aborted)
         self.registry = tether.Registry(self.aborted)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ __all__ = [
     "SHAPES",
     "AbortLog",
     "Box",
+    "GcClock",
     "Producer",
     "RawTable",
     "Shape",
@@ -102,6 +104,41 @@ class AbortLog:
         """Every recorded abort since the last call."""
         times, self.times = self.times, {}
         return times
+
+
+class GcClock:
+    """The time the cyclic garbage collector takes, by ``gc.callbacks``, and the
+    process CPU beside it. py-spy cannot show it: a collection runs inside whichever
+    allocation tipped the count, and its samples land on that frame. Installed only
+    when asked (the servers' ``BENCH_GC`` environment variable), so that the other
+    benchmarks time servers without the callback."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._began = 0.0
+
+    def install(self) -> None:
+        gc.callbacks.append(self._on_collection)
+
+    def uninstall(self) -> None:
+        gc.callbacks.remove(self._on_collection)
+
+    def _on_collection(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._began
+        self.collections[info["generation"]] += 1
+
+    def read(self) -> dict[str, Any]:
+        """Seconds in the collector and collections per generation so far, and the
+        process CPU seconds (every thread) at the same moment."""
+        return {
+            "gc_s": self.seconds,
+            "collections": [*self.collections],
+            "cpu_s": time.process_time(),
+        }
 
 
 class Shape(Protocol):

@@ -207,10 +207,14 @@ def _tether_routes(backend: Backend) -> list[Route]:
 
 
 def build(backend: Backend) -> ASGIApp:
-    """The ASGI app of ``backend.variant``, with the abort log at ``/_bench/aborts``."""
+    """The ASGI app of ``backend.variant``, with the abort log at ``/_bench/aborts``
+    and the collector's time at ``/_bench/gc``."""
 
     async def aborts(request: Request) -> Response:
         return Response(orjson.dumps(backend.aborts.take()), media_type="application/json")
+
+    async def gc(request: Request) -> Response:
+        return Response(orjson.dumps(backend.gc.read()), media_type="application/json")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -224,7 +228,8 @@ def build(backend: Backend) -> ASGIApp:
         "tether": _tether_routes,
         "limit": _limit_routes,
     }[backend.variant]
-    app = Starlette(routes=[*routes(backend), Route("/_bench/aborts", aborts)], lifespan=lifespan)
+    bench = [Route("/_bench/aborts", aborts), Route("/_bench/gc", gc)]
+    app = Starlette(routes=[*routes(backend), *bench], lifespan=lifespan)
     if backend.variant == "tether":
         import tether_starlette
 

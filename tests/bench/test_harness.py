@@ -8,6 +8,7 @@ measures something sane."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 
 from bench import ab, charts, json_path, matrix, processes, profiling, report, stream_path
 from bench.servers.handoff import SERIALIZERS
-from bench.servers.producer import SHAPES
+from bench.servers.producer import SHAPES, GcClock
 
 
 @pytest.mark.parametrize("variant", ["raw", "limit"])
@@ -222,6 +223,38 @@ def test_profile_tables_put_tethers_top_functions_beside_the_same_in_the_baselin
     assert not any(line.startswith("#### aiohttp") for line in lines)
 
 
+def test_gc_clock_times_every_collection_beside_the_process_cpu() -> None:
+    clock = GcClock()
+    before = clock.read()
+    clock.install()
+    try:
+        gc.collect()  # a full collection: generation 2
+        gc.collect(0)
+    finally:
+        clock.uninstall()
+    after = clock.read()
+    assert after["collections"][2] - before["collections"][2] == 1
+    assert after["collections"][0] - before["collections"][0] >= 1
+    assert after["gc_s"] > before["gc_s"]
+    assert after["cpu_s"] >= before["cpu_s"]
+    gc.collect()  # uninstalled: no longer counted
+    assert clock.read()["collections"] == after["collections"]
+
+
+def test_profile_tables_say_what_the_collector_took_of_each_server() -> None:
+    def run(cost: float, share: float) -> dict[str, Any]:
+        gc_clock = {"gc_s": share, "cpu_s": 1.0, "collections": [30, 3, 1], "share": share}
+        own = [("write", "asyncio", 1.0)]
+        shares = {"areas": {"asyncio": 1.0}, "own": own, "layers": []}
+        return {"cost": cost, "samples": 10, **shares, "gc": gc_clock}
+
+    runs = {"aiohttp/json/tether": run(100.0, 0.2), "aiohttp/json/handoff": run(50.0, 0.1)}
+    meta = {"date": "today", "command": "c", "window": 5.0, "load": 0.0}
+    text = profiling.render(runs, meta)
+    assert "tether 20.0 (20%; 30/3/1 collections)" in text
+    assert "hand-off 5.0 (10%; 30/3/1 collections)" in text
+
+
 @pytest.mark.skipif(profiling.py_spy() is None, reason="py-spy is installed by `make bench` only")
 def test_profile_of_a_running_server_accounts_for_its_samples(tmp_path: Path) -> None:
     result = profiling.record("aiohttp", "limit", "stream", "/stream?n=64", 1.0, into=tmp_path)
@@ -230,6 +263,7 @@ def test_profile_of_a_running_server_accounts_for_its_samples(tmp_path: Path) ->
     assert result["load"]["bad_responses"] == 0
     assert sum(result["areas"].values()) == pytest.approx(1.0)
     assert "aiohttp" in result["areas"]
+    assert result["gc"]["cpu_s"] > 0  # the server's collector clock was read around the window
 
 
 def test_readme_rewrite_replaces_only_the_http_section(tmp_path: Path) -> None:
