@@ -137,38 +137,36 @@ class TetherMiddleware:
             on_first_track=channel.watch, request_id=request_id
         ) as request_scope:
             scope[SCOPE_KEY] = channel.scope = request_scope
-            try:
-                await self._answer(scope, channel, app)
+            try:  # (one coroutine per request: the app's answer is awaited here)
+                try:
+                    await self.app(scope, channel.receive, channel.send)
+                except tether.TetherError as exc:
+                    if channel.started:
+                        raise
+                    await send_whole(channel.send, http.error_head(exc))
+                except asyncio.CancelledError:
+                    # The server cancelled the handler (a shutdown whose grace period ran
+                    # out) while it waited for its answer: the client is still there.
+                    if not channel.started:
+                        request_scope.close()
+                        await send_whole(channel.send, http.server_ended())
+                    raise
+                except Exception:
+                    # Starlette's ServerErrorMiddleware answers outside, without the request
+                    # id: its plain 500 goes from here, if nothing stands between (one may
+                    # answer its own way) and the app has no 500 handler and no debug page.
+                    stack: Any = getattr(app, "middleware_stack", None)
+                    plain = isinstance(stack, ServerErrorMiddleware) and stack.handler is None
+                    if plain and stack.app is self and not stack.debug and not channel.started:
+                        await send_whole(channel.send, _INTERNAL_ERROR)
+                    raise
             except OSError as exc:
                 if exc is not channel.send_error:
                     raise
                 # ASGI 2.4: the client left while the app was answering; nothing to add.
             finally:
-                await channel.stop()
-
-    async def _answer(self, scope: Scope, channel: _ServerLink, app: object) -> None:
-        try:
-            await self.app(scope, channel.receive, channel.send)
-        except tether.TetherError as exc:
-            if channel.started:
-                raise
-            await send_whole(channel.send, http.error_head(exc))
-        except asyncio.CancelledError:
-            # The server cancelled the handler (a shutdown whose grace period ran out)
-            # while it waited for its answer: the client is still there and is told.
-            if not channel.started and channel.scope is not None:
-                channel.scope.close()
-                await send_whole(channel.send, http.server_ended())
-            raise
-        except Exception:
-            # Starlette's ServerErrorMiddleware answers outside, without the request id: its
-            # plain 500 goes from here instead, if nothing stands between (a middleware there
-            # may answer its own way) and the app has no 500 handler and no debug page.
-            stack: Any = getattr(app, "middleware_stack", None)
-            plain = isinstance(stack, ServerErrorMiddleware) and stack.handler is None
-            if plain and stack.app is self and not stack.debug and not channel.started:
-                await send_whole(channel.send, _INTERNAL_ERROR)
-            raise
+                if (reader := channel.stop()) is not None:
+                    await http.stop_tasks((reader,))
 
 
 class _ServerLink:
@@ -251,11 +249,13 @@ class _ServerLink:
         self._last = last
         self._arrive()
 
-    async def stop(self) -> None:  # the request is over: a receive() still waiting ends
-        if self._reader is not None:
-            await http.stop_tasks((self._reader,))
+    def stop(self) -> asyncio.Task[None] | None:  # the request is over: a receive() still
+        reader = self._reader  # waiting ends; a reader task is left to stop and await
+        if isinstance(reader, http.Driven):
+            reader.close()
         self._last = self._last or {"type": "http.disconnect"}
         self._arrive()
+        return reader if isinstance(reader, asyncio.Task) else None
 
     async def receive(self) -> Message:  # body messages in order, then the disconnect
         if self._reader is None:
