@@ -211,7 +211,13 @@ class Consumer:
             if box.waiter is not None:
                 raise ConcurrentRead(self)
             # The common wait, inlined: one coroutine less per output.
-            waiter = box.park(self._wait_loop())
+            table = self._table
+            loop = table.loop
+            # A task of the registry's loop, in that loop's thread, runs on it: no
+            # asyncio.get_running_loop() (a getpid() system call per wait on 3.11).
+            if loop is None or table.thread != _thread_id() or _current_task(loop) is None:
+                loop = table.own_loop()  # (the full check: WrongLoop elsewhere)
+            waiter = box.park(loop)
             if self._idle is not None:
                 self._idle.deadline = None  # an untimed wait
             self._reading = True
@@ -222,16 +228,6 @@ class Consumer:
                 raise
             finally:
                 self._reading = False
-
-    def _wait_loop(self) -> asyncio.AbstractEventLoop:
-        """The registry's loop, which a wait parks on; :class:`WrongLoop` if this task
-        runs elsewhere. A task of that loop, in its thread, runs on it: no
-        ``asyncio.get_running_loop()`` (a ``getpid()`` system call per wait on 3.11)."""
-        table = self._table
-        loop = table.loop
-        if loop is None or table.thread != _thread_id() or _current_task(loop) is None:
-            loop = table.own_loop()  # (the full check)
-        return loop
 
     def ready(self) -> list[Any] | None:
         """Every output (or pair) that is ready now, oldest first, without waiting.
@@ -383,7 +379,7 @@ class Consumer:
         end) resolves; the caller holds ``_reading``, so nobody else parks here."""
         if box.waiter is not None:  # (a waiter resolved or dropped is always cleared)
             raise ConcurrentRead(self)
-        loop = self._wait_loop()
+        loop = self._table.own_loop()
         waiter = box.park(loop)
         idle = self._idle
         if idle is None and timeout is not None:
@@ -421,7 +417,7 @@ class Consumer:
                 # (_park(box, None), inlined: one coroutine less per JSON request)
                 if box.waiter is not None:
                     raise ConcurrentRead(self)
-                waiter = box.park(self._wait_loop())
+                waiter = box.park(self._table.own_loop())
                 if self._idle is not None:
                     self._idle.deadline = None  # an untimed wait
                 try:
