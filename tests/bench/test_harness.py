@@ -16,7 +16,17 @@ from typing import Any
 import httpx
 import pytest
 
-from bench import ab, charts, json_path, matrix, processes, profiling, report, stream_path
+from bench import (
+    ab,
+    charts,
+    instructions,
+    json_path,
+    matrix,
+    processes,
+    profiling,
+    report,
+    stream_path,
+)
 from bench.servers.handoff import SERIALIZERS
 from bench.servers.producer import SHAPES, GcClock
 
@@ -221,6 +231,18 @@ def test_profile_tables_put_tethers_top_functions_beside_the_same_in_the_baselin
     assert "| `wait` | tether core | 5.0 (50.0%) | - |" in lines
     assert "| tether core | 5.0 (50%) | 0.0 (0%) |" in lines
     assert not any(line.startswith("#### aiohttp") for line in lines)
+
+
+@pytest.mark.skipif(instructions.valgrind() is None, reason="valgrind is installed by .ci/run")
+def test_instruction_counts_per_request_are_the_same_from_run_to_run() -> None:
+    def count(variant: str, requests: int) -> int:
+        return instructions.count(processes.ROOT, "json", variant, requests)
+
+    few = count("raw", 20)
+    assert count("raw", 20) == pytest.approx(few, rel=0.001)  # (the hash seed is fixed)
+    raw = (count("raw", 120) - few) / 110
+    tether = (count("tether", 120) - count("tether", 20)) / 110
+    assert 100_000 < raw < tether  # the same requests, and tether does more for each
 
 
 def test_gc_clock_times_every_collection_beside_the_process_cpu() -> None:
