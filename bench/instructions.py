@@ -1,16 +1,16 @@
 """Instructions per request of the in-process paths, counted by valgrind: a change of
 1 % that the shared machine's noise hides in any timing.
 
-``python -m bench.instructions [--path json|stream] [--variants raw,tether] [TREE ...]``
-runs :mod:`bench.json_path`'s (or :mod:`bench.stream_path`'s) variants under
-``valgrind --tool=callgrind`` twice, with a few requests and with many more, and
-reports the difference of the two instruction counts over the difference of requests:
-what one request costs, the interpreter's start and imports cancelled out. Each
-TREE (a directory holding ``src/`` and ``adapters/``; by default this checkout) is
-measured with this checkout's harness, as :mod:`bench.ab` does. Same tree, same
-count: runs agree to a few thousandths of a percent (the hash seed is fixed), so one
-run per cell is enough, and the ratio of a variant to ``raw`` is exact for what it
-measures.
+``python -m bench.instructions [--path json|stream] [--variants raw,tether]
+[--producer-writes] [TREE ...]`` runs :mod:`bench.json_path`'s (or
+:mod:`bench.stream_path`'s) variants under ``valgrind --tool=callgrind`` twice, with a
+few requests and with many more, and reports the difference of the two instruction
+counts over the difference of requests: what one request costs, the interpreter's
+start and imports cancelled out. Each TREE (a directory holding ``src/`` and
+``adapters/``; by default this checkout) is measured with this checkout's harness, as
+:mod:`bench.ab` does. Same tree, same count: runs agree to a few thousandths of a
+percent (the hash seed is fixed), so one run per cell is enough, and the ratio of a
+variant to ``raw`` is exact for what it measures.
 
 What it does not see: time in the kernel (a system call counts as the few
 instructions that make it), cache misses, and the collector's cost in a process with
@@ -36,9 +36,11 @@ FEW, MANY = 500, 3_000
 """Requests of the two runs (each after a warm-up of a tenth as many)."""
 
 _DRIVER = """
-import asyncio, sys
-from bench import json_path, stream_path
-build = stream_path.build if sys.argv[1] == "stream" else json_path.build
+import asyncio, functools, sys
+from bench import json_path
+build = functools.partial(
+    json_path.build, streaming=sys.argv[1] == "stream", producer_writes=sys.argv[4] == "1"
+)
 asyncio.run(json_path.cpu_per_request(build, sys.argv[2], int(sys.argv[3])))
 """
 
@@ -50,8 +52,11 @@ def valgrind() -> str | None:
     return shutil.which("valgrind")
 
 
-def count(tree: Path, path: str, variant: str, requests: int) -> int:
-    """Instructions of one process that runs ``requests`` requests (and the warm-up)."""
+def count(
+    tree: Path, path: str, variant: str, requests: int, *, producer_writes: bool = False
+) -> int:
+    """Instructions of one process that runs ``requests`` requests (and the warm-up);
+    ``producer_writes``: the tether variant's middleware option of that name."""
     tool = valgrind()
     if tool is None:
         raise RuntimeError("valgrind is not installed (Debian: apt-get install valgrind)")
@@ -61,7 +66,7 @@ def count(tree: Path, path: str, variant: str, requests: int) -> int:
         "PYTHONHASHSEED": "0",
     }
     argv = [tool, "--tool=callgrind", "--callgrind-out-file=/dev/null"]
-    argv += [sys.executable, "-c", _DRIVER, path, variant, str(requests)]
+    argv += [sys.executable, "-c", _DRIVER, path, variant, str(requests), str(int(producer_writes))]
     done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     found = _COLLECTED.search(done.stderr)
     if done.returncode != 0 or found is None:
@@ -69,11 +74,15 @@ def count(tree: Path, path: str, variant: str, requests: int) -> int:
     return int(found.group(1))
 
 
-def per_request(tree: Path, path: str, variant: str, few: int = FEW, many: int = MANY) -> float:
+def per_request(tree: Path, path: str, variant: str, *, producer_writes: bool = False) -> float:
     """Instructions per request (per event for ``stream``) of ``variant`` on ``tree``."""
     # (cpu_per_request runs a warm-up of a tenth as many requests first)
-    extra = count(tree, path, variant, many) - count(tree, path, variant, few)
-    per = extra / ((many - few) * 1.1)
+    few, many = (
+        count(tree, path, variant, requests, producer_writes=producer_writes)
+        for requests in (FEW, MANY)
+    )
+    extra = many - few
+    per = extra / ((MANY - FEW) * 1.1)
     return per / 64 if path == "stream" else per
 
 
@@ -82,11 +91,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("trees", nargs="*", type=Path, default=[ROOT])
     parser.add_argument("--path", choices=["json", "stream"], default="json")
     parser.add_argument("--variants", default="raw,tether")
+    parser.add_argument(
+        "--producer-writes", action="store_true", help="tether's middleware with producer_writes"
+    )
     args = parser.parse_args(argv)
     unit = "event" if args.path == "stream" else "request"
     variants = args.variants.split(",")
     for tree in args.trees:
-        figures = {variant: per_request(tree, args.path, variant) for variant in variants}
+        figures = {
+            variant: per_request(tree, args.path, variant, producer_writes=args.producer_writes)
+            for variant in variants
+        }
         first = figures[variants[0]]
         cells = ", ".join(
             f"{variant} {value:,.0f} ({value / first:.3f}x)" for variant, value in figures.items()

@@ -59,10 +59,13 @@ SCOPE: dict[str, Any] = {
 }
 
 
-def build(variant: str, *, streaming: bool = False) -> tuple[ASGIApp, Producer]:
+def build(
+    variant: str, *, streaming: bool = False, producer_writes: bool = False
+) -> tuple[ASGIApp, Producer]:
     """The app of ``variant`` and the producer it waits on (not started): it answers
     every request with the last output as JSON, or (``streaming``) with every output as
-    an SSE event (then no ``manual`` variant)."""
+    an SSE event (then no ``manual`` variant); ``producer_writes`` is the middleware's
+    option of that name (a waiting stream written from the producer's step)."""
     producer = Producer()
     if variant == "raw":
         raw = RawTable(lambda rid: None)
@@ -98,7 +101,8 @@ def build(variant: str, *, streaming: bool = False) -> tuple[ASGIApp, Producer]:
 
     handler = {"manual": manual_json, "tether": tether_json}[variant]
     app = Starlette(routes=[Route("/json", handler)])
-    return tether_starlette.TetherMiddleware(app, registry=registry), producer
+    options = {"producer_writes": True} if producer_writes else {}  # (older trees lack it)
+    return tether_starlette.TetherMiddleware(app, registry=registry, **options), producer
 
 
 async def one_request(app: ASGIApp, sent: list[Message] | None = None) -> None:
