@@ -837,6 +837,9 @@ class RegistryMachine(RuleBasedStateMachine):
         self._deliver(self._pick_rid(pick), finished, poison)
 
     def _deliver(self, rid: str, finished: bool, poison: bool) -> None:
+        # (first: a collection inside an earlier call, such as the last deliver of a
+        # teardown, may have freed this rid's consumer, whose finaliser ended it)
+        self._take_in_gc()
         req = self._live_req(rid)
         output = self._new_output(req, poison)
         may, must = self._overflow_bounds(req) if req is not None else (False, False)
@@ -1422,6 +1425,28 @@ def test_any_sequence_of_public_operations_keeps_the_registry_invariants() -> No
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )
+
+
+def test_a_consumer_freed_by_a_collection_inside_another_deliver_leaves_its_rid_late() -> None:
+    """What the machine found, as one sequence: at the end, delivering to the first
+    stream sets off a collection (an observer's, at its first output) that frees a second
+    stream dropped in a cycle; the producer's next deliver to that stream's rid is then
+    late (``False``, counted), as ``Registry.deliver`` says, and the model must agree."""
+    machine = RegistryMachine()
+    machine.start(
+        eager=False,
+        merge=False,
+        max_in_flight=None,
+        max_pending=1,
+        streams=1,
+        batch=None,
+        keep_going=False,
+        gc_points=frozenset(["merge", "observer"]),
+    )
+    machine.open_stream(rid=None, timeout=None)
+    machine.read(idle=None, mode="iter", n=1, pick=0)
+    machine.drop_consumer(cycle=True, now=True, pick=0)
+    machine.teardown()
 
 
 async def test_a_consumer_dropped_after_an_idle_read_is_aborted_at_once() -> None:
