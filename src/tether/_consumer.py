@@ -377,6 +377,16 @@ class Consumer:
     async def _park(self, box: RequestState | Group, timeout: float | None) -> None:
         """Wait on a future made now, which the producer's ``put`` (or the request's
         end) resolves; the caller holds ``_reading``, so nobody else parks here."""
+        waiter = self._waiter(box, timeout)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            self._cancelled(box, waiter)
+            raise
+
+    def _waiter(self, box: RequestState | Group, timeout: float | None) -> asyncio.Future[None]:
+        """The future a wait of ``timeout`` seconds parks on (``_park``'s, or awaited
+        inline where a coroutine less counts); its deadline armed."""
         if box.waiter is not None:  # (a waiter resolved or dropped is always cleared)
             raise ConcurrentRead(self)
         loop = self._table.own_loop()
@@ -388,11 +398,7 @@ class Consumer:
             # One timer per consumer, re-armed only when needed: a stream that gets an
             # output every millisecond must not build and cancel a timer per output.
             idle.set(loop, timeout)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            self._cancelled(box, waiter)
-            raise
+        return waiter
 
     def _claim(self) -> None:
         """Refuse ``result()`` before it changes anything: another task reads, or this
@@ -414,12 +420,7 @@ class Consumer:
             # In collect mode the producer folds and wakes nobody until the end, and
             # nothing else may read: each wake-up is the end, an error or a close.
             while box.live and box.error is None and not self._closed:
-                # (_park(box, None), inlined: one coroutine less per JSON request)
-                if box.waiter is not None:
-                    raise ConcurrentRead(self)
-                waiter = box.park(self._table.own_loop())
-                if self._idle is not None:
-                    self._idle.deadline = None  # an untimed wait
+                waiter = self._waiter(box, None)  # (_park's, inline: a coroutine less)
                 try:
                     await waiter
                 except asyncio.CancelledError:
