@@ -252,7 +252,9 @@ class Consumer:
             # Taking from another thread would race the producer: refused before
             # anything is taken (only when there is something to take: an empty
             # poll costs nothing more).
-            self._table.check_thread("ready()")
+            table = self._table
+            if table.thread != _thread_id():
+                table.check_thread("ready()")
         rest = self._take_buffered() if self._pos < len(self._buf) else None
         items = box.take() if pending else EMPTY
         if rest:
@@ -368,25 +370,19 @@ class Consumer:
         box = self._box or self._first_read()
         if not box.live or box.error is not None or self._closed or box.pending:
             return
-        self._reading = True
-        try:
-            await self._park(box, timeout)
-        finally:
-            self._reading = False
-
-    async def _park(self, box: RequestState | Group, timeout: float | None) -> None:
-        """Wait on a future made now, which the producer's ``put`` (or the request's
-        end) resolves; the caller holds ``_reading``, so nobody else parks here."""
         waiter = self._waiter(box, timeout)
+        self._reading = True  # (nobody else parks, or takes, until this wait ends)
         try:
             await waiter
         except asyncio.CancelledError:
             self._cancelled(box, waiter)
             raise
+        finally:
+            self._reading = False
 
     def _waiter(self, box: RequestState | Group, timeout: float | None) -> asyncio.Future[None]:
-        """The future a wait of ``timeout`` seconds parks on (``_park``'s, or awaited
-        inline where a coroutine less counts); its deadline armed."""
+        """The future a wait of ``timeout`` seconds parks on (:meth:`wait_ready`'s and
+        ``result()``'s, each awaited inline: no coroutine of its own); its deadline armed."""
         if box.waiter is not None:  # (a waiter resolved or dropped is always cleared)
             raise ConcurrentRead(self)
         loop = self._table.own_loop()
@@ -420,7 +416,7 @@ class Consumer:
             # In collect mode the producer folds and wakes nobody until the end, and
             # nothing else may read: each wake-up is the end, an error or a close.
             while box.live and box.error is None and not self._closed:
-                waiter = self._waiter(box, None)  # (_park's, inline: a coroutine less)
+                waiter = self._waiter(box, None)
                 try:
                     await waiter
                 except asyncio.CancelledError:

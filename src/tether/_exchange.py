@@ -343,28 +343,19 @@ class Exchange:
         if self._done:
             return b""
         framer = self._framer
-        carry = framer.carry
-        if carry is not None:
+        items = framer.carry
+        if items is not None:
             framer.carry = None
-            return self._chunk(carry)
-        try:
-            items = self.source.ready()
-        except TetherError as exc:
-            return self._failed(exc)
-        if items is not None and not items:  # (no `== []`: no list built per poll)
-            return None
-        return self._chunk(items)
-
-    def _waited_chunk(self) -> bytes:
-        chunk = self._ready_chunk()
-        return self.encoder.ping() if chunk is None else chunk
-
-    def _chunk(self, items: list[Any] | None) -> bytes:
-        encoder = self.encoder
-        if items is None:
-            self._done = True
-            return encoder.terminal()
-        framer = self._framer
+        else:
+            try:
+                items = self.source.ready()
+            except TetherError as exc:
+                return self._failed(exc)
+            if items is None:
+                self._done = True
+                return self.encoder.terminal()
+            if not items:  # (no `== []`: no list built per poll)
+                return None
         try:
             chunk = framer.some(items)
         except Exception as exc:
@@ -373,8 +364,12 @@ class Exchange:
         if framer.carry is None and self.source.exhausted:
             # The last outputs and the terminal frame go out in one write.
             self._done = True
-            return chunk + encoder.terminal()
+            return chunk + self.encoder.terminal()
         return chunk
+
+    def _waited_chunk(self) -> bytes:
+        chunk = self._ready_chunk()
+        return self.encoder.ping() if chunk is None else chunk
 
     def _failed(self, exc: Exception) -> bytes:
         """The end of a stream that failed after its start: one error event and the
@@ -414,6 +409,7 @@ class Exchange:
             started = True
             body = first
             direct = self._direct = writer.direct()
+            framer = self._framer
             # (a batch read whole, or a resumable stream's follower: no sink)
             stream = self.source if direct is not None and type(self.source) is Stream else None
             # The hot loop: per chunk, one write and (only when nothing is ready) one
@@ -432,14 +428,22 @@ class Exchange:
                 if last:
                     break
                 body = b""
-                chunk = ready_chunk()
-                if chunk is None:
-                    if stream is not None and direct is not None and direct.writable():
-                        chunk = await self._parked(stream, guard)
-                    else:
-                        await wait(timeout=ping_interval)
+                if direct is None and framer.carry is None and not self._done:
+                    # Woken for each output: wait first (a wait with something ready
+                    # returns at once), so one poll per chunk, not two.
+                    await wait(timeout=ping_interval)
+                    chunk = ready_chunk()
+                else:
+                    chunk = ready_chunk()
                     if chunk is None:
-                        chunk = self._waited_chunk()
+                        if stream is not None and direct is not None and direct.writable():
+                            chunk = await self._parked(stream, guard)
+                        else:
+                            await wait(timeout=ping_interval)
+                        if chunk is None:
+                            chunk = ready_chunk()
+                if chunk is None:  # (the wait timed out: silence)
+                    chunk = self.encoder.ping()
                 body = chunk
         except ConnectionError:  # aiohttp's ClientConnectionResetError, ASGI 2.4's OSError
             self._gone()

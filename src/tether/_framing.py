@@ -87,7 +87,8 @@ class Framer:
         count = len(items)
         per_frame = self._frame_bytes
         if per_frame and per_frame * count <= WRITE_BYTES:
-            chunk = self.encode(items)
+            single = self._single  # (encode()'s first case, without its call)
+            chunk = single(items[0]) if count == 1 and single is not None else self.encode(items)
             self._frame_bytes = len(chunk) // count or 1
             return chunk
         parts: list[bytes] = []

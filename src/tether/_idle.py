@@ -27,11 +27,12 @@ class IdleDeadline:
         wait); not called for a wait that ended first, or after :meth:`clear`.
     """
 
-    __slots__ = ("_expired", "_timer", "deadline")
+    __slots__ = ("_expired", "_timer", "_when", "deadline")
 
     def __init__(self, expired: Callable[[], None]) -> None:
         self._expired = expired
         self._timer: asyncio.TimerHandle | None = None
+        self._when = 0.0
         self.deadline: float | None = None
         """When the current wait ends, in the loop's time; ``None`` for no limit."""
 
@@ -47,10 +48,11 @@ class IdleDeadline:
             return
         self.deadline = deadline = loop.time() + timeout
         timer = self._timer
-        if timer is None or timer.when() > deadline + CLOCK_SLACK:
+        if timer is None or self._when > deadline + CLOCK_SLACK:
             if timer is not None:
                 timer.cancel()
             self._timer = loop.call_at(deadline, self._fired, loop)
+            self._when = deadline  # (the timer's own when(), without a call per wait)
 
     def clear(self) -> None:
         """No wait any more: stop the timer."""
@@ -69,3 +71,4 @@ class IdleDeadline:
             self._expired()
         else:
             self._timer = loop.call_at(deadline, self._fired, loop)
+            self._when = deadline
