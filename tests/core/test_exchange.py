@@ -9,7 +9,13 @@ import pytest
 
 import tether
 import tether.http
-from tests._support.direct_writes import parked, sse_values, started_and_parked
+from tests._support.direct_writes import (
+    DirectTransport,
+    DirectWriter,
+    parked,
+    sse_values,
+    started_and_parked,
+)
 
 from .conftest import AbortLog
 
@@ -337,3 +343,67 @@ async def test_the_end_and_errors_reach_the_write_loop_past_the_sink(
     assert error["error"]["type"] == "ProducerError"  # type: ignore[index]
     assert end == "[DONE]"
     assert all(exchange.done for exchange in exchanges)
+
+
+class _Watched(DirectTransport):
+    """A direct transport that tells ``seen`` once ``want`` outputs reached the client
+    (through it or through the loop's own writes)."""
+
+    def __init__(self, want: int) -> None:
+        super().__init__()
+        self.want, self.seen = want, asyncio.Event()
+        self.framed: list[bytes] = []  # (the loop's writes, filled by the writer)
+
+    def write(self, chunk: bytes) -> bool:
+        written = super().write(chunk)
+        self.check()
+        return written
+
+    def check(self) -> None:
+        client = sse_values(b"".join([*self.framed, *self.written]))
+        if sum(isinstance(value, dict) for value in client) >= self.want:
+            self.seen.set()
+
+
+class _Writer(DirectWriter):
+    """``direct``: the framework writes without waiting (the producer's sink may);
+    otherwise the loop is woken for each output."""
+
+    def __init__(self, sink: _Watched, *, direct: bool) -> None:
+        super().__init__(sink)
+        self.watched, self.has_direct = sink, direct
+
+    async def write(self, chunk: bytes, last: bool) -> None:
+        await super().write(chunk, last)
+        self.watched.framed.append(chunk)
+        self.watched.check()
+
+    def direct(self) -> DirectTransport | None:  # type: ignore[override]
+        return self.sink if self.has_direct else None
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["woken", "direct"])
+async def test_a_backlog_larger_than_one_write_goes_out_whole_while_the_producer_is_silent(
+    registry: tether.Registry, direct: bool
+) -> None:
+    """Outputs that did not fit in one write are written next, not held until the
+    producer's next output or the next ping (here an hour away)."""
+    stream = registry.open()
+    exchange = tether.http.Exchange(stream, streaming=True, ping_interval=3600)
+    for n in range(40):  # 4 MB at once, then nothing: the request stays open
+        registry.deliver(stream.rid, {"n": n, "text": "x" * 100_000})
+    async with asyncio.timeout(10):
+        head = await exchange.start()  # (the first slice; the rest waits its turn)
+    writer = _Writer(_Watched(40), direct=direct)
+    running = asyncio.create_task(exchange.run(writer, head.body))
+    try:
+        async with asyncio.timeout(10):
+            await writer.watched.seen.wait()
+        values = sse_values(writer.body())
+        assert [value["n"] for value in values] == list(range(40))  # type: ignore[index]
+        assert len(writer.framed) + len(writer.sink.written) >= 8  # in bounded chunks
+    finally:
+        registry.deliver(stream.rid, {"n": 40, "text": ""}, finished=True)
+        async with asyncio.timeout(10):
+            await running
+    assert sse_values(writer.body())[-1] == "[DONE]"
