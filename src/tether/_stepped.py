@@ -28,6 +28,9 @@ from typing import Any, Final
 
 __all__ = ["Stepped"]
 
+_thread_id = threading.get_ident
+_current_task = asyncio.current_task
+
 SUSPENDS_IN_A_ROW: Final = 4
 """Writes in a row whose first step suspended (a checkpoint somewhere in the chain:
 anyio's memory streams behind ``BaseHTTPMiddleware``, say): from then on the writer
@@ -75,7 +78,13 @@ class Stepped:
         # Only from a task of the handler's thread (writable()): a thread's hand-over
         # runs in a loop callback, where a send chain that needs a task (anyio,
         # asyncio.timeout) raises; a deliver() from elsewhere must never write.
-        if not self.writable():
+        # (writable()'s tests inline: its call only when one fails, to settle it)
+        if (
+            self._suspended >= SUSPENDS_IN_A_ROW
+            or self._busy
+            or _thread_id() != self._thread
+            or _current_task(self._loop) is None
+        ) and not self.writable():
             return False
         steps = self._write(chunk, False).__await__()
         self._busy = True
