@@ -126,29 +126,38 @@ def stdlib_dumps(value: Any) -> bytes:
         raise TypeError(f"cannot be written as JSON: {exc}") from exc
 
 
-def _pick_dumps() -> Dumps:
+def _pick_framing() -> Callable[[bytes, bytes], Dumps] | None:
+    """What makes orjson's dumps (with the standard library's answer for whatever it
+    refuses) framed by a prefix and a suffix, in one call per output; ``None`` without
+    orjson."""
     try:
         import orjson
     except ImportError:
-        return stdlib_dumps
+        return None
     fast = orjson.dumps
     # Datetimes are handed to json_default, as on the standard library's path:
     # orjson's own writing rounds a zone offset to the minute.
     options = orjson.OPT_PASSTHROUGH_DATETIME
 
-    def fast_dumps(value: Any) -> bytes:
-        # Whatever orjson refuses (an int past 64 bits, a non-str key, a time with a
-        # zone, nesting past 254 levels...) goes the standard library's way, which
-        # writes it or raises: both paths give the same answer for every value.
-        try:
-            return fast(value, default=json_default, option=options)
-        except TypeError:
-            return stdlib_dumps(value)
+    def framing(prefix: bytes, suffix: bytes) -> Dumps:
+        def fast_dumps(value: Any) -> bytes:
+            # Whatever orjson refuses (an int past 64 bits, a non-str key, a time with
+            # a zone, nesting past 254 levels...) goes the standard library's way, which
+            # writes it or raises: both paths give the same answer for every value.
+            # (An empty prefix or suffix is no copy: bytes + b"" is the bytes.)
+            try:
+                return prefix + fast(value, default=json_default, option=options) + suffix
+            except TypeError:
+                return prefix + stdlib_dumps(value) + suffix
 
-    return fast_dumps
+        return fast_dumps
+
+    return framing
 
 
-default_dumps: Final[Dumps] = _pick_dumps()
+_framing = _pick_framing()
+
+default_dumps: Final[Dumps] = stdlib_dumps if _framing is None else _framing(b"", b"")
 """The JSON serialiser tether uses unless told otherwise: orjson if installed, with
 the standard library's answer for whatever orjson refuses (see :func:`stdlib_dumps`)."""
 
@@ -365,9 +374,14 @@ def one_frame(encoder: Encoder) -> Callable[[Any], bytes]:
     if cls.encode is not Encoder.encode:
         return encoder.encode
     dumps = encoder.dumps
+    framed = _framing if dumps is default_dumps else None  # (its frame in its one call)
     if cls.frame is SSE.frame:
+        if framed is not None:
+            return framed(b"data: ", b"\n\n")
         return lambda output: b"data: " + dumps(output) + b"\n\n"
     if cls.frame is NDJSON.frame:
+        if framed is not None:
+            return framed(b"", b"\n")
         return lambda output: dumps(output) + b"\n"
     return encoder.encode
 

@@ -7,6 +7,7 @@ import datetime
 import enum
 import functools
 import json
+import math
 import subprocess
 import sys
 import uuid
@@ -259,8 +260,14 @@ class Framed(tether.NDJSON):
 )
 def test_the_one_output_write_frames_it_as_encode_does(encoder: tether.Encoder) -> None:
     single = one_frame(encoder)
-    for output in ({"n": 1, "delta": "lorem"}, "é", [1.5, None], 7):
+    # (with orjson's refusals among them: an int past 64 bits, a non-str key, NaN)
+    for output in ({"n": 1, "delta": "lorem"}, "é", [1.5, None], 7, 2**70, {1: "a"}, math.nan):
         assert single(output) == encoder.encode(output)
+    for unwritable in ("\ud800", object()):  # neither way writes it: the same error
+        with pytest.raises(TypeError):
+            single(unwritable)
+        with pytest.raises(TypeError):
+            encoder.encode(unwritable)
 
 
 def test_a_transform_shapes_outputs_but_not_errors() -> None:
