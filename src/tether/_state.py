@@ -334,9 +334,27 @@ class RequestState(Mailbox):
         else:
             return False
         sink = self.sink
-        if sink is not None and self.sink_took(sink) and self.sink is not None:
-            return True
-        # (a sink that took the outputs and removed itself hands the reader a write to finish)
+        if sink is not None:
+            # Hand what waits to the sink (inline: the sink's path is per output). A
+            # sink that declines or raises gets nothing (the outputs wait again, in
+            # order) and is removed: the waiting consumer is woken and reads them.
+            self.pending = []
+            self.nbytes = self.npending = 0
+            try:
+                took = sink(pending)
+            except Exception:
+                logger.debug(
+                    "the sink of %r raised; its consumer reads instead", self.rid, exc_info=True
+                )
+                took = False
+            if not took:
+                self.sink = None
+                self.pending = pending  # (emptied above: nothing newer waits)
+                self.npending = len(pending)
+            elif self.sink is not None:
+                return True
+            # (a sink that took the outputs and removed itself hands the reader a write
+            # to finish)
         # self.wake() (and the group's), inlined: this is the producer's per-output path.
         waiter = self.waiter
         if waiter is not None:
@@ -346,23 +364,6 @@ class RequestState(Mailbox):
         if group is not None:
             group.wake()
         return True
-
-    def sink_took(self, sink: Callable[[list[Any]], bool]) -> bool:
-        """Hand what waits to ``sink``; whether it took it. A sink that declines or
-        raises gets nothing (the outputs wait again, in order) and is removed: the
-        waiting consumer is woken and reads the usual way."""
-        items = self.take()
-        try:
-            if sink(items):
-                return True
-        except Exception:
-            logger.debug(
-                "the sink of %r raised; its consumer reads instead", self.rid, exc_info=True
-            )
-        self.sink = None
-        self.pending = items  # (take() left it empty: nothing newer waits)
-        self.npending = len(items)
-        return False
 
     def weigh(self, output: Any, limits: Limits) -> bool:
         """Count ``output``, the ``npending``-th waiting (or folded) output, against the
