@@ -368,7 +368,13 @@ class Consumer:
         if self._reading:
             raise ConcurrentRead(self)
         box = self._box or self._first_read()
-        if not box.live or box.error is not None or self._closed or box.pending:
+        if (
+            not box.live
+            or box.error is not None
+            or self._closed
+            or box.pending
+            or self._pos < len(self._buf)  # (what an ``async for`` took but has not handed out)
+        ):
             return
         waiter = self._waiter(box, timeout)
         self._reading = True  # (nobody else parks, or takes, until this wait ends)

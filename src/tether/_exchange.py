@@ -431,7 +431,11 @@ class Exchange:
                 if direct is None and framer.carry is None and not self._done:
                     # Woken for each output: wait first (a wait with something ready
                     # returns at once), so one poll per chunk, not two.
-                    await wait(timeout=ping_interval)
+                    try:
+                        await wait(timeout=ping_interval)
+                    except TetherError as exc:  # (another task reads: as ready() would say)
+                        body = self._failed(exc)
+                        continue
                     chunk = ready_chunk()
                 else:
                     chunk = ready_chunk()
