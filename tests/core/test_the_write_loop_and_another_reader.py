@@ -1,4 +1,4 @@
-"""Hostile checks of the woken write loop (commit a129f4e): whatever the write loop
+"""The woken write loop: whatever the write loop
 meets after a write (a second reader parked meanwhile, buffered items, the end), it
 ends the response with frames, never with an exception out of ``run()``."""
 
@@ -72,7 +72,7 @@ async def test_a_reader_parked_during_a_write_ends_the_response_with_frames_not_
         outcome = await asyncio.gather(running, return_exceptions=True)
         await asyncio.gather(second, return_exceptions=True)
     # The write loop found another reader: the response ends with frames (an error
-    # event and the end, as before a129f4e), not with ConcurrentRead out of run().
+    # event and the end, as a refused poll gives), not with ConcurrentRead out of run().
     assert outcome == [None], outcome
     values = sse_values(writer.body())
     assert values[0] == 1

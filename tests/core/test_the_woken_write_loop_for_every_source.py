@@ -1,4 +1,4 @@
-"""The woken write loop (a129f4e: wait first, then poll once) against every source
+"""The woken write loop (it waits first, then polls once) against every source
 and every way a response ends: a batch, a resumable stream's follower, pings at the
 interval, the end / a failure / an abort / a cancellation while parked. Exactly one
 terminal frame, nothing lost, nothing twice, in order."""
