@@ -300,7 +300,9 @@ class Consumer:
         finish), and the last output (``finished=True``), which the reader writes with
         the end. Remove the sink before the reading task writes by itself, so that
         bytes keep their order. A sink runs in the producer's step: it must be quick
-        and never block.
+        and never block. A sink that delivers to its own stream is called again from
+        inside itself; if it then declines, what it delivered waits after what it
+        declined.
 
         :returns: whether the sink is set; only a single request's stream that is
             live, with nothing ready, takes one (``False`` for a batch read whole).

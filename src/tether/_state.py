@@ -349,7 +349,14 @@ class RequestState(Mailbox):
                 took = False
             if not took:
                 self.sink = None
-                self.pending = pending  # (emptied above: nothing newer waits)
+                newer = self.pending  # (what a deliver() from inside the sink left)
+                if newer:
+                    if limits.merge is not None:
+                        for output in newer:
+                            pending[-1] = limits.merge(pending[-1], output)
+                    else:
+                        pending.extend(newer)
+                self.pending = pending
                 self.npending = len(pending)
             elif self.sink is not None:
                 return True

@@ -129,3 +129,34 @@ async def test_a_sink_is_refused_while_outputs_wait_and_for_a_batch_read_whole(
     registry.deliver(ended.rid, "last", finished=True)
     assert not ended.set_sink(Sink())
     await ended.aclose()
+
+
+@pytest.mark.parametrize("merge", [None, operator.add], ids=["appended", "merged"])
+@pytest.mark.parametrize("outer", ["declines", "raises"])
+async def test_an_output_delivered_from_inside_a_declining_sink_waits_after_the_declined_one(
+    aborts: AbortLog, outer: str, merge: Any
+) -> None:
+    """A sink whose call delivers to its own stream (a send chain that delivers, say),
+    then declines or raises: both outputs stay readable, the declined one first."""
+    registry = tether.Registry(aborts, merge=merge)
+    async with registry.open() as stream:
+        calls: list[list[Any]] = []
+
+        def sink(outputs: list[Any]) -> bool:
+            calls.append(list(outputs))
+            if len(calls) == 1:
+                registry.deliver(stream.rid, "inner")  # offered to this sink, declined
+                if outer == "raises":
+                    raise RuntimeError("the sink broke")
+            return False
+
+        reader = asyncio.create_task(stream.wait_ready(timeout=10))
+        await asyncio.sleep(0)  # the reader parks
+        assert stream.set_sink(sink)
+        assert registry.deliver(stream.rid, "outer") is True
+        await asyncio.wait_for(reader, 10)
+        assert calls == [["outer"], ["inner"]]
+        assert stream.ready() == (["outer", "inner"] if merge is None else ["outerinner"])
+        registry.deliver(stream.rid, "end", finished=True)
+        assert stream.ready() == ["end"]
+    assert not aborts.calls
