@@ -1,6 +1,6 @@
-"""The woken write loop: whatever the write loop
-meets after a write (a second reader parked meanwhile, buffered items, the end), it
-ends the response with frames, never with an exception out of ``run()``."""
+"""The write loop, woken or parked behind a direct write: whatever it meets after a
+write (a second reader parked meanwhile, buffered items, the end), it ends the
+response with frames, never with an exception out of ``run()``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 import tether
 import tether.http
-from tests._support.direct_writes import sse_values
+from tests._support.direct_writes import DirectTransport, sse_values, started_and_parked
 
 BOUND = 10
 
@@ -175,3 +175,45 @@ async def test_a_second_reader_while_the_loop_is_parked_or_just_woken_is_refused
         await running
     assert sse_values(writer.body()) == [0, 1, 2, "[DONE]"]
     assert [last for _, last in writer.framed].count(True) == 1
+
+
+class _Suspending(DirectTransport):
+    """A direct write that suspends once (the sink begins it; the write loop finishes
+    it) until ``gate`` is resolved."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.suspended = False
+
+    def write(self, chunk: bytes) -> bool | asyncio.Future[None]:  # type: ignore[override]
+        if self.suspended:
+            return super().write(chunk)
+        self.suspended = True
+        self.written.append(chunk)
+        return self.gate
+
+
+async def test_a_reader_parked_while_the_loop_finishes_a_begun_direct_write_ends_it_with_frames(
+    registry: tether.Registry,
+) -> None:
+    transport = _Suspending()
+    stream, _, writer, running = await started_and_parked(registry, transport, ping_interval=3600)
+    registry.deliver(stream.rid, "a")  # the sink begins the write: the loop awaits it
+    for _ in range(3):
+        await asyncio.sleep(0)  # (yields: the loop resumes and awaits the gate)
+    second = asyncio.create_task(stream.__anext__())
+    await asyncio.sleep(0)  # (a yield: the second reader parks)
+    assert not second.done()
+    assert not running.done()
+    transport.gate.set_result(None)
+    async with asyncio.timeout(BOUND):
+        outcome = await asyncio.gather(running, return_exceptions=True)
+        await asyncio.gather(second, return_exceptions=True)
+    assert outcome == [None], outcome
+    values = sse_values(writer.body())
+    assert values[:2] == ["first", "a"], values
+    assert values[2]["error"]["type"] == "ConcurrentRead", values  # type: ignore[index]
+    assert values[-1] == "[DONE]", values
+    assert writer.framed[-1][1] is True
+    assert registry.in_flight == 0
