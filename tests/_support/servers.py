@@ -82,14 +82,23 @@ async def start_default_server(app: web.Application) -> tuple[web.AppRunner, int
 
 @contextlib.asynccontextmanager
 async def serving(
-    adapter: str, registry: tether.Registry, method: str, path: str, endpoint: Endpoint
+    adapter: str,
+    registry: tether.Registry,
+    method: str,
+    path: str,
+    endpoint: Endpoint,
+    *,
+    producer_writes: bool = False,
 ) -> AsyncIterator[str]:
     """Serve ``endpoint`` at ``method path`` with ``adapter`` (one of :data:`ADAPTERS`)
-    and ``registry`` installed; yields the base URL, stops the server on exit."""
+    and ``registry`` installed; yields the base URL, stops the server on exit.
+    ``producer_writes``: the Starlette middleware's option of that name."""
     if adapter == "starlette":
         route = Route(path, functools.partial(endpoint, tether_starlette), methods=[method])
         app = Starlette(routes=[route])
-        app.add_middleware(tether_starlette.TetherMiddleware, registry=registry)
+        app.add_middleware(
+            tether_starlette.TetherMiddleware, registry=registry, producer_writes=producer_writes
+        )
         async with serve(app) as (url, _server):
             yield url
         return

@@ -1,7 +1,8 @@
 """The woken write loop (it waits first, then polls once) against every source
 and every way a response ends: a batch, a resumable stream's follower, pings at the
-interval, the end / a failure / an abort / a cancellation while parked. Exactly one
-terminal frame, nothing lost, nothing twice, in order."""
+interval, the end / a failure / an abort / a cancellation / a close from another
+task / an output nobody can write while parked. Exactly one terminal frame, nothing
+lost, nothing twice, in order."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import tether
 import tether.http
 import tether.resume
 from tests._support.direct_writes import sse_values
+from tests._support.observers import Recorder as Observed
 
 BOUND = 10
 
@@ -339,3 +341,66 @@ def test_each_timed_wait_ends_at_its_own_deadline_on_uvloop() -> None:
         _check_rearmed(loop.run_until_complete(asyncio.wait_for(_rearmed_waits(), BOUND)))
     finally:
         loop.close()
+
+
+async def _parked(
+    source: tether.Stream | tether.Batch, writer: _Recorder
+) -> tuple[tether.http.Exchange, asyncio.Task[None]]:
+    """A streaming exchange of ``source`` run until its first write, then parked."""
+    exchange = tether.http.Exchange(source, streaming=True, ping_interval=3600)
+    running = await _started(exchange, writer)
+    await writer.until(lambda: bool(writer.framed))
+    for _ in range(3):
+        await asyncio.sleep(0)  # (yields, not a synchronisation: it parks or has)
+    return exchange, running
+
+
+@pytest.mark.parametrize("kind", ["stream", "batch"])
+async def test_cancelling_the_handler_parked_in_the_woken_loop_aborts_with_reason_cancelled(
+    kind: str,
+) -> None:
+    registry = tether.Registry()
+    observed = Observed()
+    registry.add_observer(observed)
+    if kind == "batch":
+        source: Any = registry.open_batch(2)
+        rids = list(source.rids)
+    else:
+        source = registry.open()
+        rids = [source.rid]
+    registry.deliver(rids[0], 0)
+    writer = _Recorder()
+    _, running = await _parked(source, writer)
+    registry.deliver(rids[0], 1)
+    await writer.until(lambda: b"1" in writer.body().split(b"\n\n")[-2])
+    running.cancel()
+    async with asyncio.timeout(BOUND):
+        with pytest.raises(asyncio.CancelledError):
+            await running
+    assert registry.in_flight == 0
+    assert {rid: observed.ends[rid].reason for rid in rids} == dict.fromkeys(rids, "cancelled")
+    _ends_once(writer)
+
+
+@pytest.mark.parametrize("end", ["closed-from-another-task", "an-output-nobody-can-write"])
+async def test_a_parked_stream_ended_from_elsewhere_ends_once_after_what_came_before(
+    registry: tether.Registry, end: str
+) -> None:
+    stream = registry.open()
+    registry.deliver(stream.rid, 0)
+    writer = _Recorder()
+    _, running = await _parked(stream, writer)
+    registry.deliver(stream.rid, 1)
+    await writer.until(lambda: 1 in sse_values(writer.body()))
+    if end == "closed-from-another-task":
+        await stream.aclose()
+    else:
+        registry.deliver(stream.rid, "\ud800")  # a lone surrogate: no JSON writer takes it
+    async with asyncio.timeout(BOUND):
+        await running
+    values = sse_values(writer.body())
+    assert values[:2] == [0, 1], values
+    if end == "an-output-nobody-can-write":
+        assert values[2]["error"]["code"] == 500, values  # type: ignore[index]
+    _ends_once(writer)
+    assert registry.in_flight == 0

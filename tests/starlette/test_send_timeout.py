@@ -1,5 +1,6 @@
 """A client that stops reading without closing its connection is ended by the send
-timeout, on a real uvicorn server, with a real stalled socket."""
+timeout, on real servers (uvicorn's two parsers, with and without producer writes,
+hypercorn), with a real stalled socket."""
 
 from __future__ import annotations
 
@@ -8,15 +9,17 @@ import logging
 from typing import Final
 
 import pytest
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 import tether
 from tests._support.stalled import http_get, stalled_client
-from tether_starlette import respond
+from tether_starlette import TetherMiddleware, respond
 
 from .conftest import BOUND, HANG, Engine, make_app, serve
+from .test_json_wait_on_servers import serving
 
 SEND_TIMEOUT: Final = 0.3
 BIG: Final = "x" * (256 * 1024)
@@ -73,3 +76,37 @@ async def test_a_client_that_keeps_reading_gets_the_whole_large_stream(engine: E
     assert received > 8 * len(BIG)
     assert engine.aborted_at == {}
     assert engine.registry.in_flight == 0
+
+
+@pytest.mark.parametrize(
+    "server", ["uvicorn", "uvicorn-h11", "uvicorn-producer-writes", "hypercorn"]
+)
+async def test_a_stalled_client_of_a_silent_stream_is_cut_by_the_send_timeout_once(
+    server: str,
+) -> None:
+    aborted = asyncio.Event()
+    registry = tether.Registry(lambda rid: aborted.set())
+    opened: asyncio.Queue[str] = asyncio.Queue()
+
+    async def handler(request: Request) -> Response:
+        stream = registry.open()
+        await opened.put(stream.rid)
+        return await respond(
+            request, stream, streaming=True, ping_interval=0.05, send_timeout=SEND_TIMEOUT
+        )
+
+    app = Starlette(routes=[Route("/slow", handler)])
+    app.add_middleware(
+        TetherMiddleware, registry=registry, producer_writes=server.endswith("producer-writes")
+    )
+    name = "uvicorn" if server == "uvicorn-producer-writes" else server
+    async with serving(name, app) as url:
+        port = int(url.rsplit(":", 1)[1])
+        async with stalled_client(port, http_get("/slow")), asyncio.timeout(BOUND):
+            rid = await opened.get()
+            for _ in range(32):  # (8 MiB: more than every buffer on the way holds)
+                registry.deliver(rid, BIG)
+                await asyncio.sleep(0)  # (a yield: the loop takes each as it comes)
+            await aborted.wait()  # then silence: only pings are due
+            assert registry.in_flight == 0
+    assert registry.stats().aborted == {str(tether.AbortReason.CLIENT_DISCONNECTED): 1}
