@@ -80,13 +80,15 @@ class Framer:
         """Encode the ready ``items`` into one chunk of about :data:`WRITE_BYTES` at most
         (at least one output); what does not fit waits in ``carry`` for the next chunk.
 
-        Outputs are encoded slice by slice, each slice sized from the bytes per output
-        measured last, so a backlog is never encoded or joined whole. The usual case
-        (small outputs, sizes known) is one slice and no copy of the list.
+        Outputs are encoded slice by slice: the first of at most :data:`_FIRST_SLICE`
+        outputs, each next one sized from the bytes per output measured last, so a
+        backlog is never encoded or joined whole, even when its outputs are much
+        larger than the chunk before's. The usual case (a few small outputs, sizes
+        known) is one slice and no copy of the list.
         """
         count = len(items)
         per_frame = self._frame_bytes
-        if per_frame and per_frame * count <= WRITE_BYTES:
+        if per_frame and count <= _FIRST_SLICE and per_frame * count <= WRITE_BYTES:
             single = self._single  # (encode()'s first case, without its call)
             chunk = single(items[0]) if count == 1 and single is not None else self.encode(items)
             self._frame_bytes = len(chunk) // count or 1
@@ -94,8 +96,12 @@ class Framer:
         parts: list[bytes] = []
         size = done = 0
         while done < count and size < WRITE_BYTES:
-            # Before anything was measured, a few outputs tell the size of the rest.
+            # Until outputs of this chunk are measured, a few tell the size of the
+            # rest (the chunk before may have carried much smaller ones); fewer if
+            # those it carried were already large.
             take = max(1, (WRITE_BYTES - size) // per_frame) if per_frame else _FIRST_SLICE
+            if not done:
+                take = min(take, _FIRST_SLICE)
             part = self.encode(items[done : done + take])
             taken = min(take, count - done)
             per_frame = len(part) // taken or 1
