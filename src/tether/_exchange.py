@@ -49,6 +49,10 @@ logger = logging.getLogger("tether")
 
 _now = time.monotonic  # read once per producer-side write: cheaper than the loop's time()
 
+WOKEN_IN_PLACE: Final = 4
+"""Woken waits a stream's write loop does in the handler's task before it goes on in a
+task of its own (:meth:`Exchange.run`): a short stream pays for no task."""
+
 FAREWELL_TIMEOUT: Final = 1.0
 """Seconds the last write of a response whose handler the server cancelled may take:
 enough for a client that reads, short for one that stopped."""
@@ -200,10 +204,12 @@ class Exchange:
     __slots__ = (
         "_begun",
         "_begun_chunk",
+        "_body",
         "_direct",
         "_done",
         "_framer",
         "_guard",
+        "_last",
         "_numbered",
         "_sunk_at",
         "encoder",
@@ -247,6 +253,8 @@ class Exchange:
         # A write the sink began and the write loop finishes before anything else:
         self._begun: Awaitable[object] | None = None
         self._begun_chunk = b""
+        self._body = b""  # the chunk being written (run()), until its write returns
+        self._last = False  # whether that chunk is the last
 
     @property
     def done(self) -> bool:
@@ -395,60 +403,26 @@ class Exchange:
         fails with :class:`ConnectionError` means the client left (this returns). A
         cancellation from elsewhere (the server's shutdown) ends the response first
         (:meth:`_farewell`), then goes on: ``CancelledError`` is raised again.
+
+        A stream whose task is woken for each event goes on, after a few, in a task of
+        its own (:data:`WOKEN_IN_PLACE`): each event then resumes the loop's own
+        frames, not every frame of the application above the response. That task is
+        awaited here, and a cancellation of this one is its cancellation.
         """
         guard = self._guard
         if guard is None:
             guard = self._guard = SendGuard(self.send_timeout)
-        begin, end = guard.begin, guard.end
-        started = last = False
-        body = b""  # the chunk being written, until its write returns
+        started = False
+        self._body, self._last = b"", False
         try:
-            begin()
+            guard.begin()
             await writer.start()
-            end()
+            guard.end()
             started = True
-            body = first
-            direct = self._direct = writer.direct()
-            framer = self._framer
-            # (a batch read whole, or a resumable stream's follower: no sink)
-            stream = self.source if direct is not None and type(self.source) is Stream else None
-            # The hot loop: per chunk, one write and (only when nothing is ready) one
-            # wait; the send timeout is bookkeeping around the write, not a coroutine.
-            write, ready_chunk = writer.write, self._ready_chunk
-            wait, ping_interval = self.source.wait_ready, self.ping_interval
-            framed = True  # the first chunk goes through the framework (it may hold the head)
-            while True:
-                last = self._done
-                written = False if framed or last or direct is None else direct.write(body)
-                if written is not True:
-                    begin()
-                    await (write(body, last) if written is False else written)
-                    end()
-                    framed = False
-                if last:
-                    break
-                body = b""
-                if direct is None and framer.carry is None and not self._done:
-                    # Woken for each output: wait first (a wait with something ready
-                    # returns at once), so one poll per chunk, not two.
-                    try:
-                        await wait(timeout=ping_interval)
-                    except TetherError as exc:  # (another task reads: as ready() would say)
-                        body = self._failed(exc)
-                        continue
-                    chunk = ready_chunk()
-                else:
-                    chunk = ready_chunk()
-                    if chunk is None:
-                        if stream is not None and direct is not None and direct.writable():
-                            chunk = await self._parked(stream, guard)
-                        else:
-                            await wait(timeout=ping_interval)
-                        if chunk is None:
-                            chunk = ready_chunk()
-                if chunk is None:  # (the wait timed out: silence)
-                    chunk = self.encoder.ping()
-                body = chunk
+            self._direct = writer.direct()
+            if await self._pump(writer, first, framed=True, in_place=WOKEN_IN_PLACE):
+                loop = asyncio.get_running_loop()
+                await loop.create_task(self._pump(writer, None, framed=False, in_place=-1))
         except ConnectionError:  # aiohttp's ClientConnectionResetError, ASGI 2.4's OSError
             self._gone()
         except asyncio.CancelledError:
@@ -463,10 +437,71 @@ class Exchange:
                 writer.drop()
                 return
             cut = self._abandon_begun()  # (a write begun in the sink was the one cut)
-            await self._farewell(writer, started, body if cut is None else cut, last)
+            await self._farewell(writer, started, self._body if cut is None else cut, self._last)
             raise
         finally:
             await self.aclose()
+
+    async def _pump(
+        self, writer: Writer, body: bytes | None, *, framed: bool, in_place: int
+    ) -> bool:
+        """The write loop: write ``body`` (``None``: wait first), then every chunk until
+        :attr:`done` (``False``), or ``True`` before the woken wait past ``in_place``
+        (``-1``: never), to go on in a task of its own. ``framed``: ``body`` goes
+        through the framework's write (it may hold the head)."""
+        guard = self._guard
+        assert guard is not None
+        begin, end = guard.begin, guard.end
+        direct = self._direct
+        framer = self._framer
+        # (a batch read whole, or a resumable stream's follower: no sink)
+        stream = self.source if direct is not None and type(self.source) is Stream else None
+        # The hot loop: per chunk, one write and (only when nothing is ready) one
+        # wait; the send timeout is bookkeeping around the write, not a coroutine.
+        write, ready_chunk = writer.write, self._ready_chunk
+        wait, ping_interval = self.source.wait_ready, self.ping_interval
+        while True:
+            if body is not None:
+                last = self._done
+                written = False if framed or last or direct is None else direct.write(body)
+                if written is not True:
+                    begin()
+                    try:
+                        await (write(body, last) if written is False else written)
+                    except BaseException:  # (for run(): the chunk it cut; no cost otherwise)
+                        self._body, self._last = body, last
+                        raise
+                    end()
+                    framed = False
+                if last:
+                    return False
+            if direct is None and framer.carry is None and not self._done:
+                # Woken for each output: wait first (a wait with something ready
+                # returns at once), so one poll per chunk, not two.
+                if in_place == 0:
+                    return True
+                in_place -= 1
+                try:
+                    await wait(timeout=ping_interval)
+                except TetherError as exc:  # (another task reads: as ready() would say)
+                    body = self._failed(exc)
+                    continue
+                chunk = ready_chunk()
+            else:
+                chunk = ready_chunk()
+                if chunk is None:
+                    if stream is not None and direct is not None and direct.writable():
+                        chunk = await self._parked(stream, guard)
+                    else:
+                        if in_place == 0:
+                            return True
+                        in_place -= 1
+                        await wait(timeout=ping_interval)
+                    if chunk is None:
+                        chunk = ready_chunk()
+            if chunk is None:  # (the wait timed out: silence)
+                chunk = self.encoder.ping()
+            body = chunk
 
     def _gone(self) -> None:
         """The client is gone: the work is aborted as for a disconnect."""

@@ -404,3 +404,47 @@ async def test_a_parked_stream_ended_from_elsewhere_ends_once_after_what_came_be
         assert values[2]["error"]["code"] == 500, values  # type: ignore[index]
     _ends_once(writer)
     assert registry.in_flight == 0
+
+
+class _CancelsAfter(_Recorder):
+    """Cancels the task that made its first write (the handler's) in the loop turn
+    after its ``nth`` write: whatever the write loop was about to do next."""
+
+    def __init__(self, nth: int) -> None:
+        super().__init__()
+        self.nth = nth
+        self.handler: asyncio.Task[Any] | None = None
+
+    async def write(self, chunk: bytes, last: bool) -> None:
+        self.handler = self.handler or asyncio.current_task()
+        await super().write(chunk, last)
+        if len(self.framed) == self.nth and self.handler is not None:
+            asyncio.get_running_loop().call_soon(self.handler.cancel)
+
+
+@pytest.mark.parametrize("nth", range(1, 11))
+async def test_a_handler_cancelled_after_any_write_of_a_woken_stream_ends_it_with_the_farewell(
+    nth: int,
+) -> None:
+    registry = tether.Registry()
+    observed = Observed()
+    registry.add_observer(observed)
+    stream = registry.open()
+    exchange = tether.http.Exchange(stream, streaming=True, ping_interval=3600)
+    registry.deliver(stream.rid, 0)
+    writer = _CancelsAfter(nth)
+    running = await _started(exchange, writer)
+    for n in range(1, 12):
+        await writer.until(lambda n=n: n <= len(writer.framed) or running.done())  # type: ignore[misc]
+        if running.done():
+            break
+        registry.deliver(stream.rid, n)
+    async with asyncio.timeout(BOUND):
+        outcome = await asyncio.gather(running, return_exceptions=True)
+    assert isinstance(outcome[0], asyncio.CancelledError), outcome
+    values = sse_values(writer.body())
+    assert values[: len(values) - 2] == list(range(len(values) - 2)), values  # in order
+    assert values[-2]["error"]["code"] == 503, values  # type: ignore[index]
+    _ends_once(writer)
+    assert registry.in_flight == 0
+    assert observed.ends[stream.rid].reason == "cancelled"
