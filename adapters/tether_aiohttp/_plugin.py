@@ -45,10 +45,9 @@ def get_registry(app_or_request: web.Application | web.Request) -> tether.Regist
         registry of a parent application from a sub-application's handler).
     :raises RuntimeError: :func:`setup` was not called.
     """
-    if isinstance(app_or_request, web.Request):
-        registry = app_or_request.config_dict.get(REGISTRY_KEY)
-    else:
-        registry = app_or_request.get(REGISTRY_KEY)
+    registry = (
+        app_or_request.config_dict if isinstance(app_or_request, web.Request) else app_or_request
+    ).get(REGISTRY_KEY)
     if registry is None:
         raise RuntimeError(_NOT_SET_UP)
     return registry
@@ -87,8 +86,7 @@ class _Watcher:
         self._active.pop(scope, None)
 
     async def run(self, app: web.Application) -> AsyncIterator[None]:
-        """The ``cleanup_ctx`` that owns the watcher task: started with the app, and
-        cancelled and awaited on cleanup."""
+        """The ``cleanup_ctx`` owning the watcher task: started with the app, ended on cleanup."""
         self._wakeup = wakeup = asyncio.Event()
         task = asyncio.create_task(self._watch(wakeup), name="tether-aiohttp-disconnect-watcher")
         try:
@@ -151,8 +149,8 @@ def setup(
     """Install tether on an aiohttp application: the registry under :data:`REGISTRY_KEY`,
     the middleware that opens a :class:`tether.RequestScope` per request (turning a
     client that left into ``disconnect()``, a :class:`tether.TetherError` from a handler
-    into its status and JSON body), and the shutdown drain. On a sub-application of an
-    app that has it, the sub-app passes the request through (another registry: refused).
+    before its response started into its status and JSON body), and the shutdown drain.
+    A sub-app of an app that has it passes the request through (another registry: refused).
 
     :param app: the application; sub-applications see it through ``request.config_dict``.
     :param registry: the registry the handlers open streams on.
@@ -193,6 +191,8 @@ def setup(
             try:
                 return await handler(request)
             except tether.TetherError as exc:
+                if request.get(_STARTED):  # (a second response would land in the body)
+                    raise
                 return _whole(http.error_head(exc))
             except asyncio.CancelledError:
                 # handler_cancellation=True: aiohttp cancels the handler when the client
