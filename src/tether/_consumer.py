@@ -67,6 +67,7 @@ class Consumer:
         "__weakref__",
         "_box",
         "_buf",
+        "_claimed",
         "_closed",
         "_collecting",
         "_idle",
@@ -86,6 +87,7 @@ class Consumer:
         self._buf: list[Any] = EMPTY
         self._pos = 0
         self._closed = False
+        self._claimed = False  # a response (or a resumable stream's log) answers with it
         self._collecting = False  # result() put the requests in collect mode
         # A task is inside a read that waits (result(), or parked until it resumes):
         # any other task's read is refused before it touches anything (ConcurrentRead).
@@ -108,6 +110,16 @@ class Consumer:
         """Whether :meth:`aclose` was called (a response ends with it): a later read
         ends at once, so nothing is left to answer with."""
         return self._closed
+
+    def claim(self) -> bool:
+        """Claim this for the one response that answers with it (an adapter's
+        ``respond()``, a :class:`~tether.http.Exchange`, a resumable stream's log):
+        ``True`` the first time, ``False`` once claimed or closed. A response takes a
+        stream once; reading it before is not a claim."""
+        if self._claimed or self._closed:
+            return False
+        self._claimed = True
+        return True
 
     @property
     def exhausted(self) -> bool:

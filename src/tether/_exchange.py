@@ -198,7 +198,8 @@ class Exchange:
     :param scope: the request's scope, told when the client is found gone.
     :raises ValueError: a non-positive ``ping_interval`` or ``send_timeout`` (the
         source is aborted: the exchange owns it from the start).
-    :raises RuntimeError: ``source`` was closed (answered already).
+    :raises RuntimeError: ``source`` was answered already, or closed (a response
+        takes a stream once; the one that has it keeps it).
     """
 
     __slots__ = (
@@ -673,8 +674,8 @@ def answer_encoder(
     numbered = not isinstance(source, Stream | Batch)  # (no ABC check for them)
     if numbered and not isinstance(source, Numbered):
         raise TypeError(f"expected a tether Stream or Batch, got {type(source).__name__}")
-    if isinstance(source, Stream | Batch) and source.closed:
-        # (it would answer an empty success: its outputs went to the first response)
+    if isinstance(source, Stream | Batch) and not source.claim():
+        # (it would answer an empty success, or take outputs from the first response)
         raise RuntimeError(
             f"{source!r} was already answered or closed; a response takes a stream "
             "once: open another stream for another response"

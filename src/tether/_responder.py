@@ -110,7 +110,8 @@ class Responder(Generic[Req, Resp]):
             list of results, in order); ``streaming=True``, each output. Its errors
             fail the request as an unencodable output does (500, or an error event).
         :raises RuntimeError: the adapter is not installed (``source`` is closed);
-            ``source`` was closed already (answered by an earlier response).
+            ``source`` was answered already (by an earlier response, which keeps it),
+            or closed.
         :raises TypeError: ``source`` is not a tether Stream or Batch.
         :raises ValueError: ``ping_interval`` or ``send_timeout`` is not positive;
             ``resume`` without ``streaming`` or with an encoder that has no event ids.

@@ -183,11 +183,17 @@ class Resume:
         publishes it first), so a client that has seen it can resume or stop anywhere.
 
         :raises TypeError: ``stream`` is not a :class:`~tether.Stream` (it is aborted).
+        :raises RuntimeError: ``stream`` was answered already, or closed.
         :raises Exception: whatever the store raised publishing it (it is aborted).
         """
         if not isinstance(stream, Stream):
             (stream.abort if isinstance(stream, Follower) else stream.cancel)()
             raise TypeError(f"only a tether Stream can be resumable, got {type(stream).__name__}")
+        if not stream.claim():  # (answered: the response that has it keeps it)
+            raise RuntimeError(
+                f"{stream!r} was already answered or closed; a response takes a stream "
+                "once: open another stream for another response"
+            )
         follower = self.store.open(stream, self.grace, self.max_events, self.max_bytes)
         scope = current_scope()
         if scope is not None:

@@ -9,6 +9,7 @@ import pytest
 
 import tether
 import tether.http
+import tether.resume
 from tests._support.direct_writes import (
     DirectTransport,
     DirectWriter,
@@ -414,3 +415,24 @@ async def test_a_backlog_larger_than_one_write_goes_out_whole_while_the_producer
         async with asyncio.timeout(10):
             await running
     assert sse_values(writer.body())[-1] == "[DONE]"
+
+
+async def test_a_stream_one_exchange_answers_is_refused_to_another_and_the_first_keeps_it(
+    registry: tether.Registry,
+) -> None:
+    stream = registry.open()
+    first = tether.http.Exchange(stream, streaming=True)
+    with pytest.raises(RuntimeError, match="a response takes a stream once"):
+        tether.http.Exchange(stream, streaming=False)
+    resume = tether.resume.Resume()
+    with pytest.raises(RuntimeError, match="a response takes a stream once"):
+        await resume.open(stream)
+    await resume.aclose()
+    registry.deliver(stream.rid, 1)
+    registry.deliver(stream.rid, 2, finished=True)
+    async with asyncio.timeout(10):
+        head = await first.start()
+    assert head.status == 200
+    assert sse_values(head.body) == [1, 2, "[DONE]"]  # nothing taken by the refused ones
+    await first.aclose()
+    assert registry.in_flight == 0

@@ -9,11 +9,13 @@ import tether.http
 
 
 async def test_exchange_defaults_to_the_shared_send_timeout() -> None:
-    stream = tether.Registry().open()
+    registry = tether.Registry()
+    stream, other = registry.open(), registry.open()
     exchange = tether.http.Exchange(stream, streaming=True)
     assert exchange.send_timeout == tether.http.DEFAULT_SEND_TIMEOUT == 30.0
-    assert tether.http.Exchange(stream, streaming=True, send_timeout=None).send_timeout is None
+    assert tether.http.Exchange(other, streaming=True, send_timeout=None).send_timeout is None
     await stream.aclose()
+    await other.aclose()
 
 
 @pytest.mark.parametrize("value", [0, -1.0, float("nan")], ids=["zero", "negative", "nan"])
