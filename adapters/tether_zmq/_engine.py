@@ -132,6 +132,28 @@ class _Request:
         self.key = key
 
 
+def _text_of(error: BaseException) -> str:
+    """An error's text for the wire; its type's name if its ``__str__`` fails (a
+    failure's text never fails the rest of the step)."""
+    try:
+        return str(error)
+    except Exception:
+        return f"{type(error).__name__} (its text could not be built)"
+
+
+def _status_of(error: BaseException) -> int:
+    """The status a failure declares (``status_code``, 100-599), else 500: one that
+    raises when read, or is no plain int, declares nothing (a huge int would not even
+    encode, and the step would raise)."""
+    try:
+        status = getattr(error, "status_code", 500)
+    except Exception:
+        return 500
+    if not isinstance(status, int) or isinstance(status, bool) or not 100 <= status < 600:
+        return 500
+    return status
+
+
 class EngineServer:
     """The engine's ROUTER: sessions, liveness, and one message per step per front.
 
@@ -361,12 +383,18 @@ class EngineServer:
         Never raises for a request that is no longer live (counted as late) nor for a
         front that is gone (it is lost: its other requests are cancelled). An output
         that cannot be encoded or does not fit one message fails its own request, not
-        the step.
+        the step; so does a failure whose text or ``status_code`` cannot be read (500).
 
         :raises RuntimeError: called before :meth:`start`, or outside its loop (from
             another thread: hand the step over with ``loop.call_soon_threadsafe``).
+        :raises TypeError: a key is not a :class:`RequestKey` (nothing of the step is sent).
         """
         require_loop(self._loop, "EngineServer.send()")
+        outputs, failures = list(outputs), list(failures)
+        for entries, size in ((outputs, 3), (failures, 2)):  # (refused whole, before it ends any)
+            for item in entries:
+                if len(item) != size or type(item[0]) is not RequestKey:
+                    raise TypeError(f"a step entry is {size} items, a RequestKey first: {item!r}")
         per_front: dict[_Front, tuple[list[tuple[int, bytes, bool]], list[tuple[int, str, int]]]]
         per_front = {}
         requests = self._requests
@@ -384,9 +412,8 @@ class EngineServer:
                 payload = encode_payload(output)
             except Exception as exc:
                 self._end(request)
-                entry[1].append(
-                    (request.sid, clip(f"the output could not be encoded: {exc}", 512), 500)
-                )
+                text = f"the output could not be encoded: {_text_of(exc)}"
+                entry[1].append((request.sid, clip(text, 512), 500))
                 continue
             if len(payload) + _ENTRY_OVERHEAD > front.limit:
                 self._counts["too_large"] += 1
@@ -402,11 +429,10 @@ class EngineServer:
                 self._counts["late_outputs"] += 1
                 continue
             self._end(request)
-            status = getattr(error, "status_code", 500)
-            if not isinstance(status, int) or isinstance(status, bool) or not 100 <= status < 600:
-                status = 500  # (a huge int would not even encode: the step would raise)
             entry = per_front.setdefault(request.front, ([], []))
-            entry[1].append((request.sid, clip(str(error), MAX_FAILURE_TEXT), status))
+            entry[1].append(
+                (request.sid, clip(_text_of(error), MAX_FAILURE_TEXT), _status_of(error))
+            )
         for front, (outs, fails) in per_front.items():
             self._send_step(front, outs, fails)
 
