@@ -42,6 +42,7 @@ import msgspec
 __all__ = [
     "MAX_ENTRIES",
     "MAX_FAILURE_TEXT",
+    "MAX_FIELDS",
     "MIN_MESSAGE",
     "PROTOCOL_VERSION",
     "Abort",
@@ -73,6 +74,12 @@ MAX_ENTRIES: Final = 4096
 and failures together per ``Step``. What one message costs a loop is bounded by this,
 not only by its bytes (a frame of millions of tiny entries would take seconds to
 decode and route)."""
+
+MAX_FIELDS: Final = 16
+"""Fields of one message's array, at most, its tag included (the longest message has
+six). A decoder skips fields past its own, one by one, to leave a newer peer room: a
+frame of millions of them would hold the loop as long as one of millions of entries,
+so it is refused unread."""
 
 MAX_FAILURE_TEXT: Final = 1024
 """Bytes of a failure's message, at most (UTF-8, cut at a character boundary): the
@@ -261,11 +268,19 @@ def decode(frame: bytes | memoryview) -> Message:
     return _decoder.decode(frame)
 
 
+def _check_fields(frame: bytes | memoryview) -> None:
+    fields = _array_at(frame, 0)[0]
+    if fields > MAX_FIELDS:
+        raise msgspec.DecodeError(f"a message of {fields} fields (at most {MAX_FIELDS})")
+
+
 def decode_at_engine(frame: bytes | memoryview) -> ToEngine:
     """A message a front may send; anything else fails on its tag, unread.
 
-    :raises msgspec.DecodeError: the frame is no front-to-engine message.
+    :raises msgspec.DecodeError: the frame is no front-to-engine message, or one of
+        more than :data:`MAX_FIELDS` fields.
     """
+    _check_fields(frame)
     return _engine_decoder.decode(frame)
 
 
@@ -273,9 +288,11 @@ def decode_at_front(frame: bytes | memoryview) -> ToFront:
     """A message an engine may send; anything else fails on its tag, unread. A
     ``Step``'s lists are measured before they are built.
 
-    :raises msgspec.DecodeError: the frame is no engine-to-front message.
+    :raises msgspec.DecodeError: the frame is no engine-to-front message, or one of
+        more than :data:`MAX_FIELDS` fields.
     :raises TooManyEntries: a ``Step`` of more than :data:`MAX_ENTRIES` entries.
     """
+    _check_fields(frame)
     message = _front_decoder.decode(frame)
     if not isinstance(message, _StepFrame):
         return message

@@ -112,6 +112,21 @@ async def test_a_front_never_opens_a_session_with_an_engine_of_another_version(
             client.open({"n": 1})
 
 
+def _padded_ping(fields: int) -> bytes:
+    """A ``Ping`` whose array declares ``fields`` fields: its own three, then nils."""
+    return b"\xdd" + fields.to_bytes(4, "big") + b"\x07\x00\xcb" + bytes(8) + b"\xc0" * (fields - 3)
+
+
+async def test_a_message_with_a_few_fields_past_its_own_is_read_for_a_newer_peer(
+    address: str,
+) -> None:
+    async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
+        await peer.send(_padded_ping(wire.MAX_FIELDS))  # (no session: answered "say hello")
+        assert isinstance(await answer(peer), wire.Refuse)
+        assert engine.server.stats().no_session == 1
+        assert engine.server.stats().malformed == 0
+
+
 @pytest.mark.parametrize(
     "frames",
     [
@@ -120,6 +135,9 @@ async def test_a_front_never_opens_a_session_with_an_engine_of_another_version(
         pytest.param([msgspec.msgpack.encode([4, 0, "not a list"])], id="wrong-field-type"),
         pytest.param([b"a", b"b"], id="two-frames"),
         pytest.param([b""], id="empty"),
+        pytest.param([_padded_ping(wire.MAX_FIELDS + 1)], id="fields-past-the-cap"),
+        # (a million fields for msgspec to skip one by one: refused from the header)
+        pytest.param([_padded_ping(1 << 20)], id="a-million-fields"),
     ],
 )
 async def test_a_malformed_frame_is_counted_and_dropped(address: str, frames: list[bytes]) -> None:
@@ -200,12 +218,12 @@ async def test_an_undecodable_request_fails_alone_with_400(address: str) -> None
 
 
 async def test_a_front_drops_malformed_frames_from_the_engine(address: str) -> None:
-    junk = [b"\xc1", b"\x93\x63\x00\x00"]
+    junk = [b"\xc1", b"\x93\x63\x00\x00", _padded_ping(1 << 20)]
     async with fake_engine(address, before=junk) as bound, front(bound, ready=False) as client:
         async with asyncio.timeout(10):
             await client.wait_ready()
-        assert client.stats().malformed >= 2  # (twice per hello it had to send)
-        assert client.stats().malformed % 2 == 0
+        assert client.stats().malformed >= 3  # (three times per hello it had to send)
+        assert client.stats().malformed % 3 == 0
 
 
 @pytest.mark.parametrize(
