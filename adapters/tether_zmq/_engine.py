@@ -215,6 +215,7 @@ class EngineServer:
         self._events: list[Event] = []
         self._pending_since: float | None = None  # events waiting for the engine loop
         self._stalled = False
+        self._judged = time.monotonic()  # when the fronts' silence was last judged
         self._down: str | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -708,10 +709,15 @@ class EngineServer:
     def _judge(self) -> None:
         """Judge the fronts' silence and the engine loop's, after reading what waits."""
         assert self._reader is not None
-        if self._reader.drain():
-            return  # more is waiting: nobody is silent, judge next time
-        self._wake()
+        more = self._reader.drain()
         now = time.monotonic()
+        if more and now - self._judged < self._peer_timeout:
+            # More is waiting, perhaps a front's word: judge next time. But not for
+            # ever: the waiting may be another peer's flood (each peer's frames are
+            # queued apart, fairly), so a silent front is judged within two timeouts.
+            return
+        self._judged = now
+        self._wake()
         pending = self._pending_since
         if pending is not None and now - pending > self._consumer_timeout and not self._stalled:
             self._stall(now - pending)
