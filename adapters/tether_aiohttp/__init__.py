@@ -1,7 +1,6 @@
 """tether for aiohttp: ``setup(app, registry)`` installs the plugin, ``await
 respond(request, stream_or_batch, ...)`` answers; :func:`json_errors` answers aiohttp's
-own errors as JSON. See ``docs/aiohttp.md``.
-"""
+own errors as JSON. See ``docs/aiohttp.md``."""
 
 from __future__ import annotations
 

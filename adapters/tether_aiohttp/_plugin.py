@@ -3,8 +3,7 @@
 shutdown. With ``handler_cancellation=False`` (``run_app``'s default) aiohttp tells no
 one that a client left, only its transport closes: one watcher task per app checks
 the transports of the requests in flight every ``poll_interval`` (and sleeps while
-there are none). With ``handler_cancellation=True`` the cancelled handler is the sign.
-"""
+there are none). With ``handler_cancellation=True`` the cancelled handler is the sign."""
 
 from __future__ import annotations
 
@@ -27,11 +26,10 @@ REGISTRY_KEY: Final = web.AppKey("registry", tether.Registry)
 SCOPE_KEY: Final = web.RequestKey("scope", tether.RequestScope)
 """Where the middleware keeps the request's :class:`tether.RequestScope`."""
 
+# The registry of the installation that serves the request (the outermost one); set
+# once the request's response is being prepared (its head goes out):
 _SERVED_BY: Final = web.RequestKey("tether_registry", tether.Registry)
-"""The registry of the installation that serves the request (the outermost one)."""
-
 _STARTED: Final = web.RequestKey("tether_started", bool)
-"""Set once the request's response is being prepared (its head goes out)."""
 
 logger = logging.getLogger("tether.aiohttp")
 
@@ -39,12 +37,8 @@ _NOT_SET_UP: Final = "tether is not set up for this app: call tether_aiohttp.set
 
 
 def get_registry(app_or_request: web.Application | web.Request) -> tether.Registry:
-    """The registry given to :func:`setup`.
-
-    :param app_or_request: the application, or a request (which also finds the
-        registry of a parent application from a sub-application's handler).
-    :raises RuntimeError: :func:`setup` was not called.
-    """
+    """The registry given to :func:`setup`, from the application or a request (in a
+    sub-application's handler too); :class:`RuntimeError` if it was not called."""
     registry = (
         app_or_request.config_dict if isinstance(app_or_request, web.Request) else app_or_request
     ).get(REGISTRY_KEY)
@@ -62,6 +56,13 @@ def request_scope(request: web.BaseRequest) -> tether.RequestScope:
         return request[SCOPE_KEY]
     except KeyError:
         raise RuntimeError(_NOT_SET_UP) from None
+
+
+def answer_scope(request: web.BaseRequest) -> tether.RequestScope:
+    """:func:`request_scope`, for ``respond()``: refused once the response started."""
+    if request.get(_STARTED):
+        raise RuntimeError("this request's response has started: a request gets one response")
+    return request_scope(request)
 
 
 class _Watcher:

@@ -13,7 +13,7 @@ from aiohttp import hdrs, web
 
 from tether.http import Exchange, Head, Responder
 
-from ._plugin import request_scope
+from ._plugin import answer_scope
 
 __all__ = ["respond", "resume"]
 
@@ -21,7 +21,7 @@ __all__ = ["respond", "resume"]
 class _Aiohttp:  # what tether.http.Responder needs of aiohttp
     __slots__ = ()
 
-    scope = staticmethod(request_scope)
+    scope = staticmethod(answer_scope)  # (a request gets one response)
 
     def head_only(self, request: web.Request) -> bool:
         return request.method == hdrs.METH_HEAD

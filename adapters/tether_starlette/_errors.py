@@ -51,8 +51,7 @@ def json_errors(app: Starlette, *, shape: Shape | None = None) -> None:
 
     :param shape: rewrites each error before it is sent, given the request (another
         error shape on some routes, say); the default sends tether's.
-    :raises RuntimeError: ``json_errors()`` was already called on this app.
-    """
+    :raises RuntimeError: ``json_errors()`` was already called on this app."""
     if getattr(app.state, _INSTALLED, False):
         raise RuntimeError("tether_starlette.json_errors() was already called on this app")
     handler = http_exception_handler if shape is None else shaped(_http_error, shape)

@@ -57,6 +57,8 @@ class ExchangeResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._send, self._stepped = send, scope.get(WRITES_KEY) is True
         await self.exchange.run(self, self._first)
+        if self.background is not None:  # (FastAPI's BackgroundTasks): after the answer
+            await self.background()
 
     # The writer of Exchange.run: an ASGI send.
     def start(self) -> Awaitable[None]:

@@ -1,8 +1,7 @@
 """FastAPI helpers: the registry as a dependency (:data:`RegistryDep`), tether's error
 shape for FastAPI's own errors (:func:`add_exception_handlers`, opt-in), OpenAPI for
 streaming endpoints (:func:`event_stream`), and FastAPI's SSE reading tether
-(:func:`events`). Importing it imports FastAPI (``import tether_starlette`` does not).
-"""
+(:func:`events`). Importing it imports FastAPI (``import tether_starlette`` does not)."""
 
 from __future__ import annotations
 

@@ -196,7 +196,16 @@ class RequestScope:
         that lives long (a WebSocket handler, an agent loop opening stream after
         stream) lets go of the finished ones, so it holds at most about twice as
         many consumers as are live, never every stream it ever adopted.
+
+        :raises RuntimeError: the scope ended (its request is over): ``consumer`` is
+            cancelled (a follower detached), since nothing would ever end it.
         """
+        if self._ended:
+            _leave(consumer, AbortReason.CANCELLED)
+            raise RuntimeError(
+                "this request is over (its scope ended); nothing can answer it any more: "
+                "respond() from the handler, before it returns"
+            )
         consumers = self._consumers
         consumers.append(consumer)
         if len(consumers) >= self._prune_at:
@@ -210,7 +219,10 @@ class RequestScope:
     def adopt(self, consumer: Tracked) -> None:
         """Track ``consumer`` unless the scope already does: an adapter's ``respond()``
         calls it, so that a stream opened elsewhere (by a dispatcher task, or before
-        this request) is still cancelled when this request's client leaves."""
+        this request) is still cancelled when this request's client leaves.
+
+        :raises RuntimeError: the scope ended, as for :meth:`track`.
+        """
         consumers = self._consumers
         if not consumers or consumers[-1] is not consumer:  # (the usual case: just opened)
             for tracked in consumers:
