@@ -19,12 +19,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-__all__ = ["Ear", "Fields", "Listener", "StoreUnreachable", "entry_order", "text"]
+__all__ = ["CTL_MAXLEN", "Ear", "Fields", "Listener", "StoreUnreachable", "entry_order", "text"]
+
+CTL_MAXLEN: Final = 256
+"""Entries a control stream keeps (each a few bytes; the owner reads them at once):
+every ``XADD`` to one is bounded by it, whoever posts."""
 
 logger = logging.getLogger("tether.redis")
 

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 import tether
 from tether.resume import Channel, Follower, new_token
 
-from ._ear import Ear, Fields, StoreUnreachable, entry_order, text
+from ._ear import CTL_MAXLEN, Ear, Fields, StoreUnreachable, entry_order, text
 
 __all__ = ["Host", "Mirror", "end_error"]
 
@@ -211,6 +211,7 @@ class Mirror:
                 pipe.xadd(
                     self._key("ctl"),
                     {"op": "attach", "w": store.worker, "f": self._fid},
+                    maxlen=CTL_MAXLEN,
                     nomkstream=True,
                 )
                 _, ctl_id = await pipe.execute()
@@ -364,7 +365,8 @@ class Mirror:
         hands); nothing once the owner's control stream is gone. Whether it was posted."""
 
         async def post(client: Redis) -> Any:
-            return await client.xadd(self._key("ctl"), fields, nomkstream=True)  # type: ignore[arg-type]
+            ctl, bounded = self._key("ctl"), CTL_MAXLEN
+            return await client.xadd(ctl, fields, maxlen=bounded, nomkstream=True)  # type: ignore[arg-type]
 
         try:
             return await self._store.command(post, upkeep=True) is not None

@@ -54,7 +54,7 @@ import tether.resume
 from tether.http import error_response
 from tether.resume import Channel, Follower, new_token
 
-from ._ear import Ear, Fields, StoreUnreachable, entry_order, text
+from ._ear import CTL_MAXLEN, Ear, Fields, StoreUnreachable, entry_order, text
 from ._mirror import Mirror
 
 __all__ = ["RedisStore", "StoreUnreachable"]
@@ -72,8 +72,6 @@ elsewhere to read its end entry)."""
 _EPOCH_MS: Final = 86_400_000
 """The life of the key that says Redis holds this prefix's state (renewed by every
 store's upkeep): its absence is a Redis that lost everything."""
-_CTL_MAXLEN: Final = 256
-"""Entries a control stream keeps (each a few bytes; the owner reads them at once)."""
 
 
 class RedisStore(tether.resume.MemoryStore):
@@ -248,7 +246,10 @@ class RedisStore(tether.resume.MemoryStore):
 
     async def _poke(self) -> None:
         async def poke(client: Redis) -> None:
-            await client.xadd(self.ear_wake, {"w": "1"}, maxlen=16)
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.xadd(self.ear_wake, {"w": "1"}, maxlen=16)
+                pipe.pexpire(self.ear_wake, 60_000)  # (a key XADD just made has no expiry)
+                await pipe.execute()
 
         try:
             await self.command(poke, upkeep=True)
@@ -683,10 +684,10 @@ class _Writer:
                 },
             )
             # The control stream exists from now on (others post to it only if it does).
-            pipe.xadd(ctl, {"op": "open", "w": store.worker}, maxlen=_CTL_MAXLEN)
+            pipe.xadd(ctl, {"op": "open", "w": store.worker}, maxlen=CTL_MAXLEN)
             claim = self._standing_claim()
             if claim is not None:
-                pipe.xadd(ctl, claim, maxlen=_CTL_MAXLEN)  # type: ignore[arg-type]
+                pipe.xadd(ctl, claim, maxlen=CTL_MAXLEN)  # type: ignore[arg-type]
             self._expire(pipe, self._keep())
             await pipe.execute()
         # The log as it stands now, end included or not (no await until it is queued).
@@ -747,7 +748,7 @@ class _Writer:
             for entry_id, fields in outbox:
                 if entry_id == "ctl":  # (the claim of the client here: sent from now on)
                     self._unsent = False
-                    pipe.xadd(ctl, fields, maxlen=_CTL_MAXLEN)  # type: ignore[arg-type]
+                    pipe.xadd(ctl, fields, maxlen=CTL_MAXLEN)  # type: ignore[arg-type]
                 elif "end" in fields:
                     self._add(pipe, events)
                     events = []

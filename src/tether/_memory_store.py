@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import secrets
 from collections.abc import Coroutine
 from typing import Any, Final
@@ -12,6 +13,8 @@ from typing import Any, Final
 from ._errors import Aborted, AbortReason, TetherError
 from ._resume_log import Channel, Follower
 from ._stream import Stream
+
+logger = logging.getLogger("tether")
 
 __all__ = ["MemoryStore", "new_token"]
 
@@ -147,12 +150,20 @@ class MemoryStore:
 
 
 async def _pump(channel: Channel, stream: Stream) -> None:
-    """Read ``stream`` into ``channel`` until it ends, whoever is attached."""
+    """Read ``stream`` into ``channel`` until it ends, whoever is attached. Outputs the
+    store cannot record (a copy that cannot encode them) abort the request, as an
+    output its response cannot write does: its clients are told, never left waiting."""
     try:
         while (outputs := await stream.next_ready()) is not None:
             channel.append(outputs)
     except TetherError as exc:
         channel.end(exc)
+    except Exception as exc:  # (the store's: recording them failed)
+        logger.error(
+            "%r: outputs could not be recorded; the request is aborted", stream, exc_info=exc
+        )
+        stream.cancel(AbortReason.SERVER)
+        channel.end(Aborted(channel.rid, AbortReason.SERVER, "an output could not be recorded"))
     except asyncio.CancelledError:  # the store is closing: the stream was aborted
         channel.end(Aborted(channel.rid, AbortReason.SERVER, "the server is shutting down"))
         raise
