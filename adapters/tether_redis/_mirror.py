@@ -8,11 +8,12 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from redis.asyncio import Redis
 
 import tether
+from tether.http import current_scope
 from tether.resume import Channel, Follower, new_token
 
 from ._ear import CTL_MAXLEN, Ear, Fields, StoreUnreachable, entry_order, text
@@ -32,6 +33,10 @@ owner's writes to land before the id counts as unknown (a 404). The wait holds n
 connection: the store's one reader follows the log meanwhile."""
 
 _UNREACHABLE = "the store of resumable streams cannot be reached; retry"
+
+
+_MAX_ID: Final = 2**64 - 1
+"""The largest number a Redis stream entry id holds (a client's id past it: past the end)."""
 
 
 class Host(Protocol):
@@ -123,14 +128,19 @@ class Mirror:
         async def read(client: Redis) -> list[Any]:
             async with client.pipeline(transaction=False) as pipe:
                 pipe.hgetall(self._key("meta"))
-                pipe.xrange(log)
-                pipe.exists(store.settling)
+                # From the last event its client saw (the log must hold it, or the next),
+                # not the whole log; and the log's last entry (its end, if it ended).
+                pipe.xrange(log, min=f"{min(after, _MAX_ID)}-0")
+                pipe.xrevrange(log, count=1)
+                pipe.exists(store.settling)  # (these two last: store.lost() reads them)
                 pipe.exists(store.epoch)
                 results: list[Any] = await pipe.execute()
                 return results
 
         results = await store.command(read)
-        meta, entries = results[0], results[1]
+        meta, entries, last = results[0], results[1], results[2]
+        if last and (not entries or entries[-1][0] != last[0][0]):
+            entries = [*entries, last[0]]  # (the end, past what the client asked for)
         if not meta:
             if store.lost(results):
                 raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
@@ -201,6 +211,10 @@ class Mirror:
                 if store.unsettled():  # (asks Redis nothing: 150 of these cost nothing)
                     raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
                 return None
+        scope = current_scope()
+        if scope is not None and scope.disconnected:  # (its client left while it waited)
+            store.ear.drop(self)
+            return None  # (no claim: it would end the client reading elsewhere)
         follower = Follower(channel, after)
 
         async def attach(client: Redis) -> Any:

@@ -476,13 +476,6 @@ async def test_a_reconnect_under_way_when_its_worker_closes_holds_no_stream_afte
     assert left == [], f"tasks of the closed store still run: {left}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a reconnect elsewhere reads the whole log (XRANGE from the start), whatever its "
-        "Last-Event-ID"
-    ),
-)
 async def test_a_reconnect_near_the_end_of_a_long_log_reads_only_its_tail_from_redis(
     redis: Redis,
 ) -> None:
@@ -490,15 +483,7 @@ async def test_a_reconnect_near_the_end_of_a_long_log_reads_only_its_tail_from_r
     does makes another wait longer than a step (DESIGN invariant 12); every call to
     Redis is bounded in time (invariant 14: a reconnect elsewhere must fit in the
     store's ``timeout``, 1 s by default, waiting for its turn included); a reconnect
-    elsewhere "reads the backlog (XRANGE)" and then follows the live tail.
-
-    What happens: a reconnect on another worker reads the *whole* log with one
-    ``XRANGE`` and JSON-decodes every event in it, whatever its ``Last-Event-ID``: for
-    a log at its default bounds (10,000 events, 16 MiB) a client that missed one event
-    makes Redis send ~15 MB and blocks the worker's loop for the decoding (here about
-    0.3 s per reconnect, 0.1 s of it with the loop blocked); a client that reconnects
-    again and again stalls every other request of that worker, and on a slower link
-    the read alone passes the store's ``timeout``: a 503 for that stream, every time."""
+    elsewhere "reads the backlog (XRANGE)" and then follows the live tail."""
     registry = tether.Registry()
     owner = tether.resume.Resume(grace=30.0, store=RedisStore(redis, block=0.1))
     other = tether.resume.Resume(grace=30.0, store=RedisStore(redis, block=0.1))
@@ -671,27 +656,12 @@ async def test_a_client_elsewhere_hears_of_a_paused_redis_within_a_lease_period(
     assert heard_after <= lease + 0.5 + 0.25, f"the client heard after {heard_after:.2f} s"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a reconnect that waited for the log posts its claim even if its client left "
-        "meanwhile, ending the reader on the owner"
-    ),
-)
 async def test_a_reconnect_whose_client_left_while_it_waited_for_the_log_ends_no_reader(
     redis: Redis,
 ) -> None:
     """Promised (docs/resume.md, of two clients of one stream): "an attach whose client
     left before it was sent is withdrawn"; only "an attach already on its way when its
-    client leaves can still end a client that attached elsewhere meanwhile".
-
-    What happens: a reconnect on another worker whose ``Last-Event-ID`` is ahead of the
-    log in Redis waits (up to 2 s) for the owner's copy to land before it claims the
-    stream. Its client leaving meanwhile (the request's scope disconnected: the
-    adapters do not cancel the handler) changes nothing: once the log catches up the
-    reconnect posts its claim anyway, so the client reading the stream on its owner
-    is ended ("resumed elsewhere") by a client that was already gone, and the stream
-    parks with nobody reading it."""
+    client leaves can still end a client that attached elsewhere meanwhile"."""
     registry = tether.Registry()
     owner = tether.resume.Resume(grace=30.0, store=RedisStore(redis, block=0.1))
     other = tether.resume.Resume(grace=30.0, store=RedisStore(redis, block=0.1))
