@@ -836,9 +836,13 @@ class _Writer:
             results = await store.command(renew, upkeep=True)
         except StoreUnreachable:
             results = None
-        if results is not None and not self.dirty and not results[3]:
-            logger.warning("resumable request %r: Redis lost it; published again", channel.rid)
-            self.republish()  # (its meta is gone: Redis restarted empty, or evicted it)
+        # (the renewal's answers: its log, control stream and meta still exist; a log
+        # exists once an event or the end was written)
+        if results is not None and not self.dirty:
+            log_held = results[1] or not (channel.count or channel.ended)
+            if not (log_held and results[2] and results[3]):
+                logger.warning("resumable request %r: Redis lost it; published again", channel.rid)
+                self.republish()  # (Redis restarted empty, or evicted some of its keys)
         if remote is not None and remote == self._remote:
             if results is not None and results[0]:
                 self._lease_seen = loop.time()

@@ -268,13 +268,6 @@ async def test_a_worker_started_after_redis_restarted_empty_calls_no_live_stream
     assert "404" not in answers, collections.Counter(answers)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "the owner's upkeep checks only a stream's meta key: a log key Redis lost alone "
-        "is never published again"
-    ),
-)
 async def test_a_log_redis_lost_alone_is_published_again_and_a_reconnect_misses_nothing(
     redis: Redis,
 ) -> None:
@@ -282,14 +275,7 @@ async def test_a_log_redis_lost_alone_is_published_again_and_a_reconnect_misses_
     that Redis lost (restarted empty, evicted), make the owner publish the stream again
     from process ... at the next block period once Redis answers"; a reconnect
     continues "from the last event it saw, exactly once and in order, on this worker
-    or (with Redis) on any other".
-
-    What happens: the owner's upkeep checks only that the stream's *meta* key is still
-    there. A log key that Redis lost on its own (evicted under ``maxmemory``, deleted)
-    is never published again while the meta stays: a reconnect elsewhere with its
-    ``Last-Event-ID`` is a 404 after its 2 s catch-up wait, and one with the token
-    alone (a client that dropped before its first event) gets a 200 that starts after
-    events the owner still holds and never sends them: silent loss."""
+    or (with Redis) on any other"."""
     registry = tether.Registry()
     owner = tether.resume.Resume(grace=30.0, store=RedisStore(redis, block=0.1))
     other = tether.resume.Resume(grace=30.0, store=RedisStore(redis, block=0.1))
@@ -338,26 +324,12 @@ async def test_a_log_redis_lost_alone_is_published_again_and_a_reconnect_misses_
     assert republished, "the owner never published the lost log again"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "other workers post to a control stream with NOMKSTREAM: one Redis lost alone is "
-        "never made again, so Stop and reconnects elsewhere fail"
-    ),
-)
 async def test_a_control_stream_redis_lost_alone_still_carries_stop_and_reconnects(
     redis: Redis,
 ) -> None:
     """Promised (docs/resume.md): keys that Redis lost (evicted) make the owner publish
     the stream again at the next block period; Stop on any worker "reaches it within
-    one round trip"; a 404 only for a token that is wrong or expired.
-
-    What happens: the owner checks only its meta key. Its control stream lost alone
-    (evicted) is never made again, and every other worker posts to it with
-    ``NOMKSTREAM`` (so as not to make a key with no expiry): a Stop elsewhere posts
-    nothing and answers "no such stream" while the request runs on, and a reconnect
-    elsewhere takes the missing control stream for an owner that forgot the stream:
-    a 404."""
+    one round trip"; a 404 only for a token that is wrong or expired."""
     aborts: collections.Counter[str] = collections.Counter()
     registry = tether.Registry(lambda rid: aborts.update([rid]))
     owner = tether.resume.Resume(grace=30.0, store=RedisStore(redis, block=0.1))
