@@ -94,6 +94,7 @@ class RedisStore(tether.resume.MemoryStore):
 
     __slots__ = (
         "_answered_at",
+        "_closing",
         "_known",
         "_mirrors",
         "_ok_since",
@@ -156,6 +157,7 @@ class RedisStore(tether.resume.MemoryStore):
         self._writers: dict[str, _Writer] = {}
         self._mirrors: weakref.WeakSet[Mirror] = weakref.WeakSet()
         """The clients here of streams owned elsewhere (ended when this store closes)."""
+        self._closing = False  # aclose() began: a reconnect that completes after it ends
         self.request_slots = asyncio.Semaphore(connections // 2)
         self.upkeep_slots = asyncio.Semaphore(connections - connections // 2)
         self.ear = Ear(
@@ -370,16 +372,31 @@ class RedisStore(tether.resume.MemoryStore):
         """
         if self.channel(token) is not None or not _plain(token):
             return await super().follow(token, after)
+        if self._closing:
+            raise StoreUnreachable("this worker is shutting down")
         mirror = Mirror(self, token, after)
         follower = await mirror.start()
+        if follower is not None and self.closing():
+            # The store closed while it started: it holds nothing after the close (its
+            # client is told, the owner told that it left).
+            farewell = mirror.close()
+            if farewell is not None:
+                with contextlib.suppress(StoreUnreachable):
+                    await farewell
+            raise StoreUnreachable("this worker is shutting down")
         if follower is not None:
             self._mirrors.add(mirror)
         return follower
+
+    def closing(self) -> bool:
+        """Whether :meth:`aclose` began (a reconnect that completes after it ends)."""
+        return self._closing
 
     async def aclose(self) -> None:
         """Abort every stream still running and let each writer put its end entry in
         Redis (bounded), so that clients on other workers are told; end every client
         here of a stream owned elsewhere (its owner parks it); then end every task."""
+        self._closing = True
         self.abort_all()
         tasks = [writer.task for writer in self._writers.values() if writer.task is not None]
         # The clients here of streams owned elsewhere end too; each owner is told.
@@ -402,7 +419,10 @@ class RedisStore(tether.resume.MemoryStore):
                 pipe.exists(self.key(token, "meta"))
                 # (NOMKSTREAM: never a control stream with no expiry)
                 pipe.xadd(
-                    self.key(token, "ctl"), {"op": "cancel", "w": self.worker}, nomkstream=True
+                    self.key(token, "ctl"),
+                    {"op": "cancel", "w": self.worker},
+                    maxlen=CTL_MAXLEN,
+                    nomkstream=True,
                 )
                 pipe.exists(self.settling)
                 pipe.exists(self.epoch)

@@ -377,13 +377,6 @@ async def test_a_control_stream_redis_lost_alone_still_carries_stop_and_reconnec
     assert sum(aborts.values()) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "RedisStore.aclose() does not wait for a reconnect whose first read is in flight:"
-        " it claims the stream after the close"
-    ),
-)
 async def test_a_reconnect_under_way_when_its_worker_closes_holds_no_stream_after_the_close(
     redis: Redis,
 ) -> None:
@@ -391,15 +384,7 @@ async def test_a_reconnect_under_way_when_its_worker_closes_holds_no_stream_afte
     elsewhere (its owner parks it); then end every task"; ``Resume.aclose``: "Abort
     every parked or live resumable stream and forget every log"; misuse after close is
     refused with a typed error (DESIGN invariant 13). aiohttp runs ``on_shutdown``
-    before it waits for open connections, so requests are still under way then.
-
-    What happens: a reconnect for a stream owned by another worker that is under way
-    (its first Redis read in flight) when ``aclose()`` runs is not in the store's list
-    of clients yet, so the close passes it by; it then completes: it claims the stream,
-    sets its lease, and starts the store's reader again, a task of the closed store
-    that renews the lease for as long as the process lives. The owner takes the stream
-    for one with a client attached elsewhere and never parks it: its grace period
-    never starts."""
+    before it waits for open connections, so requests are still under way then."""
     registry = tether.Registry()
     owner = tether.resume.Resume(grace=30.0, store=RedisStore(redis, block=0.1))
     other = tether.resume.Resume(grace=30.0, store=RedisStore(redis, block=0.1))
@@ -507,8 +492,9 @@ class _Token:
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "a client on another worker gets the events as Redis holds them (decoded JSON), "
-        "not the producer's objects"
+        "documented (docs/resume.md, differences): a client on another worker gets the "
+        "events as Redis holds them (the default encoder's JSON), not the producer's "
+        "objects; parity would need the objects themselves on another worker"
     ),
 )
 async def test_a_reconnect_elsewhere_writes_the_same_events_through_the_apps_encoder(
