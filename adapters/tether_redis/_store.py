@@ -481,6 +481,7 @@ class _Writer:
         "_keys",
         "_latest",
         "_lease_seen",
+        "_logged",
         "_outbox",
         "_pending",
         "_remote",
@@ -519,6 +520,7 @@ class _Writer:
         was pending: the client if that claim is withdrawn."""
         self._sizes: collections.deque[tuple[int, int]] = collections.deque()
         """The number and size in bytes of each event the log in Redis holds."""
+        self._logged = False  # its log exists in Redis (an event or the end went out)
         self.dirty = True
         """Redis may lack what this writer wrote (never published yet, a write failed,
         or Redis lost it): the whole channel is published again at the next try."""
@@ -724,6 +726,7 @@ class _Writer:
                 pipe.xadd(log, fields, id=entry_id)  # type: ignore[arg-type]
             pipe.pexpire(log, self._keep())
             await pipe.execute()
+        self._logged = bool(entries) or ended
         self.dirty = False
         # What came while that transaction was in flight (put() ignored it: dirty).
         if self._pending and self._unsent:
@@ -780,6 +783,8 @@ class _Writer:
             # that an owner killed before its first upkeep leaves nothing for ever.
             self._expire(pipe, self._keep())
             await pipe.execute()
+        if any(entry_id != "ctl" for entry_id, _ in outbox):
+            self._logged = True
 
     async def _goodbye(self, client: Redis) -> None:
         """The stream is resumable no more: what is left to copy (its end entry, for
@@ -845,6 +850,8 @@ class _Writer:
         remote = self._remote
         loop = asyncio.get_running_loop()
 
+        logged, published = self._logged, not self.dirty  # (before the renewal is sent)
+
         async def renew(client: Redis) -> list[Any]:
             async with client.pipeline(transaction=False) as pipe:
                 pipe.exists(lease)
@@ -857,9 +864,9 @@ class _Writer:
         except StoreUnreachable:
             results = None
         # (the renewal's answers: its log, control stream and meta still exist; a log
-        # exists once an event or the end was written)
-        if results is not None and not self.dirty:
-            log_held = results[1] or not (channel.count or channel.ended)
+        # exists once an event or the end was written, before the renewal was sent)
+        if results is not None and published and not self.dirty:
+            log_held = results[1] or not logged
             if not (log_held and results[2] and results[3]):
                 logger.warning("resumable request %r: Redis lost it; published again", channel.rid)
                 self.republish()  # (Redis restarted empty, or evicted some of its keys)
