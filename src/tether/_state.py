@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol, TypeVar
 
 from ._errors import TetherError
 from ._limits import Limits
@@ -30,6 +30,8 @@ from ._mailbox import NOTHING, Mailbox
 
 logger = logging.getLogger("tether")
 __all__ = ["NOTHING", "Group", "Mailbox", "RequestState", "route"]
+
+T = TypeVar("T")
 
 
 class Group(Mailbox):
@@ -440,16 +442,21 @@ def route(
     costs no call per output (``put``'s first case, inlined): an engine step calls
     this once for every live request, and a JSON request gets every output folded.
     """
-    live = 0
-    merge = limits.merge
+    # Per output, every bytecode counts (a JSON answer folds 64): a list's or tuple's
+    # items are counted by len(), an iterator's as it is consumed; only the late
+    # ones are counted here. (enumerate() costs more than ``+= 1``.)
+    seen = [0]
+    sized = isinstance(items, list | tuple)
+    late = 0
+    last_wins = limits.merge is None
     get = entries.get
-    for rid, output, finished in items:
+    for rid, output, finished in items if sized else _counted(items, seen):
         state = get(rid)
         if state is None or finished or not state.first_at:
-            live += registry.deliver(rid, output, finished=finished)
+            if not registry.deliver(rid, output, finished=finished):
+                late += 1
             continue
-        live += 1
-        if merge is None and state.collecting:
+        if last_wins and state.collecting:
             state.noutputs += 1
             state.acc = output
             continue
@@ -460,4 +467,11 @@ def route(
             continue
         if not fits and state.live:
             table.too_slow(state, False)
-    return live
+    return (len(items) if isinstance(items, list | tuple) else seen[0]) - late
+
+
+def _counted(items: Iterable[T], seen: list[int]) -> Iterator[T]:
+    """``items`` one by one, as they are asked for; ``seen[0]``: how many so far."""
+    for item in items:
+        seen[0] += 1
+        yield item
