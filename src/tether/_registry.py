@@ -181,7 +181,7 @@ class Registry:
             raise DuplicateRequest(rid)
         state = RequestState(rid, 0, None, now())
         table.insert((state,))
-        if scope is not None or table.observers:
+        if table.observers or (scope is not None and scope.request_id is not None):
             opened(table.observers, (state,), scope, batch=False)
         if timeout is not None:
             state.arm(loop.call_later(timeout, table.expire, (state,), timeout))
@@ -278,7 +278,12 @@ class Registry:
             self._table.late += 1
             return False
         if not state.first_at:
-            self._require_own_loop(rid)
+            try:  # (the usual case without a call: the registry's own loop runs this)
+                own = asyncio.get_running_loop() is self._table.loop
+            except RuntimeError:
+                own = False
+            if not own:
+                self._require_own_loop(rid)
             waited = state.first_output(now())
             self._table.ttfo.append(waited)
             if self._table.observers:

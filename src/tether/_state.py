@@ -210,7 +210,7 @@ class RequestState(Mailbox):
     )
 
     def __init__(self, rid: str, index: int, group: Group | None, opened_at: float) -> None:
-        super().__init__()
+        self.waiter = None  # (Mailbox's one field, set here: no call per request)
         self.rid = rid
         self.index = index
         self.group = group

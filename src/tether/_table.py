@@ -263,7 +263,8 @@ class Table:
         if self._idle is not None and not entries:
             self._idle.set()
         # Told only once the table is consistent again: on_abort may re-enter it.
-        self._notifier.tell(told, self.loop if defer else None)
+        if told:
+            self._notifier.tell(told, self.loop if defer else None)
         return True
 
     def end_rid(self, rid: str, how: End, *, defer: bool) -> bool:
