@@ -400,12 +400,19 @@ class Consumer:
         finally:
             self._reading = False
 
-    def _waiter(self, box: RequestState | Group, timeout: float | None) -> asyncio.Future[None]:
+    def _waiter(
+        self,
+        box: RequestState | Group,
+        timeout: float | None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> asyncio.Future[None]:
         """The future a wait of ``timeout`` seconds parks on (:meth:`wait_ready`'s and
-        ``result()``'s, each awaited inline: no coroutine of its own); its deadline armed."""
+        ``result()``'s, each awaited inline: no coroutine of its own); its deadline armed.
+        ``loop``: the table's own loop, if the caller checked it already (:meth:`_claim`)."""
         if box.waiter is not None:  # (a waiter resolved or dropped is always cleared)
             raise ConcurrentRead(self)
-        loop = self._table.own_loop()
+        if loop is None:
+            loop = self._table.own_loop()
         waiter = box.park(loop)
         idle = self._idle
         if idle is None and timeout is not None:
@@ -416,12 +423,12 @@ class Consumer:
             idle.set(loop, timeout)
         return waiter
 
-    def _claim(self) -> None:
+    def _claim(self) -> asyncio.AbstractEventLoop:
         """Refuse ``result()`` before it changes anything: another task reads, or this
-        is another loop than the one the requests run on."""
+        is another loop than the one the requests run on; else that loop."""
         if self._reading:
             raise ConcurrentRead(self)
-        self._table.own_loop()
+        return self._table.own_loop()
 
     async def _collect_result(self, box: RequestState | Group, outputs: list[Any]) -> None:
         """``result()``'s wait: hold the consumer, collect the unread ``outputs``

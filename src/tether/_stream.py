@@ -7,6 +7,7 @@ the batch it belongs to.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -75,12 +76,35 @@ class Stream(Consumer):
         :raises ConcurrentRead: another task is reading this stream (nothing changes
             for that task).
         """
-        self._claim()
+        loop = self._claim()
         if self._box is None:
             self._first_read()
         state = self._state
-        unread = (self._take_buffered() or EMPTY) + state.take()
-        await self._collect_result(state, [(0, output) for output in unread] if unread else EMPTY)
+        unread = state.take()
+        if self._pos < len(self._buf):  # (an ``async for`` took them, handed out none)
+            unread = (self._take_buffered() or EMPTY) + unread
+        # _collect_result()'s wait, inline: a JSON answer waits in one coroutine less.
+        states = self._states
+        self._reading = True
+        waited = False
+        try:
+            if unread or self._collecting:
+                self._collect([(0, output) for output in unread], states)
+            else:  # (the usual wait: nothing was read before it; _collect()'s first case)
+                self._collecting = True
+                state.collect(NOTHING)
+            while state.live and state.error is None and not self._closed:
+                waiter = self._waiter(state, None, loop)
+                try:
+                    await waiter
+                except asyncio.CancelledError:
+                    self._cancelled(state, waiter)
+                    raise
+            waited = True
+        finally:
+            self._reading = False
+            if not waited:
+                self._uncollect(states)
         if state.error is not None:
             raise state.error.with_traceback(None)
         return None if state.acc is NOTHING else state.acc
