@@ -303,6 +303,9 @@ class _ServerLink:
             self.complete = True
             if isinstance(self._reader, http.Driven):
                 self._reader.close()
+                # Closed: stop() has nothing left to end, and with _last set neither
+                # receive() nor _start() runs a reader again.
+                self._reader = None
                 self._last = self._last or {"type": "http.disconnect"}
                 self._arrive()
         try:

@@ -133,7 +133,7 @@ class Responder(Generic[Req, Resp]):
                 head = await answer_whole(source, shaped)
             finally:
                 await source.aclose()
-            return framework.whole(_with_headers(head, headers))
+            return framework.whole(_with_headers(head, headers) if headers else head)
         exchange = Exchange(  # (bad options: it aborts the source, which it owns, and raises)
             source,
             streaming=streaming,

@@ -271,4 +271,7 @@ class RequestScope:
         self._ended = True
         self._on_first_track = None  # (an adapter's bound method, which may hold the scope)
         consumers, self._consumers = self._consumers, []
-        return sum(_leave(consumer, AbortReason.CANCELLED) for consumer in consumers)
+        live = 0
+        for consumer in consumers:  # (a loop, not sum() of a generator: once per request)
+            live += _leave(consumer, AbortReason.CANCELLED)
+        return live
