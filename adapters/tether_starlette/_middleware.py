@@ -215,11 +215,6 @@ class _ServerLink:
         if self._reader is None and self._last is None:
             self._reader = http.read_ahead(self._read(), self._receive)
 
-    def _arrive(self) -> None:  # a message or the end is there: wake a waiting app
-        arrived = self._arrived
-        if arrived is not None:
-            arrived.set()
-
     def _gone(self) -> None:
         if not self.complete and self.scope is not None:
             self.scope.disconnect()
@@ -242,20 +237,24 @@ class _ServerLink:
             if not self.started:
                 body.append(message)
                 self._buffered += len(message.get("body", b""))
-                self._arrive()
+                if self._arrived is not None:  # (an app waits for it: wake it)
+                    self._arrived.set()
             # else: the app answered without reading its whole body; drop the rest, as
             # Starlette's own responses do, so that the disconnect is still seen.
         self._gone()
         self._last = last
-        self._arrive()
+        if self._arrived is not None:
+            self._arrived.set()
 
     def stop(self) -> asyncio.Task[None] | None:  # the request is over: a receive() still
         reader = self._reader  # waiting ends; a reader task is left to stop and await
-        if isinstance(reader, http.Driven):
+        if reader is not None and not isinstance(reader, asyncio.Task):
             reader.close()
+            reader = None
         self._last = self._last or {"type": "http.disconnect"}
-        self._arrive()
-        return reader if isinstance(reader, asyncio.Task) else None
+        if self._arrived is not None:
+            self._arrived.set()
+        return reader
 
     async def receive(self) -> Message:  # body messages in order, then the disconnect
         if self._reader is None:
@@ -307,7 +306,8 @@ class _ServerLink:
                 # receive() nor _start() runs a reader again.
                 self._reader = None
                 self._last = self._last or {"type": "http.disconnect"}
-                self._arrive()
+                if self._arrived is not None:
+                    self._arrived.set()
         try:
             await self._send(message)
         except OSError as exc:

@@ -163,7 +163,8 @@ class Consumer:
         self.cancel(AbortReason.CANCELLED)
         self._closed = True
         self._buf = EMPTY
-        self._stop_idle()
+        if self._idle is not None:  # (_stop_idle(), inline: once per response)
+            self._idle.clear()
 
     async def __aenter__(self) -> Self:
         return self
