@@ -239,8 +239,7 @@ class _ServerLink:
                 self._buffered += len(message.get("body", b""))
                 if self._arrived is not None:  # (an app waits for it: wake it)
                     self._arrived.set()
-            # else: the app answered without reading its whole body; drop the rest, as
-            # Starlette's own responses do, so that the disconnect is still seen.
+            # else (answered before its body was read): dropped, as Starlette does, to see the end
         self._gone()
         self._last = last
         if self._arrived is not None:
@@ -302,9 +301,7 @@ class _ServerLink:
             self.complete = True
             if isinstance(self._reader, http.Driven):
                 self._reader.close()
-                # Closed: stop() has nothing left to end, and with _last set neither
-                # receive() nor _start() runs a reader again.
-                self._reader = None
+                self._reader = None  # (stop() has none to end; with _last set, none restarts)
                 self._last = self._last or {"type": "http.disconnect"}
                 if self._arrived is not None:
                     self._arrived.set()
