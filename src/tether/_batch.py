@@ -111,7 +111,7 @@ class Batch(Consumer):
         :raises ConcurrentRead: another task is reading this batch (nothing changes
             for that task).
         """
-        self._claim()
+        self._result_loop()
         group = self._group
         if self._box is None:
             self._first_read()

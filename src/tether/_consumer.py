@@ -409,7 +409,7 @@ class Consumer:
     ) -> asyncio.Future[None]:
         """The future a wait of ``timeout`` seconds parks on (:meth:`wait_ready`'s and
         ``result()``'s, each awaited inline: no coroutine of its own); its deadline armed.
-        ``loop``: the table's own loop, if the caller checked it already (:meth:`_claim`)."""
+        ``loop``: the table's own loop, if the caller checked it already (:meth:`_result_loop`)."""
         if box.waiter is not None:  # (a waiter resolved or dropped is always cleared)
             raise ConcurrentRead(self)
         if loop is None:
@@ -424,7 +424,7 @@ class Consumer:
             idle.set(loop, timeout)
         return waiter
 
-    def _claim(self) -> asyncio.AbstractEventLoop:
+    def _result_loop(self) -> asyncio.AbstractEventLoop:
         """Refuse ``result()`` before it changes anything: another task reads, or this
         is another loop than the one the requests run on; else that loop."""
         if self._reading:

@@ -76,7 +76,7 @@ class Stream(Consumer):
         :raises ConcurrentRead: another task is reading this stream (nothing changes
             for that task).
         """
-        loop = self._claim()
+        loop = self._result_loop()
         if self._box is None:
             self._first_read()
         state = self._state
