@@ -215,7 +215,7 @@ class EngineServer:
         self._events: list[Event] = []
         self._pending_since: float | None = None  # events waiting for the engine loop
         self._stalled = False
-        self._judged = time.monotonic()  # when the fronts' silence was last judged
+        self._behind_since: float | None = None  # since when frames kept waiting
         self._down: str | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -388,14 +388,18 @@ class EngineServer:
 
         :raises RuntimeError: called before :meth:`start`, or outside its loop (from
             another thread: hand the step over with ``loop.call_soon_threadsafe``).
-        :raises TypeError: a key is not a :class:`RequestKey` (nothing of the step is sent).
+        :raises TypeError: an entry is malformed: its key no :class:`RequestKey`, its
+            ``finished`` no bool (nothing of the step is sent).
         """
         require_loop(self._loop, "EngineServer.send()")
         outputs, failures = list(outputs), list(failures)
-        for entries, size in ((outputs, 3), (failures, 2)):  # (refused whole, before it ends any)
-            for item in entries:
-                if len(item) != size or type(item[0]) is not RequestKey:
-                    raise TypeError(f"a step entry is {size} items, a RequestKey first: {item!r}")
+        # (refused whole, before it ends any request)
+        for item in outputs:
+            if len(item) != 3 or type(item[0]) is not RequestKey or type(item[2]) is not bool:
+                raise TypeError(f"an output is (RequestKey, output, finished: bool): {item!r}")
+        for fault in failures:
+            if len(fault) != 2 or type(fault[0]) is not RequestKey:
+                raise TypeError(f"a failure is (RequestKey, exception): {fault!r}")
         per_front: dict[_Front, tuple[list[tuple[int, bytes, bool]], list[tuple[int, str, int]]]]
         per_front = {}
         requests = self._requests
@@ -711,12 +715,18 @@ class EngineServer:
         assert self._reader is not None
         more = self._reader.drain()
         now = time.monotonic()
-        if more and now - self._judged < self._peer_timeout:
+        if more:
             # More is waiting, perhaps a front's word: judge next time. But not for
             # ever: the waiting may be another peer's flood (each peer's frames are
-            # queued apart, fairly), so a silent front is judged within two timeouts.
-            return
-        self._judged = now
+            # queued apart, fairly), so after ``peer_timeout`` of waiting frames the
+            # fronts are judged all the same (a silent one: within two timeouts).
+            behind = self._behind_since
+            if behind is None:
+                self._behind_since = now
+                return
+            if now - behind < self._peer_timeout:
+                return
+        self._behind_since = None
         self._wake()
         pending = self._pending_since
         if pending is not None and now - pending > self._consumer_timeout and not self._stalled:

@@ -415,6 +415,7 @@ class Exchange:
             guard = self._guard = SendGuard(self.send_timeout)
         started = False
         self._body, self._last = b"", False
+        pumping: asyncio.Task[bool] | None = None
         try:
             guard.begin()
             await writer.start()
@@ -423,10 +424,13 @@ class Exchange:
             self._direct = writer.direct()
             if await self._pump(writer, first, framed=True, in_place=WOKEN_IN_PLACE):
                 loop = asyncio.get_running_loop()
-                await loop.create_task(self._pump(writer, None, framed=False, in_place=-1))
+                pumping = loop.create_task(self._pump(writer, None, framed=False, in_place=-1))
+                await pumping
         except ConnectionError:  # aiohttp's ClientConnectionResetError, ASGI 2.4's OSError
             self._gone()
         except asyncio.CancelledError:
+            if pumping is not None and pumping.done() and not pumping.cancelled():
+                raise  # (its task wrote the whole response before the cancellation came)
             if guard.stalled_out():
                 # The send timeout cut a write: the client read nothing for it.
                 logger.warning(

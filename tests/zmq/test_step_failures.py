@@ -97,21 +97,47 @@ async def test_a_failure_whose_status_cannot_be_read_fails_its_request_alone_as_
         assert outcome == [{"i": 1}, 500], f"after the step, the front got {outcome}"
 
 
+class Ambiguous:
+    """A ``finished`` whose truth cannot be told (as a numpy array's)."""
+
+    def __bool__(self) -> bool:
+        raise ValueError("the truth value of an array with more than one element is ambiguous")
+
+
 @pytest.mark.parametrize(
     "bad",
-    [("not a key", {"i": 9}, True), ("two items",), {"i": 9}],
-    ids=["key-not-a-request-key", "wrong-length", "not-an-entry"],
+    [
+        ("not a key", {"i": 9}, True),
+        ("two items",),
+        {"i": 9},
+        (None, {"i": 9}, 1),  # (the key filled in below: a finished that is an int)
+        (None, {"i": 9}, Ambiguous()),
+    ],
+    ids=[
+        "key-not-a-request-key",
+        "wrong-length",
+        "not-an-entry",
+        "finished-int",
+        "finished-ambiguous",
+    ],
 )
 async def test_a_malformed_step_is_refused_whole_before_any_of_its_requests_ends(
     address: str, bad: object
 ) -> None:
     async with echo_engine(address) as engine, front(engine.server.address) as client:
         stream = client.open({"n": 0})
-        await eventually(lambda: len(engine.submitted) == 1)
-        (key,) = engine.submitted
+        odd = client.open({"n": 0})
+        await eventually(lambda: len(engine.submitted) == 2)
+        key, odd_key = engine.submitted
+        if isinstance(bad, tuple) and len(bad) == 3 and bad[0] is None:
+            bad = (odd_key, *bad[1:])
         with pytest.raises(TypeError):
             engine.server.send(outputs=[(key, {"i": 1}, True), bad])  # type: ignore[list-item]
-        assert engine.server.in_flight == 1  # nothing of the step ended, nothing was sent
+        assert engine.server.in_flight == 2  # nothing of the step ended, nothing was sent
+        engine.server.send(outputs=[(odd_key, {"i": 3}, True)])
+        async with asyncio.timeout(10):
+            assert await odd.result() == {"i": 3}
+        await odd.aclose()
         engine.server.send(outputs=[(key, {"i": 2}, True)])
         async with asyncio.timeout(10):
             assert await stream.result() == {"i": 2}
