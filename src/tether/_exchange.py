@@ -430,7 +430,11 @@ class Exchange:
             self._gone()
         except asyncio.CancelledError:
             if pumping is not None and pumping.done() and not pumping.cancelled():
-                raise  # (its task wrote the whole response before the cancellation came)
+                # Its task had ended the response (written whole, or the client gone)
+                # before the cancellation came: nothing to say farewell to.
+                if isinstance(pumping.exception(), ConnectionError):
+                    self._gone()
+                raise
             if guard.stalled_out():
                 # The send timeout cut a write: the client read nothing for it.
                 logger.warning(
