@@ -183,6 +183,8 @@ def json_panels(out: dict[str, Any]) -> list[Panel]:
                 ("hand-off", _median(sides.get("handoff", []), "requests_per_s")),
                 ("tether", _median(sides.get("tether", []), "requests_per_s")),
             ]
+            if sides.get("watched"):  # (results from before it was measured have none)
+                bars.append(("hand-off that watches", _median(sides["watched"], "requests_per_s")))
             groups.append((f"C = {key.rsplit('/', 1)[1]}", bars))
         panels.append((framework, groups))
     return panels

@@ -7,7 +7,9 @@ one engine step with ``deliver_many``, an engine thread with
 ``deliver_many_threadsafe``), each serializer (orjson, the stdlib's ``json``) and
 each concurrency, the load client streams 64 events per request from the
 hand-off server (:mod:`bench.servers.handoff`) and from the tether server, back
-to back; JSON requests go against a hand-written future per request. The
+to back; JSON requests go against a hand-written future per request, and (for
+scale, with no target) against the same future with the disconnect watch users
+write by hand (:data:`WATCHED`). The
 no-hand-off limit (pre-built events, no producer) is measured beside them, for
 scale. A repetition starts the servers of a framework afresh with one hash seed,
 and one client process runs all its windows (the pair of a cell seconds apart,
@@ -45,7 +47,10 @@ __all__ = [
     "END",
     "FULL",
     "QUICK",
+    "SIDES",
     "TARGETS",
+    "WATCHED",
+    "WATCHED_LABEL",
     "Plan",
     "main",
     "render",
@@ -58,6 +63,7 @@ EVENTS = 64
 TARGETS = {"events": 1.2, "cpu": 0.85, "json": 0.9}
 """Issue 26's: streaming events/s ≥ 1.2x the hand-off's and server CPU per event ≤
 0.85x its, in every cell; JSON requests/s ≥ 0.9x the hand-written endpoint's."""
+WATCHED_LABEL = "JSON body, against a hand-off that watches"
 SHAPE_LABELS = {
     "task": "task per request",
     "step": "engine step (`deliver_many`)",
@@ -93,14 +99,39 @@ QUICK = Plan(reps=1, concurrency=(4,), duration=0.1, warmup=0.05, min_requests=1
 Runs = list[dict[str, Any]]
 
 
+SIDES = ("handoff", "tether", "watched")
+"""The sides of a JSON cell (a streaming cell has the first two)."""
+WATCHED = {"starlette": "&watch=1", "aiohttp": ""}
+"""The query of a JSON request to the hand-off that watches for disconnects: on
+Starlette its ``/json?watch=1`` (a task reading ``receive`` beside the answer, as
+vLLM does); on aiohttp a hand-off server run with ``handler_cancellation``."""
+
+
 @contextlib.contextmanager
-def _servers(framework: str, seed: int) -> Iterator[dict[str, tuple[int, str]]]:
-    """The hand-off, tether and limit servers of one repetition, on uvloop."""
+def _servers(framework: str, seed: int, json: bool) -> Iterator[dict[str, tuple[int, str]]]:
+    """The hand-off, tether and limit servers of one repetition, on uvloop; with
+    ``json``, the hand-off that watches for disconnects (``watched``) too."""
     with contextlib.ExitStack() as stack:
-        yield {
+        servers = {
             variant: stack.enter_context(server(framework, variant, "--loop", "uvloop", seed=seed))
             for variant in ("handoff", "tether", "limit")
         }
+        if json:
+            servers["watched"] = (
+                stack.enter_context(
+                    server(
+                        framework,
+                        "handoff",
+                        "--loop",
+                        "uvloop",
+                        "--handler-cancellation",
+                        seed=seed,
+                    )
+                )
+                if framework == "aiohttp"
+                else servers["handoff"]
+            )
+        yield servers
 
 
 def _cells(plan: Plan) -> list[tuple[str, str, str, int]]:
@@ -123,16 +154,16 @@ def run(plan: Plan) -> dict[str, Any]:
     cells = _cells(plan)
     for rep in range(plan.reps):
         for framework in plan.frameworks:
-            with _servers(framework, seed=rep + 1) as servers:
+            with _servers(framework, seed=rep + 1, json=plan.json) as servers:
                 argvs: list[list[object]] = []
                 where: list[tuple[str, str, str]] = []
                 for index, (section, shape, name, conc) in enumerate(cells):
-                    sides = ["handoff", "tether"]
-                    if (rep + index) % 2:
-                        sides.reverse()
-                    for side in sides:
+                    sides = list(SIDES if section == "json" else SIDES[:2])
+                    turn = (rep + index) % len(sides)  # (the order rotates)
+                    for side in sides[turn:] + sides[:turn]:
                         pid, base = servers[side]
                         path = f"/{section}?n={EVENTS}&shape={shape}&json={name}"
+                        path += WATCHED[framework] if side == "watched" else ""
                         argvs.append(_argv(plan, section, base + path, conc, pid))
                         where.append((section, f"{framework}/{shape}/{name}/{conc}", side))
                 for conc in plan.concurrency:
@@ -155,11 +186,11 @@ def _argv(plan: Plan, mode: str, url: str, conc: int, pid: int) -> list[object]:
     return argv
 
 
-def paired(sides: dict[str, Runs], field: str) -> float | None:
-    """The median over repetitions of tether's ``field`` over the hand-off's."""
+def paired(sides: dict[str, Runs], field: str, base: str = "handoff") -> float | None:
+    """The median over repetitions of tether's ``field`` over ``base``'s."""
     pairs = [
         ours[field] / theirs[field]
-        for ours, theirs in zip(sides.get("tether", []), sides.get("handoff", []), strict=False)
+        for ours, theirs in zip(sides.get("tether", []), sides.get(base, []), strict=False)
         if ours.get(field) and theirs.get(field)
     ]
     return statistics.median(pairs) if pairs else None
@@ -225,6 +256,14 @@ def render(out: dict[str, Any]) -> tuple[str, str]:
             cells.append(f"{_mark(requests, ok)} / {cpu_text}")
         if any(cell != "-" for cell in cells):
             rows.append([framework, "JSON body, engine step", "orjson", *cells])
+        watched = []  # (for scale, no target: the hand-off with the watch users write)
+        for conc in concs:
+            sides = out["json"].get(f"{framework}/{JSON_SHAPE}/orjson/{conc}", {})
+            requests = paired(sides, "requests_per_s", "watched")
+            cpu = paired(sides, "server_cpu_us_per_request", "watched")
+            watched.append("-" if requests is None else f"{_num(requests, 2)} / {_num(cpu, 2)}")
+        if any(cell != "-" for cell in watched):
+            rows.append([framework, WATCHED_LABEL, "orjson", *watched])
     lines = [
         f"Measured {meta['date']} by `{meta['command']}` in {meta['seconds']:.0f} s, "
         f"{meta['cpu']}, Python {meta['python']}, uvloop on both frameworks; load average "
@@ -236,6 +275,10 @@ def render(out: dict[str, Any]) -> tuple[str, str]:
         f"(events/s ≥ {TARGETS['events']}x and CPU ≤ {TARGETS['cpu']}x; JSON requests/s ≥ "
         f"{TARGETS['json']}x). {met} of {total} targets met"
         + (f"; {bad} responses came back incomplete." if bad else ".")
+        + " The last row of each framework, for scale and with no target: tether's JSON "
+        "over a hand-written future that watches for disconnects as users do (Starlette: "
+        "a task reading `receive` beside the answer, vLLM's way; aiohttp: its "
+        "`handler_cancellation`)."
         + " Figures: [RESULTS.md](RESULTS.md#tether-against-the-hand-off).",
         "",
         *_table(head, rows),
@@ -304,14 +347,25 @@ def _detail(out: dict[str, Any], concs: Sequence[int]) -> str:
                         f"{_num(paired(sides, rps), 2)} / {_num(paired(sides, cpu), 2)}",
                     ]
                 )
+                if sides.get("watched"):
+                    rows.append(
+                        [
+                            framework,
+                            "JSON, the hand-off that watches / tether",
+                            "orjson",
+                            str(conc),
+                            _pair(sides, rps, 0, "watched"),
+                            _pair(sides, cpu, 1, "watched"),
+                            f"{_num(paired(sides, rps, 'watched'), 2)} / "
+                            f"{_num(paired(sides, cpu, 'watched'), 2)}",
+                        ]
+                    )
     return "\n".join([*lines, *_table(head, rows)])
 
 
-def _pair(sides: dict[str, Runs], field: str, digits: int) -> str:
-    return " / ".join(_num(_median(sides.get(side, []), field), digits) for side in SIDES)
-
-
-SIDES = ("handoff", "tether")
+def _pair(sides: dict[str, Runs], field: str, digits: int, base: str = "handoff") -> str:
+    medians = (_median(sides.get(side, []), field) for side in (base, "tether"))
+    return " / ".join(_num(value, digits) for value in medians)
 
 
 def _num(value: float | None, digits: int = 0) -> str:

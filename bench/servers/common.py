@@ -8,8 +8,9 @@ Every server exposes the same routes, whatever its framework and variant:
   [DONE]``; ``shape`` picks the producer (:data:`~.producer.SHAPES`) and ``json`` the
   serializer (:data:`~.handoff.SERIALIZERS`) on the ``tether`` and ``handoff``
   servers (the others have the engine step and orjson only).
-* ``/json?n=64[&rid=][&shape=step][&json=orjson]``: waits for the request's final
-  output, answers it as JSON.
+* ``/json?n=64[&rid=][&shape=step][&json=orjson][&watch=1]``: waits for the request's
+  final output, answers it as JSON; ``watch=1`` (the Starlette hand-off) with a task
+  that reads ``receive`` for the disconnect beside it, as inference servers do.
 * ``/batch?b=64&n=64``: ``b`` sub-requests of ``n`` outputs in one SSE stream,
   each event tagged with its ``index``.
 * ``/idle``: one event, then an open, silent stream until the client leaves.

@@ -91,7 +91,7 @@ def _handoff_routes(backend: Backend) -> list[Route]:
         body = events(queues, rid, queue, SERIALIZERS[query.get("json", "orjson")])
         return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 
-    async def json(request: Request) -> Response:
+    async def answer(request: Request) -> Response:
         query = request.query_params
         rid, future = futures.open(query.get("rid"))
         shape(query.get("shape", "step"), "json").add(rid, int(query.get("n", 64)))
@@ -102,7 +102,26 @@ def _handoff_routes(backend: Backend) -> list[Route]:
         dumps = SERIALIZERS[query.get("json", "orjson")]
         return Response(dumps(result), media_type="application/json")
 
+    async def json(request: Request) -> Response:
+        if request.query_params.get("watch") != "1":
+            return await answer(request)
+        # ``watch=1``: the disconnect watch inference servers write by hand around a
+        # handler (vLLM's way): the answer in a task, a second task reading
+        # ``receive`` until the disconnect, the first of them to end wins; a client
+        # that leaves cancels the answer, whose ``finally`` aborts the request.
+        answering = asyncio.ensure_future(answer(request))
+        gone = asyncio.ensure_future(_until_disconnect(request))
+        done, _ = await asyncio.wait((answering, gone), return_when=asyncio.FIRST_COMPLETED)
+        answering.cancel()
+        gone.cancel()
+        return answering.result() if answering in done else Response(status_code=499)
+
     return [Route("/stream", stream), Route("/json", json)]
+
+
+async def _until_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _limit_routes(backend: Backend) -> list[Route]:

@@ -69,6 +69,9 @@ def test_every_server_sends_the_same_bytes_for_each_producer_shape_and_serialize
                 answers = [http.get(f"{base}/{path}?{query}") for path in ("stream", "json")]
                 assert [answer.status_code for answer in answers] == [200, 200]
                 bodies[(variant, shape, name)] = [answer.content for answer in answers]
+                if variant == "handoff":  # the hand-off that watches answers alike
+                    watched = http.get(f"{base}/json?{query}{matrix.WATCHED[framework]}")
+                    assert (watched.status_code, watched.content) == (200, answers[1].content)
     for (_, shape, name), body in bodies.items():
         assert body == bodies[("handoff", "step", name)], (shape, name)
     stdlib, fast = bodies[("tether", "task", "stdlib")], bodies[("tether", "task", "orjson")]
@@ -92,9 +95,9 @@ def test_quick_matrix_measures_both_sides_of_every_cell() -> None:
         for framework in processes.FRAMEWORKS
         for conc in concurrency
     }
-    for section in ("stream", "json"):
+    for section, expected in (("stream", {"handoff", "tether"}), ("json", set(matrix.SIDES))):
         for sides in out[section].values():
-            assert set(sides) == {"handoff", "tether"}
+            assert set(sides) == expected
             for runs in sides.values():
                 (result,) = runs
                 assert result["requests"] > 0
@@ -157,6 +160,17 @@ def test_matrix_headline_pairs_repetitions_and_marks_each_missed_target() -> Non
     assert "| aiohttp | task per request | orjson | **1.10** ✗ / **0.90** ✗ |" in lines
     assert "| aiohttp | JSON body, engine step | orjson | **0.85** ✗ / 1.20 |" in lines
     assert "2 of 5 targets met." in headline
+    # the hand-off that watches is a row for scale, with no target (no ✗, not counted)
+    json_cells["aiohttp/step/orjson/64"]["watched"] = [
+        {"requests_per_s": 50, "server_cpu_us_per_request": 80, "bad_responses": 0}
+    ] * 2
+    headline, detail = matrix.render(_matrix_out(stream, json_cells))
+    assert f"| aiohttp | {matrix.WATCHED_LABEL} | orjson | 1.70 / 0.75 |" in headline.splitlines()
+    assert "2 of 5 targets met." in headline
+    assert (
+        "| aiohttp | JSON, the hand-off that watches / tether | orjson | 64 | 50 / 85 "
+        "| 80.0 / 60.0 | 1.70 / 0.75 |" in detail.splitlines()
+    )
     assert (
         "| aiohttp | step | orjson | 64 | 100 / 130 | 10.0 / 6.8 | 1.30 / 0.68 |"
         in detail.splitlines()
