@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
-from ._errors import TetherError
+from ._errors import Aborted, TetherError
 from ._limits import Limits
 from ._mailbox import NOTHING, Mailbox
 
@@ -265,10 +265,11 @@ class RequestState(Mailbox):
 
     def uncollect(self) -> None:
         """Leave collect mode early: what was folded waits again, as one output ahead
-        of anything newer, where this request's consumer reads."""
+        of anything newer, where this request's consumer reads; unless the request
+        was aborted (a cancelled ``result()`` aborts it first), which forgot it."""
         self.collecting = False
         acc, self.acc = self.acc, NOTHING
-        if acc is NOTHING:
+        if acc is NOTHING or self.dropped():
             return
         group = self.group
         if group is not None and not group.split:
@@ -374,8 +375,12 @@ class RequestState(Mailbox):
         What the inner deliveries left was bounded as if nothing waited before it: the
         two are counted together here, and everything behind ``output`` is weighed now
         (once per decline: a sink is set again only once the reader took everything).
+        An abort from inside the sink forgot what waited, as an abort does: ``output``
+        is forgotten with it.
         """
         self.sink = None
+        if self.dropped():
+            return True
         newer = self.pending
         if newer:
             merge = limits.merge
@@ -397,6 +402,11 @@ class RequestState(Mailbox):
             fits = True
         self.wake()
         return fits
+
+    def dropped(self) -> bool:
+        """Whether it ended as an abort, which forgot its unread outputs (``close``):
+        nothing may wait again."""
+        return not self.live and isinstance(self.error, Aborted)
 
     def weigh(self, output: Any, limits: Limits) -> bool:
         """Count ``output``, the ``npending``-th waiting (or folded) output, against the

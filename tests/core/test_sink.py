@@ -230,3 +230,27 @@ async def test_a_declined_sink_keeps_the_byte_budget(
     assert aborts.rids == {large.rid}
     await small.aclose()
     await large.aclose()
+
+
+@pytest.mark.parametrize("outer", ["declines", "raises"])
+async def test_a_sink_that_aborts_its_own_request_leaves_nothing_to_read(
+    aborts: AbortLog, outer: str
+) -> None:
+    """A sink that finds the client gone (and aborts the request) before it declines or
+    raises: the abort forgets the output it was offered, as it forgets any unread one."""
+    registry = tether.Registry(aborts)
+    stream = registry.open()
+
+    def sink(outputs: list[Any]) -> bool:
+        stream.cancel(tether.AbortReason.CLIENT_DISCONNECTED)
+        if outer == "raises":
+            raise OSError("transport gone")
+        return False
+
+    assert stream.set_sink(sink)
+    assert registry.deliver(stream.rid, "offered") is True
+    with pytest.raises(tether.Aborted) as raised:
+        stream.ready()
+    assert raised.value.reason is tether.AbortReason.CLIENT_DISCONNECTED
+    await stream.aclose()
+    assert aborts.rids == {stream.rid}
