@@ -176,12 +176,15 @@ class Group(Mailbox):
         :param states: every sub-request's state, in index order.
         """
         errors = self.errors or {}
+        gen = self.gen
         for index, output in self.take():
             if errors.get(index) is not output:  # (a keep-going batch's errors stand inline)
                 states[index].pending.append(output)
         for state in states:
-            state.nbytes = 0
-            state.npending = len(state.pending)
+            # A state of the list just taken keeps its count and its weight, now of its
+            # own list: what waited in the batch's still counts against its budget.
+            if state.gen != gen:
+                state.nbytes = state.npending = 0
         self.split = True
 
 
