@@ -315,7 +315,9 @@ class Consumer:
         bytes keep their order. A sink runs in the producer's step: it must be quick
         and never block. A sink that delivers to its own stream is called again from
         inside itself; if it then declines, what it delivered waits after what it
-        declined.
+        declined, and all of it counts against ``max_pending`` and the byte budget
+        (over them, the request ends with :class:`~tether.ConsumerTooSlow`). A sink
+        that aborts its own request leaves nothing to read, as any abort does.
 
         :returns: whether the sink is set; only a single request's stream that is
             live, with nothing ready, takes one (``False`` for a batch read whole).

@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
-from ._errors import TetherError
+from ._errors import Aborted, TetherError
 from ._limits import Limits
 from ._mailbox import NOTHING, Mailbox
 
@@ -176,12 +176,15 @@ class Group(Mailbox):
         :param states: every sub-request's state, in index order.
         """
         errors = self.errors or {}
+        gen = self.gen
         for index, output in self.take():
             if errors.get(index) is not output:  # (a keep-going batch's errors stand inline)
                 states[index].pending.append(output)
         for state in states:
-            state.nbytes = 0
-            state.npending = len(state.pending)
+            # A state of the list just taken keeps its count and its weight, now of its
+            # own list: what waited in the batch's still counts against its budget.
+            if state.gen != gen:
+                state.nbytes = state.npending = 0
         self.split = True
 
 
@@ -265,10 +268,11 @@ class RequestState(Mailbox):
 
     def uncollect(self) -> None:
         """Leave collect mode early: what was folded waits again, as one output ahead
-        of anything newer, where this request's consumer reads."""
+        of anything newer, where this request's consumer reads; unless the request
+        was aborted (a cancelled ``result()`` aborts it first), which forgot it."""
         self.collecting = False
         acc, self.acc = self.acc, NOTHING
-        if acc is NOTHING:
+        if acc is NOTHING or self.dropped():
             return
         group = self.group
         if group is not None and not group.split:
@@ -309,7 +313,9 @@ class RequestState(Mailbox):
 
         In collect mode it folds into ``acc`` instead (``merge``, or the newer one),
         waking nobody. In a batch not split up, it goes to the group's shared list.
-        ``merge`` may raise: the caller fails the request.
+        With a sink set and nothing waiting, the sink is offered it (and if it
+        declines, :meth:`wait_again`); with outputs waiting, the reader is woken for
+        them all, in order. ``merge`` may raise: the caller fails the request.
         """
         self.noutputs += 1
         if self.collecting:  # result() waits: fold into it (fold(), inlined), wake nobody
@@ -321,8 +327,26 @@ class RequestState(Mailbox):
             return group.put(self, output, limits)
         pending = self.pending
         if not pending:
-            pending.append(output)
-            self.npending = 1
+            sink = self.sink
+            if sink is None:
+                pending.append(output)
+                self.npending = 1
+            else:
+                # Nothing waits: the sink is offered this output alone (inline: the
+                # sink's path is per output), and nothing is counted unless it declines.
+                try:
+                    took = sink([output])
+                except Exception:
+                    logger.debug(
+                        "the sink of %r raised; its consumer reads instead", self.rid, exc_info=True
+                    )
+                    took = False
+                if not took:
+                    return self.wait_again(output, limits)
+                if self.sink is not None:
+                    return True
+                # (a sink that took the output and removed itself hands the reader a
+                # write to finish)
         elif limits.merge is not None:
             pending[-1] = limits.merge(pending[-1], output)
             self.npending += 1
@@ -335,35 +359,6 @@ class RequestState(Mailbox):
                 return False
         else:
             return False
-        sink = self.sink
-        if sink is not None:
-            # Hand what waits to the sink (inline: the sink's path is per output). A
-            # sink that declines or raises gets nothing (the outputs wait again, in
-            # order) and is removed: the waiting consumer is woken and reads them.
-            self.pending = []
-            self.nbytes = self.npending = 0
-            try:
-                took = sink(pending)
-            except Exception:
-                logger.debug(
-                    "the sink of %r raised; its consumer reads instead", self.rid, exc_info=True
-                )
-                took = False
-            if not took:
-                self.sink = None
-                newer = self.pending  # (what a deliver() from inside the sink left)
-                if newer:
-                    if limits.merge is not None:
-                        for output in newer:
-                            pending[-1] = limits.merge(pending[-1], output)
-                    else:
-                        pending.extend(newer)
-                self.pending = pending
-                self.npending = len(pending)
-            elif self.sink is not None:
-                return True
-            # (a sink that took the outputs and removed itself hands the reader a write
-            # to finish)
         # self.wake() (and the group's), inlined: this is the producer's per-output path.
         waiter = self.waiter
         if waiter is not None:
@@ -373,6 +368,48 @@ class RequestState(Mailbox):
         if group is not None:
             group.wake()
         return True
+
+    def wait_again(self, output: Any, limits: Limits) -> bool:
+        """The sink declined ``output`` (or raised): the sink is removed, and the output
+        waits for the reader again, ahead of what a ``deliver()`` from inside the sink
+        left; whether everything waiting still fits the limits (``put``'s answer: the
+        caller ends a request over them as too slow).
+
+        What the inner deliveries left was bounded as if nothing waited before it: the
+        two are counted together here, and everything behind ``output`` is weighed now
+        (once per decline: a sink is set again only once the reader took everything).
+        An abort from inside the sink forgot what waited, as an abort does: ``output``
+        is forgotten with it.
+        """
+        self.sink = None
+        if self.dropped():
+            return True
+        newer = self.pending
+        if newer:
+            merge = limits.merge
+            if merge is None:
+                self.pending = [output, *newer]
+            else:
+                for later in newer:
+                    output = merge(output, later)
+                self.pending = [output]
+            self.npending += 1
+            if limits.max_bytes is not None:
+                self.nbytes = sum(map(limits.sizeof, newer))
+            fits = (merge is not None or self.npending <= limits.max_pending) and not (
+                self.over_bytes(limits)
+            )
+        else:
+            newer.append(output)
+            self.npending = 1
+            fits = True
+        self.wake()
+        return fits
+
+    def dropped(self) -> bool:
+        """Whether it ended as an abort, which forgot its unread outputs (``close``):
+        nothing may wait again."""
+        return not self.live and isinstance(self.error, Aborted)
 
     def weigh(self, output: Any, limits: Limits) -> bool:
         """Count ``output``, the ``npending``-th waiting (or folded) output, against the

@@ -304,3 +304,27 @@ async def test_a_failed_batch_read_whole_yields_what_finished_before_then_raises
     assert await anext(batch) == (0, "done")
     with pytest.raises(tether.ProducerError):
         await anext(batch)
+
+
+async def test_a_batch_read_apart_keeps_each_sub_requests_byte_budget(aborts: AbortLog) -> None:
+    """What waited in the batch's shared list before one sub-stream was read still
+    counts against its own sub-request's byte budget once each is its own mailbox."""
+    # Each output weighs 1: at 2, 4, 8, 16 waiting, the budget sees 1, 3, 7, 15 bytes
+    # behind the oldest.
+    registry = tether.Registry(aborts, max_pending_bytes=12, sizeof=lambda output: 1)
+    async with registry.open_batch(2) as batch:
+        read, lagging = batch.streams
+        for n in range(8):
+            registry.deliver(lagging.rid, n)  # waits in the batch's list: 7 bytes, fits
+        registry.deliver(read.rid, "first")
+        async with asyncio.timeout(10):
+            assert await read.next_ready() == ["first"]  # each sub-request its own mailbox now
+        for n in range(8, 16):
+            registry.deliver(lagging.rid, n)
+        assert lagging.rid not in registry, "15 bytes wait behind the oldest under a budget of 12"
+        with pytest.raises(tether.ConsumerTooSlow) as raised:
+            lagging.ready()
+        assert raised.value.max_bytes == 12
+        assert read.rid in registry  # (a batch read apart: the slow one ends alone)
+        await aborts.wait_for(1)
+        assert aborts.rids == {lagging.rid}

@@ -1,13 +1,18 @@
 """A producer's odd exception never raises back into the producer, and a result,
-once there, stays readable: asked twice, or after the wait that asked was cancelled."""
+once there, stays readable: asked twice, or after the wait that asked was cancelled
+(unless that cancel aborted the request in flight: an abort forgets unread outputs)."""
 
 from __future__ import annotations
 
 import asyncio
+import operator
+from typing import Any
 
 import pytest
 
 import tether
+
+from .conftest import AbortLog
 
 
 class _StatusNotReadable(Exception):
@@ -80,9 +85,8 @@ async def test_batch_result_called_twice_returns_the_same_results_both_times() -
         assert await batch.result() == [0, 1]
 
 
-async def test_a_result_cancelled_after_the_finish_leaves_the_output_readable() -> None:
-    registry = tether.Registry()
-    stream = registry.open()
+async def parked_in_result(stream: tether.Stream) -> asyncio.Task[object]:
+    """A task waiting in ``stream.result()``, once it parked there."""
     parked = asyncio.Event()
 
     async def wait_for_result() -> object:
@@ -90,9 +94,39 @@ async def test_a_result_cancelled_after_the_finish_leaves_the_output_readable() 
         return await stream.result()
 
     reader = asyncio.create_task(wait_for_result())
+    await parked.wait()
+    return reader
+
+
+async def test_a_result_cancelled_after_the_finish_leaves_the_output_readable() -> None:
+    registry = tether.Registry()
+    stream = registry.open()
     async with asyncio.timeout(10):
-        await parked.wait()
+        reader = await parked_in_result(stream)
         registry.deliver(stream.rid, "answer", finished=True)
         reader.cancel()  # (a timeout that fires in the same turn as the finish)
         await asyncio.wait([reader])
         assert [output async for output in stream] == ["answer"]
+
+
+@pytest.mark.parametrize("merge", [None, operator.add], ids=["last-wins", "merged"])
+async def test_a_result_cancelled_in_flight_aborts_and_leaves_nothing_to_read(
+    aborts: AbortLog, merge: Any
+) -> None:
+    """Cancelling the task waiting in ``result()`` of a request in flight aborts it,
+    and an abort forgets the unread outputs: what ``result()`` folded does not wait
+    again."""
+    registry = tether.Registry(aborts, merge=merge)
+    stream = registry.open()
+    registry.deliver(stream.rid, "a")
+    async with asyncio.timeout(10):
+        reader = await parked_in_result(stream)
+        registry.deliver(stream.rid, "b")  # folded into the result
+        reader.cancel()
+        await asyncio.wait([reader])
+    assert reader.cancelled()
+    assert stream.rid not in registry
+    with pytest.raises(tether.Aborted) as raised:
+        stream.ready()
+    assert raised.value.reason is tether.AbortReason.CANCELLED
+    assert aborts.rids == {stream.rid}

@@ -32,6 +32,27 @@ class Sink:
         return True
 
 
+class DeliversInside:
+    """A sink that, offered its first output, delivers ``inner`` to its own stream (each
+    one offered to it from inside itself, and declined), then declines or raises."""
+
+    def __init__(self, registry: tether.Registry, rid: str, inner: list[Any], outer: str) -> None:
+        self.registry = registry
+        self.rid = rid
+        self.inner = inner
+        self.outer = outer
+        self.offered: list[list[Any]] = []
+
+    def __call__(self, outputs: list[Any]) -> bool:
+        self.offered.append(list(outputs))
+        if len(self.offered) == 1:
+            for output in self.inner:
+                self.registry.deliver(self.rid, output)
+            if self.outer == "raises":
+                raise OSError("transport gone")
+        return False
+
+
 async def test_a_sink_gets_each_output_in_the_producers_step_without_waking_the_reader(
     aborts: AbortLog,
 ) -> None:
@@ -160,3 +181,76 @@ async def test_an_output_delivered_from_inside_a_declining_sink_waits_after_the_
         registry.deliver(stream.rid, "end", finished=True)
         assert stream.ready() == ["end"]
     assert not aborts.calls
+
+
+@pytest.mark.parametrize("outer", ["declines", "raises"])
+async def test_what_a_declining_sink_leaves_waiting_is_bounded_by_max_pending(
+    aborts: AbortLog, outer: str
+) -> None:
+    """The declined output and those delivered from inside the sink wait together, and
+    together they may not outnumber ``max_pending``: one more ends the request as too
+    slow, as any backlog over the bound does."""
+    registry = tether.Registry(aborts, max_pending=4)
+    fits, over = registry.open(), registry.open()
+    for stream, inner in ((fits, [1, 2, 3]), (over, [1, 2, 3, 4])):
+        assert stream.set_sink(DeliversInside(registry, stream.rid, inner, outer))
+        assert registry.deliver(stream.rid, "declined") is True
+    assert fits.ready() == ["declined", 1, 2, 3]
+    assert over.rid not in registry, "5 outputs wait under max_pending=4"
+    with pytest.raises(tether.ConsumerTooSlow) as raised:
+        over.ready()
+    assert raised.value.max_bytes is None  # (the count broke it, not the bytes)
+    await aborts.wait_for(1)
+    assert aborts.rids == {over.rid}
+    registry.deliver(fits.rid, "end", finished=True)
+    assert fits.ready() == ["end"]
+    await over.aclose()
+
+
+@pytest.mark.parametrize("merge", [None, operator.add], ids=["appended", "merged"])
+@pytest.mark.parametrize("outer", ["declines", "raises"])
+async def test_a_declined_sink_keeps_the_byte_budget(
+    aborts: AbortLog, outer: str, merge: Any
+) -> None:
+    """What waits behind a declined output (here, delivered from inside the sink)
+    counts against ``max_pending_bytes``, appended or merged: a backlog over the budget
+    ends the request as too slow."""
+    registry = tether.Registry(aborts, merge=merge, max_pending_bytes=64)
+    small, large = registry.open(), registry.open()
+    for stream, inner in ((small, "x" * 10), (large, "x" * 100)):
+        assert stream.set_sink(DeliversInside(registry, stream.rid, [inner], outer))
+        assert registry.deliver(stream.rid, "declined") is True
+    small_waiting = ["declined", "x" * 10]
+    assert small.ready() == (small_waiting if merge is None else ["".join(small_waiting)])
+    assert large.rid not in registry, "100 bytes wait behind the oldest under a 64-byte budget"
+    with pytest.raises(tether.ConsumerTooSlow) as raised:
+        large.ready()
+    assert raised.value.max_bytes == 64
+    await aborts.wait_for(1)
+    assert aborts.rids == {large.rid}
+    await small.aclose()
+    await large.aclose()
+
+
+@pytest.mark.parametrize("outer", ["declines", "raises"])
+async def test_a_sink_that_aborts_its_own_request_leaves_nothing_to_read(
+    aborts: AbortLog, outer: str
+) -> None:
+    """A sink that finds the client gone (and aborts the request) before it declines or
+    raises: the abort forgets the output it was offered, as it forgets any unread one."""
+    registry = tether.Registry(aborts)
+    stream = registry.open()
+
+    def sink(outputs: list[Any]) -> bool:
+        stream.cancel(tether.AbortReason.CLIENT_DISCONNECTED)
+        if outer == "raises":
+            raise OSError("transport gone")
+        return False
+
+    assert stream.set_sink(sink)
+    assert registry.deliver(stream.rid, "offered") is True
+    with pytest.raises(tether.Aborted) as raised:
+        stream.ready()
+    assert raised.value.reason is tether.AbortReason.CLIENT_DISCONNECTED
+    await stream.aclose()
+    assert aborts.rids == {stream.rid}
