@@ -614,6 +614,33 @@ async def test_a_client_elsewhere_hears_of_a_paused_redis_within_a_lease_period(
     assert heard_after <= lease + 0.5 + 0.25, f"the client heard after {heard_after:.2f} s"
 
 
+async def _owner_read_one(
+    registry: tether.Registry, owner: tether.resume.Resume, redis: Redis
+) -> Follower:
+    """A client reading a new resumable stream on its owner, which has read event 1,
+    once that event is in Redis."""
+    stream = registry.open()
+    reader = await owner.open(stream)
+    registry.deliver(stream.rid, 1)
+    assert [output for _, output in await reader.next_ready() or ()] == [1]
+    await eventually(lambda: redis_copied(redis, reader.token))
+    return reader
+
+
+def _reconnect(
+    scope: tether.RequestScope, other: tether.resume.Resume, last_event_id: str
+) -> asyncio.Task[Follower | None]:
+    """A reconnect on ``other``'s worker, in its own task, for the request of ``scope``."""
+    point = tether.resume.resume_point(last_event_id, None)
+    assert point is not None
+
+    async def reconnect() -> Follower | None:
+        with scope:
+            return await other.follow(point)
+
+    return asyncio.create_task(reconnect())
+
+
 async def test_a_reconnect_whose_client_left_while_it_waited_for_the_log_ends_no_reader(
     redis: Redis,
 ) -> None:
@@ -626,37 +653,26 @@ async def test_a_reconnect_whose_client_left_while_it_waited_for_the_log_ends_no
     outcome: list[Any] | str = "not read"
     try:
         async with asyncio.timeout(BOUND):
-            stream = registry.open()
-            reader = await owner.open(stream)  # a client reading on the owner
-            registry.deliver(stream.rid, 1)
-            assert [output for _, output in await reader.next_ready() or ()] == [1]
-            await eventually(lambda: redis_copied(redis, reader.token))
-            point = tether.resume.resume_point(f"{reader.token}.2", None)  # one ahead
-            assert point is not None
+            reader = await _owner_read_one(registry, owner, redis)  # a client on the owner
+            rid = reader.rid
             scope = tether.RequestScope()
-
-            async def ghost() -> Follower | None:
-                with scope:
-                    return await other.follow(point)
-
-            reconnect = asyncio.create_task(ghost())
+            reconnect = _reconnect(scope, other, f"{reader.token}.2")  # one ahead
 
             log = f"{PREFIX}{reader.token}:log"
             # (its worker's one reader follows the log for it now)
             await eventually(lambda: log in other.store.ear._keys or reconnect.done())  # noqa: SLF001
             assert not reconnect.done()
             scope.disconnect()  # its client leaves while it waits for event 2
-            registry.deliver(stream.rid, 2)  # the owner's client reads on
+            registry.deliver(rid, 2)  # the owner's client reads on
             assert [output for _, output in await reader.next_ready() or ()] == [2]
-            ghosted = await reconnect
+            with pytest.raises(tether.Aborted):  # the wait was cut
+                await reconnect
             scope.close()
-            registry.deliver(stream.rid, 3, finished=True)
+            registry.deliver(rid, 3, finished=True)
             try:
                 outcome = await _drain(reader)
             except tether.TetherError as exc:
                 outcome = f"{type(exc).__name__}: {exc}"
-            if ghosted is not None:
-                await ghosted.aclose()
     finally:
         await registry.close(drain_timeout=0)
         await other.aclose()
