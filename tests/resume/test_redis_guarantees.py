@@ -25,6 +25,7 @@ from tests._support.redis_server import redis_proc as redis_proc
 from tether.resume import Follower
 
 from .conftest import eventually
+from .pipelines import AfterPipelines
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -667,6 +668,7 @@ async def test_a_reconnect_whose_client_left_while_it_waited_for_the_log_ends_no
             assert [output for _, output in await reader.next_ready() or ()] == [2]
             with pytest.raises(tether.Aborted):  # the wait was cut
                 await reconnect
+            assert log not in other.store.ear._keys  # noqa: SLF001 (nothing follows it on)
             scope.close()
             registry.deliver(rid, 3, finished=True)
             try:
@@ -678,6 +680,46 @@ async def test_a_reconnect_whose_client_left_while_it_waited_for_the_log_ends_no
         await other.aclose()
         await owner.aclose()
     assert outcome == [3], f"the client reading on the owner: {outcome}"
+
+
+async def test_a_reconnect_whose_client_leaves_while_its_claim_is_on_its_way_withdraws_it(
+    redis: Redis,
+) -> None:
+    """Promised (docs/resume.md): "an attach already on its way when its client leaves
+    can still end a client that attached elsewhere meanwhile"; then the owner is told
+    at once that the client left, and parks the stream, rather than hold it for a
+    client that is gone until its lease lapses (three block periods, 3 s here)."""
+    registry = tether.Registry()
+    owner = tether.resume.Resume(grace=30.0, store=RedisStore(redis, block=1.0))
+    sent = asyncio.Event()
+
+    async def held(commands: list[tuple[Any, ...]]) -> None:
+        if any("attach" in command for command in commands):
+            sent.set()  # its claim landed, and its sender never hears so
+            await asyncio.Event().wait()
+
+    elsewhere = RedisStore(AfterPipelines(redis, held), block=1.0)  # type: ignore[arg-type]
+    other = tether.resume.Resume(grace=30.0, store=elsewhere)
+    try:
+        async with asyncio.timeout(BOUND):
+            reader = await _owner_read_one(registry, owner, redis)  # a client on the owner
+            channel = owner.store.channel(reader.token)
+            assert channel is not None
+            scope = tether.RequestScope()
+            reconnecting = _reconnect(scope, other, f"{reader.token}.1")
+            await sent.wait()
+            await eventually(lambda: channel.remote)  # the owner heard the claim
+            scope.disconnect()  # its client leaves before it hears that the claim landed
+            with pytest.raises(tether.Aborted):
+                await reconnecting
+            scope.close()
+            await eventually(lambda: not channel.remote, timeout=1.0)  # parked at once
+            assert channel.follower is None
+            assert registry.in_flight == 1  # parked, not aborted
+    finally:
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
 
 
 async def test_a_redis_that_never_comes_back_keeps_a_parked_stream_alive_at_most_twice_its_grace(
