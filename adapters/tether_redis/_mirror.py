@@ -202,6 +202,9 @@ class Mirror:
                     await self._caught_up
             except TimeoutError:
                 pass
+            except BaseException:  # cut (its client left): nothing follows the log for it
+                store.ear.drop(self)
+                raise
             finally:
                 self._caught_up = None
             if channel.count < after:
@@ -233,6 +236,13 @@ class Mirror:
 
         try:
             ctl_id = await store.command(attach)
+        except asyncio.CancelledError:
+            # Cut while its claim was on its way (its client left): the claim may have
+            # landed, and the owner would keep this client for the newest: withdrawn.
+            store.ear.drop(self)
+            gone = {"op": "detach", "w": store.worker, "f": self._fid, "pos": str(after)}
+            store.spawn(self._tell(gone))
+            raise
         except BaseException:
             store.ear.drop(self)
             raise

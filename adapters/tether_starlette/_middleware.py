@@ -171,7 +171,7 @@ class TetherMiddleware:
 
 class _ServerLink:
     """One request's link to the server: it watches ``send`` and, once the scope adopts a
-    stream, reads ``receive`` ahead (:func:`tether.http.read_ahead`) to see the disconnect."""
+    stream or waits, reads ``receive`` ahead (:func:`tether.http.read_ahead`) to see the end."""
 
     __slots__ = (
         "_arrived",
@@ -206,7 +206,7 @@ class _ServerLink:
         self._wanted = self.started = self.complete = False
         self.send_error: OSError | None = None
 
-    def watch(self) -> None:  # the scope adopted its first stream
+    def watch(self) -> None:  # the scope adopted its first stream, or waits (on_first_track)
         self._wanted = True
         if not self._in_receive:  # else the app's receive() starts it when it returns
             self._start()

@@ -175,6 +175,8 @@ class Responder(Generic[Req, Resp]):
 
         :returns: the response (a 404 for a stream that is not resumable), or ``None``.
         :raises RuntimeError: the adapter is not installed.
+        :raises tether.Aborted: the client left while the store looked for its stream
+            (the adapter answers it, with no one to read it).
         """
         framework = self._framework
         framework.scope(request)  # (the follower joins the request's scope)

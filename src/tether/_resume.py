@@ -211,13 +211,20 @@ class Resume:
         token is wrong or expired, or the event asked for is no longer held.
 
         The follower joins the current request scope; the client it replaces, if
-        any, ends.
+        any, ends. A client that leaves while the store looks for the stream ends
+        the look (:meth:`tether.RequestScope.waiting`).
+
+        :raises tether.Aborted: the current request's client left meanwhile.
         """
-        follower = await self.store.follow(point.token, point.after)
+        scope = current_scope()
+        if scope is None:
+            return await self.store.follow(point.token, point.after)
+        # A shared store may wait (for the log to catch up) before anything is tracked:
+        # a client that leaves meanwhile cuts the wait, so that it claims nothing.
+        with scope.waiting():
+            follower = await self.store.follow(point.token, point.after)
         if follower is not None:
-            scope = current_scope()
-            if scope is not None:
-                _join(scope, follower)
+            _join(scope, follower)
         return follower
 
     async def reconnect(
@@ -238,6 +245,7 @@ class Resume:
             event is no longer held; a 503 (``Retry-After``) when the store cannot be
             reached (its ``follow`` raised :class:`ConnectionError`); else the follower
             that answers it.
+        :raises tether.Aborted: the request's client left while the store looked.
         """
         point = resume_point(
             headers.get("last-event-id") or query.get("last_event_id"),

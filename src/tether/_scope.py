@@ -3,15 +3,19 @@
 An adapter opens one scope around each HTTP request. Every ``Stream`` or
 ``Batch`` opened while it is current (a :mod:`contextvars` variable, so it
 follows the handler into the tasks it starts) is tracked; :meth:`disconnect`
-cancels them all at once when the client goes away; leaving the scope closes
-whatever the handler left open, so no path leaves a request behind.
+cancels them all at once when the client goes away, and cuts any wait of tether's
+for the request that began before it had anything to track
+(:meth:`~RequestScope.waiting`); leaving the scope closes whatever the handler
+left open, so no path leaves a request behind.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Final, Protocol, Self
 
@@ -40,6 +44,9 @@ _PRUNE_FLOOR = 64
 _current: contextvars.ContextVar[RequestScope | None] = contextvars.ContextVar(
     "tether_request_scope", default=None
 )
+
+
+_LEFT_WAITING: Final = "the client disconnected while the request waited"
 
 
 class Tracked(Protocol):
@@ -106,6 +113,16 @@ def current_scope() -> RequestScope | None:
     return scope
 
 
+class _Wait:
+    """One wait under :meth:`RequestScope.waiting`: the task to cut if the client leaves."""
+
+    __slots__ = ("cut", "task")
+
+    def __init__(self, task: asyncio.Task[object]) -> None:
+        self.task = task
+        self.cut = False  # the scope cancelled it (the client left)
+
+
 class RequestScope:
     """Tracks the streams of one HTTP request; usable as ``with`` or ``async with``.
 
@@ -122,6 +139,7 @@ class RequestScope:
         "_prune_at",
         "_reason",
         "_token",
+        "_waits",
         "request_id",
     )
 
@@ -132,9 +150,10 @@ class RequestScope:
         client_gone: Callable[[], bool] | None = None,
         request_id: str | None = None,
     ) -> None:
-        """:param on_first_track: called once, when the scope adopts its first stream
-            or batch: an adapter can start watching the client only for requests that
-            have work to abort (the Starlette adapter starts its ``receive`` reader).
+        """:param on_first_track: called once, when the scope first has something that
+            the client's leaving must reach: its first stream or batch, or a wait of
+            tether's (:meth:`waiting`). An adapter can start watching the client only
+            for those requests (the Starlette adapter starts its ``receive`` reader).
         :param client_gone: tells whether the client has left; asked when a task
             waiting on one of the scope's streams is cancelled, so that a framework
             that cancels handlers on disconnect (aiohttp's ``handler_cancellation``)
@@ -151,6 +170,7 @@ class RequestScope:
         self._reason: AbortReason | None = None
         self._token: contextvars.Token[RequestScope | None] | None = None
         self._ended = False
+        self._waits: list[_Wait] | None = None  # (made by the first wait: few requests wait)
 
     @property
     def ended(self) -> bool:
@@ -240,6 +260,49 @@ class RequestScope:
                 del consumers[index]
                 return
 
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Around a wait of tether's for this request before it has anything to track
+        (a reconnect that waits for a shared store): the adapter watches the client
+        from now on (``on_first_track``), and a :meth:`disconnect` during the wait
+        cancels the waiting task out of it, so that the work it waited for is
+        withdrawn at once rather than done for a client that left. What runs inside
+        must be safe to cancel at any await.
+
+        :raises Aborted: the client left before the wait, or during it and cut it
+            (reason ``client_disconnected``); a cancellation of the task by anyone else
+            goes on as :class:`asyncio.CancelledError`. A wait that ended all the same
+            returns: look at :attr:`disconnected` before acting on what it got.
+        :raises RuntimeError: not in a task.
+        """
+        self.check()
+        hook = self._on_first_track
+        if hook is not None:
+            self._on_first_track = None
+            hook()
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("RequestScope.waiting() is for a wait in a task")
+        wait, cancelling = _Wait(task), task.cancelling()
+        waits = self._waits
+        if waits is None:
+            waits = self._waits = []
+        waits.append(wait)
+        try:
+            yield
+        except asyncio.CancelledError:
+            if wait.cut:
+                wait.cut = False  # (its cancellation taken back here, once)
+                if task.uncancel() <= cancelling:  # ours alone: the client left
+                    raise Aborted(
+                        "-", self._reason or AbortReason.CLIENT_DISCONNECTED, _LEFT_WAITING
+                    ) from None
+            raise
+        finally:
+            waits.remove(wait)
+            if wait.cut:  # (the wait ended without its cancellation: none is owed)
+                task.uncancel()
+
     def check(self) -> None:
         """Raise :class:`~tether.Aborted` if the client already disconnected."""
         if self._reason is not None:
@@ -261,7 +324,18 @@ class RequestScope:
         if self._reason is not None:
             return 0
         self._reason = reason
+        if self._waits:
+            self._cut_waits()
         return sum(_leave(consumer, reason) for consumer in self._consumers)
+
+    def _cut_waits(self) -> None:
+        """Cancel the tasks waiting under :meth:`waiting` (the client left); a task that
+        is running now (it disconnects its own scope) meets the end of its wait first."""
+        running = asyncio.current_task()
+        for wait in self._waits or ():
+            if wait.task is not running and not wait.cut:
+                wait.cut = True
+                wait.task.cancel()
 
     def close(self) -> int:
         """Cancel whatever is still open (the handler is done); returns how many were live.

@@ -159,3 +159,71 @@ async def test_a_stream_opened_under_an_ended_scope_is_not_adopted_by_it() -> No
     assert stream.rid in registry
     assert aborted == []
     await stream.aclose()
+
+
+async def test_a_wait_of_the_request_starts_the_watch_of_its_client() -> None:
+    watched: list[str] = []
+    with tether.RequestScope(on_first_track=lambda: watched.append("watch")) as scope:
+        with scope.waiting():
+            assert watched == ["watch"]  # before anything is tracked
+        with scope.waiting():
+            pass
+    assert watched == ["watch"]  # once
+
+
+async def test_a_client_that_leaves_during_a_wait_cuts_it_at_once() -> None:
+    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    waiting = asyncio.Event()
+    with tether.RequestScope() as scope:
+
+        async def wait() -> None:
+            with scope.waiting():
+                waiting.set()
+                await never
+
+        task = asyncio.create_task(wait())
+        async with asyncio.timeout(10):
+            await waiting.wait()
+            scope.disconnect()
+            with pytest.raises(tether.Aborted) as caught:
+                await task
+    assert caught.value.reason is tether.AbortReason.CLIENT_DISCONNECTED
+    assert task.cancelling() == 0  # the cut is taken back: nothing owed to the task
+    never.cancel()
+
+
+async def test_a_client_gone_before_the_wait_ends_it_before_it_starts() -> None:
+    watched: list[str] = []
+    with tether.RequestScope(on_first_track=lambda: watched.append("watch")) as scope:
+        scope.disconnect()
+        with pytest.raises(tether.Aborted), scope.waiting():
+            pytest.fail("a wait for a client that left")
+    assert watched == []
+
+
+async def test_a_wait_cancelled_by_someone_else_stays_a_cancellation() -> None:
+    waiting = asyncio.Event()
+    with tether.RequestScope() as scope:
+
+        async def wait() -> None:
+            with scope.waiting():
+                waiting.set()
+                await asyncio.Event().wait()
+
+        task = asyncio.create_task(wait())
+        async with asyncio.timeout(10):
+            await waiting.wait()
+            task.cancel()
+            scope.disconnect()  # the client leaves too: the cancellation still goes on
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    assert task.cancelled()
+
+
+async def test_a_client_that_leaves_after_the_wait_cancels_nothing_more() -> None:
+    with tether.RequestScope() as scope:
+        with scope.waiting():
+            await asyncio.sleep(0)
+        scope.disconnect()
+        await asyncio.sleep(0)  # no cancellation lands here
+        assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]

@@ -25,6 +25,7 @@ from tests._support.redis_server import redis_proc as redis_proc
 from tether.resume import Follower
 
 from .conftest import eventually
+from .pipelines import AfterPipelines
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -614,6 +615,33 @@ async def test_a_client_elsewhere_hears_of_a_paused_redis_within_a_lease_period(
     assert heard_after <= lease + 0.5 + 0.25, f"the client heard after {heard_after:.2f} s"
 
 
+async def _owner_read_one(
+    registry: tether.Registry, owner: tether.resume.Resume, redis: Redis
+) -> Follower:
+    """A client reading a new resumable stream on its owner, which has read event 1,
+    once that event is in Redis."""
+    stream = registry.open()
+    reader = await owner.open(stream)
+    registry.deliver(stream.rid, 1)
+    assert [output for _, output in await reader.next_ready() or ()] == [1]
+    await eventually(lambda: redis_copied(redis, reader.token))
+    return reader
+
+
+def _reconnect(
+    scope: tether.RequestScope, other: tether.resume.Resume, last_event_id: str
+) -> asyncio.Task[Follower | None]:
+    """A reconnect on ``other``'s worker, in its own task, for the request of ``scope``."""
+    point = tether.resume.resume_point(last_event_id, None)
+    assert point is not None
+
+    async def reconnect() -> Follower | None:
+        with scope:
+            return await other.follow(point)
+
+    return asyncio.create_task(reconnect())
+
+
 async def test_a_reconnect_whose_client_left_while_it_waited_for_the_log_ends_no_reader(
     redis: Redis,
 ) -> None:
@@ -626,42 +654,72 @@ async def test_a_reconnect_whose_client_left_while_it_waited_for_the_log_ends_no
     outcome: list[Any] | str = "not read"
     try:
         async with asyncio.timeout(BOUND):
-            stream = registry.open()
-            reader = await owner.open(stream)  # a client reading on the owner
-            registry.deliver(stream.rid, 1)
-            assert [output for _, output in await reader.next_ready() or ()] == [1]
-            await eventually(lambda: redis_copied(redis, reader.token))
-            point = tether.resume.resume_point(f"{reader.token}.2", None)  # one ahead
-            assert point is not None
+            reader = await _owner_read_one(registry, owner, redis)  # a client on the owner
+            rid = reader.rid
             scope = tether.RequestScope()
-
-            async def ghost() -> Follower | None:
-                with scope:
-                    return await other.follow(point)
-
-            reconnect = asyncio.create_task(ghost())
+            reconnect = _reconnect(scope, other, f"{reader.token}.2")  # one ahead
 
             log = f"{PREFIX}{reader.token}:log"
             # (its worker's one reader follows the log for it now)
             await eventually(lambda: log in other.store.ear._keys or reconnect.done())  # noqa: SLF001
             assert not reconnect.done()
             scope.disconnect()  # its client leaves while it waits for event 2
-            registry.deliver(stream.rid, 2)  # the owner's client reads on
+            registry.deliver(rid, 2)  # the owner's client reads on
             assert [output for _, output in await reader.next_ready() or ()] == [2]
-            ghosted = await reconnect
+            with pytest.raises(tether.Aborted):  # the wait was cut
+                await reconnect
+            assert log not in other.store.ear._keys  # noqa: SLF001 (nothing follows it on)
             scope.close()
-            registry.deliver(stream.rid, 3, finished=True)
+            registry.deliver(rid, 3, finished=True)
             try:
                 outcome = await _drain(reader)
             except tether.TetherError as exc:
                 outcome = f"{type(exc).__name__}: {exc}"
-            if ghosted is not None:
-                await ghosted.aclose()
     finally:
         await registry.close(drain_timeout=0)
         await other.aclose()
         await owner.aclose()
     assert outcome == [3], f"the client reading on the owner: {outcome}"
+
+
+async def test_a_reconnect_whose_client_leaves_while_its_claim_is_on_its_way_withdraws_it(
+    redis: Redis,
+) -> None:
+    """Promised (docs/resume.md): "an attach already on its way when its client leaves
+    can still end a client that attached elsewhere meanwhile"; then the owner is told
+    at once that the client left, and parks the stream, rather than hold it for a
+    client that is gone until its lease lapses (three block periods, 3 s here)."""
+    registry = tether.Registry()
+    owner = tether.resume.Resume(grace=30.0, store=RedisStore(redis, block=1.0))
+    sent = asyncio.Event()
+
+    async def held(commands: list[tuple[Any, ...]]) -> None:
+        if any("attach" in command for command in commands):
+            sent.set()  # its claim landed, and its sender never hears so
+            await asyncio.Event().wait()
+
+    elsewhere = RedisStore(AfterPipelines(redis, held), block=1.0)  # type: ignore[arg-type]
+    other = tether.resume.Resume(grace=30.0, store=elsewhere)
+    try:
+        async with asyncio.timeout(BOUND):
+            reader = await _owner_read_one(registry, owner, redis)  # a client on the owner
+            channel = owner.store.channel(reader.token)
+            assert channel is not None
+            scope = tether.RequestScope()
+            reconnecting = _reconnect(scope, other, f"{reader.token}.1")
+            await sent.wait()
+            await eventually(lambda: channel.remote)  # the owner heard the claim
+            scope.disconnect()  # its client leaves before it hears that the claim landed
+            with pytest.raises(tether.Aborted):
+                await reconnecting
+            scope.close()
+            await eventually(lambda: not channel.remote, timeout=1.0)  # parked at once
+            assert channel.follower is None
+            assert registry.in_flight == 1  # parked, not aborted
+    finally:
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
 
 
 async def test_a_redis_that_never_comes_back_keeps_a_parked_stream_alive_at_most_twice_its_grace(

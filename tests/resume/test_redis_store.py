@@ -19,6 +19,8 @@ import tether
 import tether.resume
 from tether.resume import resume_point
 
+from .pipelines import AfterPipelines
+
 pytestmark = pytest.mark.timeout(60)
 
 _NOWHERE = tether.resume.ResumePoint("", -1)
@@ -370,30 +372,6 @@ async def test_a_finished_stream_read_longer_than_its_grace_stays_resumable_else
     assert not aborted
 
 
-class _LogRead:
-    """A Redis client that says when a reader has read a stream's log once (the first
-    pipeline it runs: meta and log at once)."""
-
-    def __init__(self, client: Redis) -> None:
-        self._client = client
-        self.read = asyncio.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
-        pipe = self._client.pipeline(*args, **kwargs)
-        execute = pipe.execute
-
-        async def spied(*more: Any, **options: Any) -> Any:
-            answers = await execute(*more, **options)
-            self.read.set()
-            return answers
-
-        pipe.execute = spied  # type: ignore[method-assign]
-        return pipe
-
-
 async def test_a_reconnect_ahead_of_the_log_in_redis_waits_for_the_owners_writes(
     redis: Redis,
 ) -> None:
@@ -401,7 +379,12 @@ async def test_a_reconnect_ahead_of_the_log_in_redis_waits_for_the_owners_writes
     # Redis: a client that drops right then reconnects on another worker with an id
     # the log does not hold yet. That id is not unknown: the reconnect waits for the
     # log to catch up and continues after it, once.
-    spy = _LogRead(redis)
+    read = asyncio.Event()  # it read the log once (its first pipeline: meta and log)
+
+    async def seen(commands: list[tuple[Any, ...]]) -> None:
+        read.set()
+
+    spy = AfterPipelines(redis, seen)
     other = tether.resume.Resume(store=RedisStore(spy, block=0.1))  # type: ignore[arg-type]
     key = RedisStore(redis).key
     token = tether.resume.new_token()
@@ -411,7 +394,7 @@ async def test_a_reconnect_ahead_of_the_log_in_redis_waits_for_the_owners_writes
         await redis.xadd(key(token, "log"), {"n": n, "d": str(n * 10)})
     async with asyncio.timeout(10):
         following = asyncio.create_task(other.follow(resume_point(f"{token}.5", None)))  # type: ignore[arg-type]
-        await spy.read.wait()  # it read the log as it stands: events 1-3 of the 5 seen
+        await read.wait()  # it read the log as it stands: events 1-3 of the 5 seen
         for n in (4, 5, 6):
             await redis.xadd(key(token, "log"), {"n": n, "d": str(n * 10)})
         follower = await following
