@@ -360,12 +360,20 @@ class Consumer:
             for state in states:
                 state.collect(NOTHING)
             return
-        merge = self._table.limits.merge
+        table = self._table
+        merge = table.limits.merge
         accs: list[Any] = [NOTHING] * len(states)
+        failed: dict[int, Exception] = {}
         for index, output in outputs:
-            accs[index] = fold(merge, accs[index], output)
+            if index not in failed:
+                try:
+                    accs[index] = fold(merge, accs[index], output)
+                except Exception as exc:  # as in deliver(): that request fails alone
+                    failed[index] = exc
         for state, acc in zip(states, accs, strict=True):
             state.collect(acc)
+        for index, error in failed.items():
+            table.merge_failed(states[index], error, False)
 
     def _uncollect(self, states: Sequence[RequestState]) -> None:
         """Leave collect mode early (cancelled): what was folded is readable again."""

@@ -161,3 +161,27 @@ async def test_a_dropped_consumer_of_a_reused_auto_shaped_rid_raises_nothing_unr
     assert caught == []
     await first.aclose()
     assert registry.in_flight == 0
+
+
+async def test_a_raising_merge_of_outputs_a_reader_left_unread_fails_that_request_alone(
+    aborts: AbortLog,
+) -> None:
+    """``result()`` folds what an ``async for`` took but did not hand out with what came
+    after it: a ``merge`` that raises there fails that sub-request as it would have in
+    the producer's ``deliver()`` (nothing lost silently, nothing left live)."""
+    registry = tether.Registry(aborts, merge=_raising_merge)
+    batch = registry.open_batch(2)
+    registry.deliver(batch.rids[0], "a")
+    registry.deliver(batch.rids[1], "b")
+    async for pair in batch:  # takes both, hands out the first
+        assert pair == (0, "a")
+        break
+    registry.deliver(batch.rids[1], "poison")  # folded with the unread "b" by result()
+    with pytest.raises(tether.ProducerError) as caught:
+        async with asyncio.timeout(10):
+            await batch.result()
+    assert isinstance(caught.value.__cause__, TypeError)
+    assert registry.in_flight == 0
+    await aborts.wait_for(2)
+    assert set(aborts.calls) == set(batch.rids)  # the producer is told to stop both
+    assert registry.stats().failed >= 1
