@@ -172,7 +172,9 @@ def setup(
 
     @web.middleware
     async def tether_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if SCOPE_KEY in request:  # installed on a parent app too: that copy serves it
+        # (a Request's `in` and get() raise a KeyError for a key it lacks: asked only
+        # of a request that holds something, and _STARTED is held from here on)
+        if request and SCOPE_KEY in request:  # installed on a parent app too: it serves
             if request[_SERVED_BY] is not registry:
                 raise RuntimeError(
                     "tether_aiohttp.setup() was called on an app and its sub-app with two "
@@ -180,13 +182,11 @@ def setup(
                 )
             return await handler(request)
         transport = request.transport
-        # (no transport: the watcher disconnects the scope at once)
-        scope = tether.RequestScope(
+        scope = tether.RequestScope(  # (no transport: the watcher disconnects it at once)
             client_gone=None if transport is None else transport.is_closing,
             request_id=http.accept_request_id(request.headers.get(http.REQUEST_ID_HEADER)),
         )
-        request[SCOPE_KEY] = scope
-        request[_SERVED_BY] = registry
+        request[SCOPE_KEY], request[_SERVED_BY], request[_STARTED] = scope, registry, False
         watcher.watch(scope, transport)
         with scope:
             try:
