@@ -145,6 +145,7 @@ async def test_a_message_with_a_few_fields_past_its_own_is_read_for_a_newer_peer
 )
 async def test_a_malformed_frame_is_counted_and_dropped(address: str, frames: list[bytes]) -> None:
     async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
+        await say_hello(peer)  # (a peer with no session has no more than a hello read)
         await peer.send_multipart(frames)
         await eventually(lambda: engine.server.stats().malformed == 1)
         await assert_still_serves(engine.server)
@@ -185,6 +186,7 @@ async def test_a_field_past_a_messages_own_that_is_no_scalar_is_refused_unread(
     address: str, head: bytes, shape: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
+        await say_hello(peer)  # (a peer with no session has no more than a hello read)
         await peer.send(head + _padding(shape))
         await eventually(lambda: engine.server.stats().malformed == 1)
         await assert_still_serves(engine.server)
@@ -268,6 +270,39 @@ def test_a_nested_padded_frame_costs_no_more_than_its_size(
     # (skipped element by element, 4M of them took 12-20 ms here, 3-5 ms per MiB, where
     # an honest frame of the same size, one payload, took 0.1-1 ms per MiB)
     assert _least_time(decode, frame) < _least_time(decode, honest) + 0.005
+
+
+_COSTLY_TEXT: Final = "x" * _MANY + "\U0001f600"
+"""4 MiB of text that costs 3-4 ms per MiB to decode, four times its bytes in memory
+(one character past ASCII at its end makes every one of them four bytes wide)."""
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        pytest.param(
+            wire.encode(wire.Hello(0, PROTOCOL_VERSION, _COSTLY_TEXT, 1, 1 << 20)),
+            id="a-hello-of-a-costly-name",
+        ),
+        pytest.param(
+            wire.encode(wire.Submit(1, [(1, _COSTLY_TEXT, b"\x80")])),
+            id="a-submission-of-a-costly-rid",
+        ),
+        pytest.param(_padded_ping(1 << 20), id="a-million-fields"),
+    ],
+)
+async def test_a_peer_without_a_session_has_no_more_than_a_hello_read(
+    address: str, frame: bytes
+) -> None:
+    async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
+        await peer.send(frame)
+        reply = await answer(peer)
+        assert isinstance(reply, wire.Refuse)
+        assert reply.reason == "no session: say hello"
+        stats = engine.server.stats()
+        assert (stats.no_session, stats.malformed, stats.refused) == (1, 0, 0)
+        await say_hello(peer)  # (a hello is read, and opens a session)
+        await assert_still_serves(engine.server)
 
 
 async def test_a_newer_peers_scalar_fields_past_a_messages_own_are_read(address: str) -> None:
@@ -419,6 +454,7 @@ async def test_a_message_for_the_other_direction_is_refused_unread_and_holds_no_
         front(engine.server.address, engine_timeout=0.5) as client,
         raw_peer(zmq.DEALER, engine.server.address) as peer,
     ):
+        await say_hello(peer)  # (a peer with no session has no more than a hello read)
         waiting = client.open({"n": 0})
         await eventually(lambda: len(engine.submitted) == 1)
         await peer.send(flood)
