@@ -392,7 +392,10 @@ class MsgpackCodec:
         Without it anything decodes, and what a payload costs to decode is bounded only
         by its bytes: a 4 MiB payload of empty lists holds the loop for about a second.
         With it a payload of another shape is refused at its first wrong element, so
-        an engine that any peer can reach should say what a request is.
+        an engine that any peer can reach should say what a request is. A ``Struct``
+        should say ``forbid_unknown_fields=True`` as well: msgspec skips a field it
+        does not know element by element (3-4 ms per MiB), and refuses a forbidden
+        one at its name.
     """
 
     __slots__ = ("_decoder", "_encoder")
