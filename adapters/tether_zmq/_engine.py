@@ -89,6 +89,11 @@ _STEP_OVERHEAD = 64
 """Bytes of a step message beyond its entries (tag, sequence number, array headers)."""
 _MAX_NAME = 128
 """Bytes of a front's name (its incarnation) beyond which its hello is refused."""
+_MAX_HELLO = 1024
+"""Bytes of a frame from a peer without a session beyond which it is not read: such a
+peer may only say hello, and a hello with the longest name takes under 200. (Decoding a
+string costs up to 3-4 ms per MiB and four times its bytes in memory: a 32 MiB name
+would hold the loop as long as a padded frame did.)"""
 _PROBE_DELAYS = (0.0, 0.002, 0.01, 0.03)
 """When to probe the fronts after a disconnect event: libzmq may drop the route a
 moment after it reports the disconnect."""
@@ -537,6 +542,10 @@ class EngineServer:
         identity, frame = frames
         if entries_of(frame) > MAX_ENTRIES:
             self._on_too_many(identity, entries_of(frame))
+            return
+        if len(frame) > _MAX_HELLO and identity not in self._fronts:
+            self._counts["no_session"] += 1  # (unread: it is no hello)
+            self._reply(identity, Refuse(0, PROTOCOL_VERSION, "no session: say hello"))
             return
         try:
             message = decode_at_engine(frame)

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Final
 
 import msgspec
 import pytest
@@ -142,9 +145,179 @@ async def test_a_message_with_a_few_fields_past_its_own_is_read_for_a_newer_peer
 )
 async def test_a_malformed_frame_is_counted_and_dropped(address: str, frames: list[bytes]) -> None:
     async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
+        await say_hello(peer)  # (a peer with no session has no more than a hello read)
         await peer.send_multipart(frames)
         await eventually(lambda: engine.server.stats().malformed == 1)
         await assert_still_serves(engine.server)
+
+
+_MANY: Final = 1 << 22
+"""Elements of a hostile frame's padding: 4 MiB of them, each one byte."""
+
+
+def _array32(length: int) -> bytes:
+    return b"\xdd" + length.to_bytes(4, "big")
+
+
+def _padding(shape: str) -> bytes:
+    """One value of millions of elements, a byte each: what msgspec would walk."""
+    if shape == "array":
+        return _array32(_MANY) + b"\xc0" * _MANY
+    if shape == "map":
+        return b"\xdf" + (_MANY // 2).to_bytes(4, "big") + b"\xc0" * _MANY
+    return b"\x91" * _MANY + b"\xc0"  # (an array in an array in an array ...)
+
+
+_SHAPES: Final = ["array", "map", "nesting"]
+
+
+@pytest.mark.parametrize("shape", _SHAPES)
+@pytest.mark.parametrize(
+    "head",
+    [
+        pytest.param(b"\x94\x07\x00\xcb" + bytes(8), id="ping"),
+        pytest.param(b"\x94\x04\x01\x90", id="submit"),
+        pytest.param(
+            b"\x97" + wire.encode(wire.Hello(0, PROTOCOL_VERSION, "h", 1, 1 << 20))[1:], id="hello"
+        ),
+    ],
+)
+async def test_a_field_past_a_messages_own_that_is_no_scalar_is_refused_unread(
+    address: str, head: bytes, shape: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
+        await say_hello(peer)  # (a peer with no session has no more than a hello read)
+        await peer.send(head + _padding(shape))
+        await eventually(lambda: engine.server.stats().malformed == 1)
+        await assert_still_serves(engine.server)
+        stats = engine.server.stats()
+        assert (stats.no_session, stats.refused, stats.fronts_lost) == (0, 0, 0)
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # (refused quietly)
+
+
+def _least_time(decode: Callable[[bytes], object], frame: bytes) -> float:
+    """The least of a few timings of ``decode(frame)``, raising or not (a shared
+    machine's noise only ever adds)."""
+    least = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        with contextlib.suppress(msgspec.DecodeError, wire.TooManyEntries):
+            decode(frame)
+        least = min(least, time.perf_counter() - started)
+    return least
+
+
+_PADDED_STEP: Final = b"\x94\x06\x01"  # (a Step's tag and seq, then its two lists)
+_ENTRY: Final = b"\x93\x01\xc4\x00\xc2"  # (submission 1, no bytes, not finished)
+
+
+@pytest.mark.parametrize(
+    ("decode", "hostile"),
+    [
+        pytest.param(
+            wire.decode_at_front,
+            lambda: _PADDED_STEP + _padding("array") + b"\x90",
+            id="front-outputs-of-millions",
+        ),
+        pytest.param(
+            wire.decode_at_front,
+            lambda: _PADDED_STEP + b"\x90" + _padding("array"),
+            id="front-failures-of-millions",
+        ),
+        pytest.param(
+            wire.decode_at_front,
+            lambda: (
+                _PADDED_STEP
+                + b"\x91\xdd"
+                + (3 + _MANY).to_bytes(4, "big")
+                + _ENTRY[1:]
+                + b"\xc0" * _MANY
+                + b"\x90"
+            ),
+            id="front-an-output-of-millions-of-fields",
+        ),
+        pytest.param(
+            wire.decode_at_front,
+            lambda: b"\x95\x06\x01\x90\x90" + _padding("map"),
+            id="front-a-step-with-a-field-of-millions",
+        ),
+        pytest.param(
+            wire.decode_at_engine,
+            lambda: b"\x94\x07\x00\xcb" + bytes(8) + _padding("array"),
+            id="engine-a-ping-with-a-field-of-millions",
+        ),
+        pytest.param(
+            wire.decode_at_engine,
+            lambda: (
+                b"\x93\x04\x01\x91\xdd"
+                + (3 + _MANY).to_bytes(4, "big")
+                + b"\x01\xa1r\xc4\x00"
+                + b"\xc0" * _MANY
+            ),
+            id="engine-a-request-of-millions-of-fields",
+        ),
+    ],
+)
+def test_a_nested_padded_frame_costs_no_more_than_its_size(
+    decode: Callable[[bytes], object], hostile: Callable[[], bytes]
+) -> None:
+    frame = hostile()
+    honest = wire.encode(wire.Step(1, [(1, bytes(len(frame)), False)], []))
+    if decode is wire.decode_at_engine:
+        honest = wire.encode(wire.Submit(1, [(1, "r", bytes(len(frame)))]))
+    with pytest.raises((msgspec.DecodeError, wire.TooManyEntries)):
+        decode(frame)
+    # (skipped element by element, 4M of them took 12-20 ms here, 3-5 ms per MiB, where
+    # an honest frame of the same size, one payload, took 0.1-1 ms per MiB)
+    assert _least_time(decode, frame) < _least_time(decode, honest) + 0.005
+
+
+_COSTLY_TEXT: Final = "x" * _MANY + "\U0001f600"
+"""4 MiB of text that costs 3-4 ms per MiB to decode, four times its bytes in memory
+(one character past ASCII at its end makes every one of them four bytes wide)."""
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        pytest.param(
+            wire.encode(wire.Hello(0, PROTOCOL_VERSION, _COSTLY_TEXT, 1, 1 << 20)),
+            id="a-hello-of-a-costly-name",
+        ),
+        pytest.param(
+            wire.encode(wire.Submit(1, [(1, _COSTLY_TEXT, b"\x80")])),
+            id="a-submission-of-a-costly-rid",
+        ),
+        pytest.param(_padded_ping(1 << 20), id="a-million-fields"),
+    ],
+)
+async def test_a_peer_without_a_session_has_no_more_than_a_hello_read(
+    address: str, frame: bytes
+) -> None:
+    async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
+        await peer.send(frame)
+        reply = await answer(peer)
+        assert isinstance(reply, wire.Refuse)
+        assert reply.reason == "no session: say hello"
+        stats = engine.server.stats()
+        assert (stats.no_session, stats.malformed, stats.refused) == (1, 0, 0)
+        await say_hello(peer)  # (a hello is read, and opens a session)
+        await assert_still_serves(engine.server)
+
+
+async def test_a_newer_peers_scalar_fields_past_a_messages_own_are_read(address: str) -> None:
+    extras = msgspec.msgpack.encode(7) + b"\xc3" + msgspec.msgpack.encode("trace")
+    extras += msgspec.msgpack.encode(0.5)
+    async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
+        hello = wire.encode(wire.Hello(0, PROTOCOL_VERSION, "newer", 1, 1 << 20))
+        await peer.send(b"\x9a" + hello[1:] + extras)
+        assert isinstance(await answer(peer), wire.Welcome)
+        submit = wire.encode(wire.Submit(1, [(1, "r", msgspec.msgpack.encode({"n": 1}))]))
+        await peer.send(b"\x97" + submit[1:] + extras)
+        reply = await answer(peer)
+        assert isinstance(reply, wire.Step)
+        assert [(sid, finished) for sid, _, finished in reply.outputs] == [(1, True)]
+        assert engine.server.stats().malformed == 0
 
 
 async def test_a_frame_past_max_message_never_reaches_the_engine_loop(address: str) -> None:
@@ -281,6 +454,7 @@ async def test_a_message_for_the_other_direction_is_refused_unread_and_holds_no_
         front(engine.server.address, engine_timeout=0.5) as client,
         raw_peer(zmq.DEALER, engine.server.address) as peer,
     ):
+        await say_hello(peer)  # (a peer with no session has no more than a hello read)
         waiting = client.open({"n": 0})
         await eventually(lambda: len(engine.submitted) == 1)
         await peer.send(flood)
@@ -297,7 +471,9 @@ async def test_a_message_for_the_other_direction_is_refused_unread_and_holds_no_
 @contextlib.asynccontextmanager
 async def dishonest_engine(
     address: str,
-) -> AsyncIterator[tuple[tether_zmq.EngineClient, Callable[[wire.Message], Awaitable[None]]]]:
+) -> AsyncIterator[
+    tuple[tether_zmq.EngineClient, Callable[[wire.Message | bytes], Awaitable[None]]]
+]:
     """A front with a session on a fake engine, and a way to send it anything."""
     async with raw_peer(zmq.ROUTER, address) as fake:
         bound = fake.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -311,8 +487,9 @@ async def dishonest_engine(
             async with asyncio.timeout(10):
                 await client.wait_ready()
 
-            async def send(message: wire.Message) -> None:
-                await fake.send_multipart([identity, wire.encode(message)])
+            async def send(message: wire.Message | bytes) -> None:
+                frame = message if isinstance(message, bytes) else wire.encode(message)
+                await fake.send_multipart([identity, frame])
 
             yield client, send
 
@@ -351,6 +528,22 @@ async def test_a_failure_text_from_the_engine_is_cut_before_a_client_sees_it(
         message = shown.body["error"]["message"]
         assert message.endswith(": " + "\u00e9" * (wire.MAX_FAILURE_TEXT // 2))  # (whole chars)
         assert str(caught.value.__cause__) == "\u00e9" * (wire.MAX_FAILURE_TEXT // 2)
+
+
+@pytest.mark.parametrize("shape", _SHAPES)
+async def test_a_step_with_a_field_past_its_own_that_is_no_scalar_is_refused_unread(
+    address: str, shape: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with dishonest_engine(address) as (client, send):
+        stream = client.open({"n": 1})
+        step = wire.encode(wire.Step(1, [(1, msgspec.msgpack.encode("out"), True)], []))
+        await send(b"\x95" + step[1:] + _padding(shape))
+        await eventually(lambda: client.stats().malformed == 1)
+        assert client.stats().outputs == 0  # (none of its entries was read)
+        await send(wire.Step(1, [(1, msgspec.msgpack.encode("honest"), True)], []))
+        async with asyncio.timeout(10):
+            assert await stream.result() == "honest"
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 async def test_a_step_of_more_entries_than_one_message_may_hold_ends_the_session_unread(
