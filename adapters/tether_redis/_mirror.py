@@ -43,6 +43,7 @@ class Host(Protocol):
     """What a mirror needs of its store (a ``RedisStore``)."""
 
     block_ms: int
+    lease_ms: int
     worker: str
     ear: Ear
     epoch: str
@@ -219,7 +220,7 @@ class Mirror:
 
         async def attach(client: Redis) -> Any:
             async with client.pipeline(transaction=False) as pipe:
-                pipe.set(self._key("lease"), self._fid, px=3 * store.block_ms)
+                pipe.set(self._key("lease"), self._fid, px=store.lease_ms)
                 # (NOMKSTREAM: a control stream that is gone is an owner that is gone;
                 # one made here would have no expiry)
                 pipe.xadd(
@@ -283,7 +284,7 @@ class Mirror:
         if channel is None or channel.follower is None:
             return self._starting
         loop = asyncio.get_running_loop()
-        lease_ms = 3 * store.block_ms
+        lease_ms = store.lease_ms
 
         async def renew(client: Redis) -> list[Any]:
             async with client.pipeline(transaction=False) as pipe:
@@ -321,6 +322,16 @@ class Mirror:
             fields = {"op": "attach", "w": store.worker, "f": self._fid, "c": self._claim}
             self._announce = not await self._send(fields)
         return True
+
+    def silent(self) -> bool:
+        """Redis has been silent for a lease period: this client's lease cannot have
+        been renewed (its owner parks the stream), so it ends (a 503 error event)."""
+        channel = self._channel
+        if channel is None or channel.follower is None:
+            return self._starting
+        if not channel.ended:  # (an ended one: its client reads what it holds)
+            channel.end(tether.Aborted(channel.rid, tether.AbortReason.SERVER, _UNREACHABLE))
+        return False
 
     def close(self) -> Coroutine[Any, Any, None] | None:
         """This worker is shutting down: its client is told (a 503 error event, after

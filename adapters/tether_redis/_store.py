@@ -99,11 +99,13 @@ class RedisStore(tether.resume.MemoryStore):
         "_mirrors",
         "_ok_since",
         "_unsettled",
+        "_watch",
         "_writers",
         "block_ms",
         "client",
         "ear",
         "epoch",
+        "lease_ms",
         "prefix",
         "request_slots",
         "settle_ms",
@@ -139,6 +141,9 @@ class RedisStore(tether.resume.MemoryStore):
         self.client = client
         self.prefix = prefix
         self.block_ms = max(1, int(block * 1000))
+        self.lease_ms = 3 * self.block_ms
+        """How long a client's lease lasts unless renewed (every block period): a
+        client elsewhere whose Redis is silent for as long ends, its owner parks."""
         self.timeout = timeout
         self.settle_ms = 3 * self.block_ms + int(timeout * 1000)
         """How long a Redis that came back empty is ``settling``: every owner has
@@ -149,6 +154,8 @@ class RedisStore(tether.resume.MemoryStore):
         self.settling = f"{prefix}settling"
         self._known = False  # whether this store saw Redis hold the epoch
         self._answered_at = -float("inf")  # when Redis last answered this store
+        self._watch: tuple[asyncio.TimerHandle, float] | None = None
+        """The timer that judges silence a lease period after the answer it names."""
         self._unsettled = False  # what the last upkeep saw: Redis settling, or empty
         self._ok_since: float | None = -float("inf")
         """Since when every command of this store went through (``None``: the last one
@@ -168,6 +175,7 @@ class RedisStore(tether.resume.MemoryStore):
             self.spawn,
             self._upkeep,
             self.failed,
+            self.answered,
         )
         """The one reader of every control stream and mirrored log of this worker."""
         self.ear.poke = self._poke
@@ -229,10 +237,37 @@ class RedisStore(tether.resume.MemoryStore):
         self._ok_since = None
 
     def answered(self) -> None:
-        """Redis answered a command of this store."""
-        self._answered_at = now = asyncio.get_running_loop().time()
+        """Redis answered a command or a read of this store."""
+        loop = asyncio.get_running_loop()
+        self._answered_at = now = loop.time()
         if self._ok_since is None:
             self._ok_since = now
+        if self._watch is None and not self._closing:
+            self._watch = (loop.call_at(now + self.lease_ms / 1000, self._judge), now)
+
+    def _judge(self) -> None:
+        """A lease period after an answer: if Redis said nothing since, no lease can
+        have been seen for as long, on any worker. The clients here of streams owned
+        elsewhere end, and the owner's streams whose client is elsewhere park, now:
+        not once the reader's timeouts in a row (a read of ``block + timeout``, a
+        block period, the upkeep, a renewal) have run out. Answers only move the clock;
+        the timer looks at it once per lease period, so a healthy Redis costs one
+        callback per lease period and no command."""
+        watch, self._watch = self._watch, None
+        if watch is None or self._closing:
+            return
+        loop = asyncio.get_running_loop()
+        heard, since = self._answered_at, watch[1]
+        if heard > since:  # heard from since: judge a lease period after that
+            self._watch = (loop.call_at(heard + self.lease_ms / 1000, self._judge), heard)
+            return
+        step = self.block_ms / 10_000
+        if loop.time() - (since + self.lease_ms / 1000) > step:
+            # The loop was busy past the verdict's time: an answer may be waiting, read
+            # but not yet handled. Judge again once the loop has had a moment for it.
+            self._watch = (loop.call_later(step, self._judge), since)
+            return
+        self.ear.silent()  # (the next answer arms the timer again)
 
     def respite(self, channel: Channel) -> float:
         """While Redis fails or settles, the client of a parked stream may be held off
@@ -397,6 +432,9 @@ class RedisStore(tether.resume.MemoryStore):
         Redis (bounded), so that clients on other workers are told; end every client
         here of a stream owned elsewhere (its owner parks it); then end every task."""
         self._closing = True
+        if self._watch is not None:
+            self._watch[0].cancel()
+            self._watch = None
         self.abort_all()
         tasks = [writer.task for writer in self._writers.values() if writer.task is not None]
         # The clients here of streams owned elsewhere end too; each owner is told.
@@ -873,9 +911,17 @@ class _Writer:
         if remote is not None and remote == self._remote:
             if results is not None and results[0]:
                 self._lease_seen = loop.time()
-            elif results is not None or loop.time() - self._lease_seen > 3 * store.block_ms / 1000:
+            elif results is not None or loop.time() - self._lease_seen > store.lease_ms / 1000:
                 self._remote = None  # the worker of that client is gone, or cannot say
                 channel.detach_remote(channel.sent)
+        return True
+
+    def silent(self) -> bool:
+        """Redis has been silent for a lease period: a client elsewhere cannot have
+        renewed its lease in that time (its worker ends it), so the stream parks."""
+        if self._remote is not None:
+            self._remote = None
+            self._channel.detach_remote(self._channel.sent)
         return True
 
     def _stop(self) -> None:
