@@ -652,6 +652,12 @@ class _Writer:
         self._forgotten = True
         self._wake.set()
 
+    def lost(self) -> None:
+        """Redis lost some of this stream's keys (this writer found out): say so, and
+        publish it again."""
+        logger.warning("resumable request %r: Redis lost it; published again", self._channel.rid)
+        self.republish()
+
     def republish(self) -> None:
         """Redis lost this stream's keys: publish it again."""
         self.dirty = True
@@ -774,14 +780,26 @@ class _Writer:
         if channel.ended and not ended:
             self._outbox.append(self._end_entry())
 
-    def _add(self, pipe: Any, entries: list[tuple[str, dict[str, str]]]) -> None:
+    def _add(
+        self, pipe: Any, entries: list[tuple[str, dict[str, str]]], *, held: bool = False
+    ) -> None:
         """Queue ``entries`` of the log on ``pipe``, trimmed to the channel's bounds:
-        ``max_events`` and, in bytes, ``max_bytes`` (what the in-process log keeps)."""
+        ``max_events`` and, in bytes, ``max_bytes`` (what the in-process log keeps).
+
+        :param held: the log exists in Redis: an entry added to one that Redis lost
+            makes no new log (its answer is ``None``)."""
         channel = self._channel
         log = self._keys[0]
         sizes = self._sizes
         for entry_id, fields in entries:
-            pipe.xadd(log, fields, id=entry_id, maxlen=channel.max_events + 1, approximate=False)
+            pipe.xadd(
+                log,
+                fields,
+                id=entry_id,
+                maxlen=channel.max_events + 1,
+                approximate=False,
+                nomkstream=held,
+            )
             sizes.append((int(fields["n"]), len(fields["d"])))
         while len(sizes) > channel.max_events:
             sizes.popleft()
@@ -799,11 +817,21 @@ class _Writer:
         for key in self._keys:
             pipe.pexpire(key, ms)
 
-    async def _flush(self, client: Redis) -> None:
+    async def _flush(self, client: Redis, *, last: bool = False) -> None:
+        """Copy what waits in the outbox.
+
+        :param last: the stream is resumable no more: its end entry is worth a log of
+            its own if Redis lost the log (the clients elsewhere read the end there).
+        """
         outbox, self._outbox = self._outbox, []
         if not outbox:
             return
         log, ctl, _ = self._keys
+        # A log that Redis lost (evicted) must not be made anew by these entries: it
+        # would hold only the newest, and a reconnect from an earlier event would be a
+        # 404 for as long as the stream lives (the upkeep sees a log, and publishes
+        # nothing). Added only to a log that exists, they tell of the loss instead.
+        held = self._logged and not last
         async with client.pipeline(transaction=False) as pipe:
             events: list[tuple[str, dict[str, str]]] = []
             for entry_id, fields in outbox:
@@ -811,24 +839,26 @@ class _Writer:
                     self._unsent = False
                     pipe.xadd(ctl, fields, maxlen=CTL_MAXLEN)  # type: ignore[arg-type]
                 elif "end" in fields:
-                    self._add(pipe, events)
+                    self._add(pipe, events, held=held)
                     events = []
-                    pipe.xadd(log, fields, id=entry_id)  # type: ignore[arg-type]
+                    pipe.xadd(log, fields, id=entry_id, nomkstream=held)  # type: ignore[arg-type]
                 else:
                     events.append((entry_id, fields))
-            self._add(pipe, events)
+            self._add(pipe, events, held=held)
             # A key that XADD just made has no expiry: set it in the same round trip, so
             # that an owner killed before its first upkeep leaves nothing for ever.
             self._expire(pipe, self._keep())
-            await pipe.execute()
+            results = await pipe.execute()
         if any(entry_id != "ctl" for entry_id, _ in outbox):
             self._logged = True
+        if held and None in results:  # (only an entry added to no log answers None)
+            self.lost()
 
     async def _goodbye(self, client: Redis) -> None:
         """The stream is resumable no more: what is left to copy (its end entry, for
         clients elsewhere), then its keys go soon, its meta at once."""
         if not self.dirty:
-            await self._flush(client)
+            await self._flush(client, last=True)
         async with client.pipeline(transaction=False) as pipe:
             self._expire(pipe, _GONE_MS)
             pipe.delete(self._keys[2])  # resumable nowhere from now on
@@ -906,8 +936,7 @@ class _Writer:
         if results is not None and published and not self.dirty:
             log_held = results[1] or not logged
             if not (log_held and results[2] and results[3]):
-                logger.warning("resumable request %r: Redis lost it; published again", channel.rid)
-                self.republish()  # (Redis restarted empty, or evicted some of its keys)
+                self.lost()  # (Redis restarted empty, or evicted some of its keys)
         if remote is not None and remote == self._remote:
             if results is not None and results[0]:
                 self._lease_seen = loop.time()

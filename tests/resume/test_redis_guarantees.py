@@ -269,6 +269,56 @@ async def test_a_worker_started_after_redis_restarted_empty_calls_no_live_stream
     assert "404" not in answers, collections.Counter(answers)
 
 
+@contextlib.asynccontextmanager
+async def _two_workers(
+    redis: Redis,
+) -> AsyncIterator[tuple[tether.Registry, tether.resume.Resume, tether.resume.Resume]]:
+    """The owner's registry, the owner's and another worker's resumption, sharing
+    ``redis`` (block 0.1 s); all closed after."""
+    registry = tether.Registry()
+    owner = tether.resume.Resume(grace=30.0, store=RedisStore(redis, block=0.1))
+    other = tether.resume.Resume(grace=30.0, store=RedisStore(redis, block=0.1))
+    try:
+        yield registry, owner, other
+    finally:
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
+
+
+async def _parked_after(
+    registry: tether.Registry, owner: tether.resume.Resume, outputs: list[Any]
+) -> tuple[tether.Stream, str]:
+    """A stream of ``owner``'s whose client read ``outputs`` and left; its token."""
+    stream = registry.open()
+    first = await owner.open(stream)
+    for output in outputs:
+        registry.deliver(stream.rid, output)
+    assert [output for _, output in await first.next_ready() or ()] == outputs
+    await first.aclose()  # parked
+    return stream, first.token
+
+
+async def _read_from_the_start(other: tether.resume.Resume, token: str, count: int) -> list[Any]:
+    """What a reconnect on ``other``'s worker with the token alone reads: up to ``count``
+    outputs within 3 s (the name of an error that ends it last; nothing for a 404)."""
+    point = tether.resume.resume_point(None, token)
+    assert point is not None
+    follower = await other.follow(point)
+    seen: list[Any] = []
+    if follower is not None:
+        try:
+            async with asyncio.timeout(3.0):
+                while len(seen) < count and (items := await follower.next_ready()):
+                    seen += [output for _, output in items]
+        except TimeoutError:
+            pass
+        except tether.TetherError as exc:
+            seen.append(type(exc).__name__)
+        await follower.aclose()
+    return seen
+
+
 async def test_a_log_redis_lost_alone_is_published_again_and_a_reconnect_misses_nothing(
     redis: Redis,
 ) -> None:
@@ -277,52 +327,55 @@ async def test_a_log_redis_lost_alone_is_published_again_and_a_reconnect_misses_
     from process ... at the next block period once Redis answers"; a reconnect
     continues "from the last event it saw, exactly once and in order, on this worker
     or (with Redis) on any other"."""
-    registry = tether.Registry()
-    owner = tether.resume.Resume(grace=30.0, store=RedisStore(redis, block=0.1))
-    other = tether.resume.Resume(grace=30.0, store=RedisStore(redis, block=0.1))
-    seen: list[Any] = []
     republished = True
-    try:
-        async with asyncio.timeout(BOUND + 5):
-            stream = registry.open()
-            first = await owner.open(stream)
-            for n in range(3):
-                registry.deliver(stream.rid, n)
-            assert [output for _, output in await first.next_ready() or ()] == [0, 1, 2]
-            await first.aclose()  # parked
-            log = f"{PREFIX}{first.token}:log"
+    async with asyncio.timeout(BOUND + 5), _two_workers(redis) as (registry, owner, other):
+        _, token = await _parked_after(registry, owner, [0, 1, 2])
+        log = f"{PREFIX}{token}:log"
 
-            async def copied() -> bool:
-                return bool(await redis.xlen(log) == 3)
+        async def copied() -> bool:
+            return bool(await redis.xlen(log) == 3)
 
-            await eventually(copied)
-            await redis.delete(log)  # Redis lost the log (evicted), the meta stays
-            try:  # (30 block periods of the owner's upkeep)
-                await eventually(lambda: redis.exists(log), timeout=3.0)
-            except TimeoutError:
-                republished = False
-            point = tether.resume.resume_point(None, first.token)  # the token alone
-            assert point is not None
-            follower = await other.follow(point)
-            if follower is not None:
-                try:
-                    async with asyncio.timeout(3.0):
-                        while len(seen) < 3:
-                            items = await follower.next_ready()
-                            if items is None:
-                                break
-                            seen += [output for _, output in items]
-                except TimeoutError:
-                    pass
-                except tether.TetherError as exc:
-                    seen.append(type(exc).__name__)
-                await follower.aclose()
-    finally:
-        await registry.close(drain_timeout=0)
-        await other.aclose()
-        await owner.aclose()
+        await eventually(copied)
+        await redis.delete(log)  # Redis lost the log (evicted), the meta stays
+        try:  # (30 block periods of the owner's upkeep)
+            await eventually(lambda: redis.exists(log), timeout=3.0)
+        except TimeoutError:
+            republished = False
+        seen = await _read_from_the_start(other, token, 3)
     assert seen == [0, 1, 2], f"a reconnect from the start got {seen} (the owner holds 0, 1, 2)"
     assert republished, "the owner never published the lost log again"
+
+
+async def test_a_log_redis_lost_alone_while_events_flow_is_published_again_whole(
+    redis: Redis,
+) -> None:
+    """Promised (docs/resume.md): "no failure is permanent: ... keys that Redis lost
+    (restarted empty, evicted), make the owner publish the stream again from process";
+    a reconnect continues "from the last event it saw, exactly once and in order". The
+    owner's next copy after the loss must not make a new log that holds only the
+    newest events (a reconnect from an earlier one would be a 404 for as long as the
+    stream lives)."""
+    numbers: list[int] = []
+    async with asyncio.timeout(BOUND + 5), _two_workers(redis) as (registry, owner, other):
+        stream, token = await _parked_after(registry, owner, [0, 1, 2])
+        log = f"{PREFIX}{token}:log"
+
+        async def logged(count: int) -> bool:
+            return bool(await redis.xlen(log) == count)
+
+        await eventually(lambda: logged(3))
+        await redis.delete(log)  # Redis lost the log (evicted), the meta stays
+        registry.deliver(stream.rid, 3)  # the owner's next copy
+
+        async def whole() -> bool:
+            numbers[:] = [int(fields[b"n"]) for _, fields in await redis.xrange(log)]
+            return numbers == [1, 2, 3, 4]
+
+        with contextlib.suppress(TimeoutError):  # (30 block periods of upkeep)
+            await eventually(whole, timeout=3.0)
+        seen = await _read_from_the_start(other, token, 4)
+    assert numbers == [1, 2, 3, 4], f"the log in Redis holds events {numbers} (the owner: 1-4)"
+    assert seen == [0, 1, 2, 3], f"a reconnect from the start got {seen} (the owner holds 0-3)"
 
 
 async def test_a_control_stream_redis_lost_alone_still_carries_stop_and_reconnects(
