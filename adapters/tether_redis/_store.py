@@ -47,7 +47,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 import tether
 import tether.resume
@@ -95,6 +95,8 @@ class RedisStore(tether.resume.MemoryStore):
     __slots__ = (
         "_answered_at",
         "_closing",
+        "_evicted_at",
+        "_evictions",
         "_known",
         "_mirrors",
         "_ok_since",
@@ -157,6 +159,8 @@ class RedisStore(tether.resume.MemoryStore):
         self._watch: tuple[asyncio.TimerHandle, float] | None = None
         """The timer that judges silence a lease period after the answer it names."""
         self._unsettled = False  # what the last upkeep saw: Redis settling, or empty
+        self._evictions: int | None = None  # Redis's count of evicted keys, last seen
+        self._evicted_at = -float("inf")  # when this store last saw that count grow
         self._ok_since: float | None = -float("inf")
         """Since when every command of this store went through (``None``: the last one
         failed). Absence is claimed only after ``settle_ms`` of that: every owner that
@@ -222,8 +226,42 @@ class RedisStore(tether.resume.MemoryStore):
 
     def unsettled(self) -> bool:
         """Whether Redis may lack streams that live, as far as this store knows without
-        asking (its last upkeep saw Redis settling or empty, or it is :meth:`wary`)."""
-        return self._unsettled or self.wary()
+        asking (its last upkeep saw Redis settling or empty, it is :meth:`wary`, or it
+        saw Redis evict keys lately)."""
+        return self._unsettled or self.wary() or self._evicting()
+
+    async def absent(self, pipe_results: list[Any]) -> bool:
+        """Whether a stream that Redis does not hold (its meta is missing, or its log
+        lacks the event asked for) is proven absent: a 404, not a 503 to retry. Not
+        while Redis may lack it (:meth:`lost`), nor while Redis evicts keys: an owner
+        publishes again what it lost only once it notices, a block period later, and
+        the settling mark that would say so may be evicted too. Asked only on such a
+        miss (``INFO stats``): a healthy path costs nothing more.
+
+        :raises StoreUnreachable: Redis cannot be reached.
+        """
+        if self.lost(pipe_results):
+            return False
+
+        async def evictions(client: Redis) -> int | None:
+            try:
+                stats = await client.info("stats")
+            except ResponseError:  # (INFO renamed away: evictions cannot be seen)
+                return None
+            count = stats.get("evicted_keys")
+            return count if isinstance(count, int) else None
+
+        count = await self.command(evictions)
+        if count is not None and count != self._evictions:
+            # Grown since this store last looked, or never looked at: it may be now.
+            if count:
+                self._evicted_at = asyncio.get_running_loop().time()
+            self._evictions = count
+        return not self._evicting()
+
+    def _evicting(self) -> bool:
+        """Whether this store saw Redis evict keys within a settling period."""
+        return asyncio.get_running_loop().time() - self._evicted_at < self.settle_ms / 1000
 
     def wary(self) -> bool:
         """Whether Redis failed this store lately: it has not answered every command
@@ -468,11 +506,11 @@ class RedisStore(tether.resume.MemoryStore):
                 return results
 
         results = await self.command(post)
-        if not results[0]:
-            if self.lost(results):
+        if not results[0] or results[1] is None:  # (no meta; no control stream)
+            if not await self.absent(results):
                 raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
             return False
-        return results[1] is not None  # (None: the owner forgot it since)
+        return True
 
 
 def _place(entry_id: Any) -> str:
