@@ -563,6 +563,7 @@ class _Writer:
         "_remote",
         "_sizes",
         "_store",
+        "_unseen",
         "_unsent",
         "_wake",
         "dirty",
@@ -583,6 +584,11 @@ class _Writer:
         """Its last try failed: Redis lacks this stream (or may) until the next works."""
         self._remote: str | None = None  # the client attached on another worker, if any
         self._lease_seen = 0.0
+        self._unseen: str | None = None
+        """The client elsewhere that this worker stopped seeing because Redis did not
+        answer it (not because its lease lapsed): taken back if its lease is found
+        held once Redis answers (its worker, which Redis did answer, never lost it and
+        tells nothing again)."""
         self._claims = 0  # how many clients attached here: the number of the last claim
         self._pending = 0
         """The number of the claim of the client here until this worker hears it back
@@ -644,6 +650,7 @@ class _Writer:
         self._claims += 1
         self._pending = self._claims
         self._unsent = True
+        self._unseen = None
         self._outbox = [entry for entry in self._outbox if entry[0] != "ctl"]
         if not self.dirty:  # (else the publication sends it)
             self._outbox.append(("ctl", self._claim()))
@@ -669,6 +676,7 @@ class _Writer:
     def _attach_remote(self, fid: str, place: str) -> None:
         self._latest = place
         self._remote = fid
+        self._unseen = None
         self._lease_seen = asyncio.get_running_loop().time()
         self._channel.attach_remote()
 
@@ -918,6 +926,8 @@ class _Writer:
             fid = text(fields, b"f")
             if self._deferred is not None and self._deferred[0] == fid:
                 self._deferred = None
+            if fid == self._unseen:
+                self._unseen = None
             if self._remote is not None and fid == self._remote:
                 self._remote = None
                 self._channel.detach_remote(int(text(fields, b"pos") or 0))
@@ -928,7 +938,7 @@ class _Writer:
         self._latest = place
         if number == str(self._pending):
             self._pending = 0
-        self._deferred = None
+        self._deferred = self._unseen = None
         if self._remote is not None:  # (the stream parks if its client here left)
             self._remote = None
             self._channel.detach_remote(self._channel.sent)
@@ -978,18 +988,30 @@ class _Writer:
         if remote is not None and remote == self._remote:
             if results is not None and results[0]:
                 self._lease_seen = loop.time()
-            elif results is not None or loop.time() - self._lease_seen > store.lease_ms / 1000:
-                self._remote = None  # the worker of that client is gone, or cannot say
+            elif results is not None:
+                self._remote = None  # the worker of that client is gone
                 channel.detach_remote(channel.sent)
+            elif loop.time() - self._lease_seen > store.lease_ms / 1000:
+                self._unseen_remote()  # (or this worker cannot reach Redis)
+        elif results is not None and self._unseen is not None and self._remote is None:
+            unseen, self._unseen = self._unseen, None
+            if results[0] and channel.follower is None and not self._pending:
+                # Its lease is held: that client was there all along.
+                self._attach_remote(unseen, self._latest or "0-0")
         return True
 
     def silent(self) -> bool:
         """Redis has been silent for a lease period: a client elsewhere cannot have
         renewed its lease in that time (its worker ends it), so the stream parks."""
-        if self._remote is not None:
-            self._remote = None
-            self._channel.detach_remote(self._channel.sent)
+        self._unseen_remote()
         return True
+
+    def _unseen_remote(self) -> None:
+        """The client elsewhere cannot be seen (Redis does not answer this worker): the
+        stream parks, until its lease is found held again (see ``_unseen``)."""
+        if self._remote is not None:
+            self._unseen, self._remote = self._remote, None
+            self._channel.detach_remote(self._channel.sent)
 
     def _stop(self) -> None:
         """Stop, from any worker: abort at once, and forget."""
