@@ -52,6 +52,11 @@ class Listener(Protocol):
         even while Redis fails, so that a lease that cannot be seen lapses."""
         ...
 
+    def silent(self) -> bool:
+        """Redis has answered this worker nothing for a lease period (no lease can
+        have been seen for as long); whether to go on."""
+        ...
+
 
 def entry_order(entry_id: Any) -> tuple[int, int]:
     """An entry id (``b"ms-seq"``) as something that compares as Redis orders them."""
@@ -71,9 +76,11 @@ class Ear:
     :param spawn: runs a task the store owns (and cancels when it closes).
     :param upkeep: the store's own upkeep, run before the listeners' (bounded by it).
     :param failed: tells the store that a read failed.
+    :param answered: tells the store that Redis answered a read.
     """
 
     __slots__ = (
+        "_answered",
         "_block_ms",
         "_client",
         "_failed",
@@ -98,6 +105,7 @@ class Ear:
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
         upkeep: Callable[[], Awaitable[None]],
         failed: Callable[[], None],
+        answered: Callable[[], None],
     ) -> None:
         self._client = client
         self._wake_key = wake_key
@@ -106,6 +114,7 @@ class Ear:
         self._spawn = spawn
         self._upkeep_store = upkeep
         self._failed = failed
+        self._answered = answered
         self._keys: dict[str, dict[Listener, Any]] = {}
         """Each key's listeners, each with the id of the last entry it had."""
         self._listens = 0
@@ -153,6 +162,7 @@ class Ear:
             try:
                 async with asyncio.timeout(period + self._timeout):
                     await self._read()
+                self._answered()
                 if failing:
                     logger.warning("resumable streams: Redis answers again")
                     # The upkeep at once, not a period later: an owner whose streams
@@ -197,6 +207,20 @@ class Ear:
                         going = False
                     if not going:
                         self.drop(listener)
+
+    def silent(self) -> None:
+        """Redis has answered nothing for a lease period: every listener judges now,
+        not after this reader's own waits (a read, a pause, the upkeep, a renewal:
+        timeouts in a row) have run out."""
+        for listener in self._listeners():
+            try:
+                going = listener.silent()
+            except Exception:
+                # One stream's bug must not end the reading of every other one.
+                logger.exception("resumable streams: a listener failed; dropped")
+                going = False
+            if not going:
+                self.drop(listener)
 
     async def _upkeep(self) -> None:
         """The store's upkeep, then every listener's, at once (each bounded by the

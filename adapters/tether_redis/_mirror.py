@@ -43,6 +43,7 @@ class Host(Protocol):
     """What a mirror needs of its store (a ``RedisStore``)."""
 
     block_ms: int
+    lease_ms: int
     worker: str
     ear: Ear
     epoch: str
@@ -60,13 +61,15 @@ class Host(Protocol):
         """Run ``job`` on the client, bounded in time and concurrency."""
         ...
 
-    def lost(self, pipe_results: list[Any]) -> bool:
-        """Whether the last two answers (``EXISTS settling, epoch``) say Redis lost its
-        state lately."""
+    async def absent(self, pipe_results: list[Any]) -> bool:
+        """Whether a stream Redis does not hold is proven absent (a 404, not a 503): the
+        last two answers (``EXISTS settling, epoch``) say Redis lost no state lately,
+        and it evicted no key lately."""
         ...
 
     def unsettled(self) -> bool:
-        """The same, as far as the store knows without asking."""
+        """Whether Redis may lack streams that live, as far as the store knows without
+        asking."""
         ...
 
 
@@ -132,7 +135,7 @@ class Mirror:
                 # not the whole log; and the log's last entry (its end, if it ended).
                 pipe.xrange(log, min=f"{min(after, _MAX_ID)}-0")
                 pipe.xrevrange(log, count=1)
-                pipe.exists(store.settling)  # (these two last: store.lost() reads them)
+                pipe.exists(store.settling)  # (these two last: store.absent() reads them)
                 pipe.exists(store.epoch)
                 results: list[Any] = await pipe.execute()
                 return results
@@ -142,7 +145,7 @@ class Mirror:
         if last and (not entries or entries[-1][0] != last[0][0]):
             entries = [*entries, last[0]]  # (the end, past what the client asked for)
         if not meta:
-            if store.lost(results):
+            if not await store.absent(results):
                 raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
             return None
         rid = meta[b"rid"].decode()
@@ -173,7 +176,7 @@ class Mirror:
             # Past the end, or before what the log holds: unknown, unless Redis lost
             # state lately (its owner's copies since made a log that lacks the rest,
             # until it publishes the whole again).
-            if store.lost(results):
+            if not await store.absent(results):
                 raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
             return None
         channel = Channel(
@@ -220,22 +223,28 @@ class Mirror:
             return None  # (no claim: it would end the client reading elsewhere)
         follower = Follower(channel, after)
 
-        async def attach(client: Redis) -> Any:
+        async def attach(client: Redis) -> list[Any]:
             async with client.pipeline(transaction=False) as pipe:
-                pipe.set(self._key("lease"), self._fid, px=3 * store.block_ms)
-                # (NOMKSTREAM: a control stream that is gone is an owner that is gone;
-                # one made here would have no expiry)
+                pipe.set(self._key("lease"), self._fid, px=store.lease_ms)
+                # (NOMKSTREAM: a control stream that is gone is an owner that is gone,
+                # or one that has not published it again since Redis lost it; one made
+                # here would have no expiry)
                 pipe.xadd(
                     self._key("ctl"),
                     {"op": "attach", "w": store.worker, "f": self._fid},
                     maxlen=CTL_MAXLEN,
                     nomkstream=True,
                 )
-                _, ctl_id = await pipe.execute()
-                return ctl_id
+                pipe.exists(store.settling)  # (these two last: store.absent() reads them)
+                pipe.exists(store.epoch)
+                results: list[Any] = await pipe.execute()
+                return results
 
         try:
-            ctl_id = await store.command(attach)
+            results = await store.command(attach)
+            ctl_id = results[1]
+            if ctl_id is None and not await store.absent(results):
+                raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
         except asyncio.CancelledError:
             # Cut while its claim was on its way (its client left): the claim may have
             # landed, and the owner would keep this client for the newest: withdrawn.
@@ -293,7 +302,7 @@ class Mirror:
         if channel is None or channel.follower is None:
             return self._starting
         loop = asyncio.get_running_loop()
-        lease_ms = 3 * store.block_ms
+        lease_ms = store.lease_ms
 
         async def renew(client: Redis) -> list[Any]:
             async with client.pipeline(transaction=False) as pipe:
@@ -320,8 +329,11 @@ class Mirror:
             # find it held, and the owner, until it publishes again, cannot be told).
             self._announce = True
         if not alive:
-            if store.lost(results):
-                return True  # Redis restarted empty: the owner publishes it again
+            try:
+                if not await store.absent(results):
+                    return True  # Redis restarted empty, or evicts: the owner publishes it again
+            except StoreUnreachable:
+                return True  # (asked again at the next tick)
             # The owner is gone (its keys expired): nobody will write more.
             gone = "the worker that ran this request is gone"
             channel.end(tether.Aborted(channel.rid, tether.AbortReason.SERVER, gone))
@@ -331,6 +343,16 @@ class Mirror:
             fields = {"op": "attach", "w": store.worker, "f": self._fid, "c": self._claim}
             self._announce = not await self._send(fields)
         return True
+
+    def silent(self) -> bool:
+        """Redis has been silent for a lease period: this client's lease cannot have
+        been renewed (its owner parks the stream), so it ends (a 503 error event)."""
+        channel = self._channel
+        if channel is None or channel.follower is None:
+            return self._starting
+        if not channel.ended:  # (an ended one: its client reads what it holds)
+            channel.end(tether.Aborted(channel.rid, tether.AbortReason.SERVER, _UNREACHABLE))
+        return False
 
     def close(self) -> Coroutine[Any, Any, None] | None:
         """This worker is shutting down: its client is told (a 503 error event, after

@@ -47,7 +47,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 import tether
 import tether.resume
@@ -95,15 +95,19 @@ class RedisStore(tether.resume.MemoryStore):
     __slots__ = (
         "_answered_at",
         "_closing",
+        "_evicted_at",
+        "_evictions",
         "_known",
         "_mirrors",
         "_ok_since",
         "_unsettled",
+        "_watch",
         "_writers",
         "block_ms",
         "client",
         "ear",
         "epoch",
+        "lease_ms",
         "prefix",
         "request_slots",
         "settle_ms",
@@ -139,6 +143,9 @@ class RedisStore(tether.resume.MemoryStore):
         self.client = client
         self.prefix = prefix
         self.block_ms = max(1, int(block * 1000))
+        self.lease_ms = 3 * self.block_ms
+        """How long a client's lease lasts unless renewed (every block period): a
+        client elsewhere whose Redis is silent for as long ends, its owner parks."""
         self.timeout = timeout
         self.settle_ms = 3 * self.block_ms + int(timeout * 1000)
         """How long a Redis that came back empty is ``settling``: every owner has
@@ -149,7 +156,11 @@ class RedisStore(tether.resume.MemoryStore):
         self.settling = f"{prefix}settling"
         self._known = False  # whether this store saw Redis hold the epoch
         self._answered_at = -float("inf")  # when Redis last answered this store
+        self._watch: tuple[asyncio.TimerHandle, float] | None = None
+        """The timer that judges silence a lease period after the answer it names."""
         self._unsettled = False  # what the last upkeep saw: Redis settling, or empty
+        self._evictions: int | None = None  # Redis's count of evicted keys, last seen
+        self._evicted_at = -float("inf")  # when this store last saw that count grow
         self._ok_since: float | None = -float("inf")
         """Since when every command of this store went through (``None``: the last one
         failed). Absence is claimed only after ``settle_ms`` of that: every owner that
@@ -168,6 +179,7 @@ class RedisStore(tether.resume.MemoryStore):
             self.spawn,
             self._upkeep,
             self.failed,
+            self.answered,
         )
         """The one reader of every control stream and mirrored log of this worker."""
         self.ear.poke = self._poke
@@ -214,8 +226,42 @@ class RedisStore(tether.resume.MemoryStore):
 
     def unsettled(self) -> bool:
         """Whether Redis may lack streams that live, as far as this store knows without
-        asking (its last upkeep saw Redis settling or empty, or it is :meth:`wary`)."""
-        return self._unsettled or self.wary()
+        asking (its last upkeep saw Redis settling or empty, it is :meth:`wary`, or it
+        saw Redis evict keys lately)."""
+        return self._unsettled or self.wary() or self._evicting()
+
+    async def absent(self, pipe_results: list[Any]) -> bool:
+        """Whether a stream that Redis does not hold (its meta is missing, or its log
+        lacks the event asked for) is proven absent: a 404, not a 503 to retry. Not
+        while Redis may lack it (:meth:`lost`), nor while Redis evicts keys: an owner
+        publishes again what it lost only once it notices, a block period later, and
+        the settling mark that would say so may be evicted too. Asked only on such a
+        miss (``INFO stats``): a healthy path costs nothing more.
+
+        :raises StoreUnreachable: Redis cannot be reached.
+        """
+        if self.lost(pipe_results):
+            return False
+
+        async def evictions(client: Redis) -> int | None:
+            try:
+                stats = await client.info("stats")
+            except ResponseError:  # (INFO renamed away: evictions cannot be seen)
+                return None
+            count = stats.get("evicted_keys")
+            return count if isinstance(count, int) else None
+
+        count = await self.command(evictions)
+        if count is not None and count != self._evictions:
+            # Grown since this store last looked, or never looked at: it may be now.
+            if count:
+                self._evicted_at = asyncio.get_running_loop().time()
+            self._evictions = count
+        return not self._evicting()
+
+    def _evicting(self) -> bool:
+        """Whether this store saw Redis evict keys within a settling period."""
+        return asyncio.get_running_loop().time() - self._evicted_at < self.settle_ms / 1000
 
     def wary(self) -> bool:
         """Whether Redis failed this store lately: it has not answered every command
@@ -229,10 +275,37 @@ class RedisStore(tether.resume.MemoryStore):
         self._ok_since = None
 
     def answered(self) -> None:
-        """Redis answered a command of this store."""
-        self._answered_at = now = asyncio.get_running_loop().time()
+        """Redis answered a command or a read of this store."""
+        loop = asyncio.get_running_loop()
+        self._answered_at = now = loop.time()
         if self._ok_since is None:
             self._ok_since = now
+        if self._watch is None and not self._closing:
+            self._watch = (loop.call_at(now + self.lease_ms / 1000, self._judge), now)
+
+    def _judge(self) -> None:
+        """A lease period after an answer: if Redis said nothing since, no lease can
+        have been seen for as long, on any worker. The clients here of streams owned
+        elsewhere end, and the owner's streams whose client is elsewhere park, now:
+        not once the reader's timeouts in a row (a read of ``block + timeout``, a
+        block period, the upkeep, a renewal) have run out. Answers only move the clock;
+        the timer looks at it once per lease period, so a healthy Redis costs one
+        callback per lease period and no command."""
+        watch, self._watch = self._watch, None
+        if watch is None or self._closing:
+            return
+        loop = asyncio.get_running_loop()
+        heard, since = self._answered_at, watch[1]
+        if heard > since:  # heard from since: judge a lease period after that
+            self._watch = (loop.call_at(heard + self.lease_ms / 1000, self._judge), heard)
+            return
+        step = self.block_ms / 10_000
+        if loop.time() - (since + self.lease_ms / 1000) > step:
+            # The loop was busy past the verdict's time: an answer may be waiting, read
+            # but not yet handled. Judge again once the loop has had a moment for it.
+            self._watch = (loop.call_later(step, self._judge), since)
+            return
+        self.ear.silent()  # (the next answer arms the timer again)
 
     def respite(self, channel: Channel) -> float:
         """While Redis fails or settles, the client of a parked stream may be held off
@@ -397,6 +470,9 @@ class RedisStore(tether.resume.MemoryStore):
         Redis (bounded), so that clients on other workers are told; end every client
         here of a stream owned elsewhere (its owner parks it); then end every task."""
         self._closing = True
+        if self._watch is not None:
+            self._watch[0].cancel()
+            self._watch = None
         self.abort_all()
         tasks = [writer.task for writer in self._writers.values() if writer.task is not None]
         # The clients here of streams owned elsewhere end too; each owner is told.
@@ -430,11 +506,11 @@ class RedisStore(tether.resume.MemoryStore):
                 return results
 
         results = await self.command(post)
-        if not results[0]:
-            if self.lost(results):
+        if not results[0] or results[1] is None:  # (no meta; no control stream)
+            if not await self.absent(results):
                 raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
             return False
-        return results[1] is not None  # (None: the owner forgot it since)
+        return True
 
 
 def _place(entry_id: Any) -> str:
@@ -487,6 +563,7 @@ class _Writer:
         "_remote",
         "_sizes",
         "_store",
+        "_unseen",
         "_unsent",
         "_wake",
         "dirty",
@@ -507,6 +584,11 @@ class _Writer:
         """Its last try failed: Redis lacks this stream (or may) until the next works."""
         self._remote: str | None = None  # the client attached on another worker, if any
         self._lease_seen = 0.0
+        self._unseen: str | None = None
+        """The client elsewhere that this worker stopped seeing because Redis did not
+        answer it (not because its lease lapsed): taken back if its lease is found
+        held once Redis answers (its worker, which Redis did answer, never lost it and
+        tells nothing again)."""
         self._claims = 0  # how many clients attached here: the number of the last claim
         self._pending = 0
         """The number of the claim of the client here until this worker hears it back
@@ -568,6 +650,7 @@ class _Writer:
         self._claims += 1
         self._pending = self._claims
         self._unsent = True
+        self._unseen = None
         self._outbox = [entry for entry in self._outbox if entry[0] != "ctl"]
         if not self.dirty:  # (else the publication sends it)
             self._outbox.append(("ctl", self._claim()))
@@ -593,6 +676,7 @@ class _Writer:
     def _attach_remote(self, fid: str, place: str) -> None:
         self._latest = place
         self._remote = fid
+        self._unseen = None
         self._lease_seen = asyncio.get_running_loop().time()
         self._channel.attach_remote()
 
@@ -613,6 +697,12 @@ class _Writer:
     def forgotten(self) -> None:
         self._forgotten = True
         self._wake.set()
+
+    def lost(self) -> None:
+        """Redis lost some of this stream's keys (this writer found out): say so, and
+        publish it again."""
+        logger.warning("resumable request %r: Redis lost it; published again", self._channel.rid)
+        self.republish()
 
     def republish(self) -> None:
         """Redis lost this stream's keys: publish it again."""
@@ -736,14 +826,26 @@ class _Writer:
         if channel.ended and not ended:
             self._outbox.append(self._end_entry())
 
-    def _add(self, pipe: Any, entries: list[tuple[str, dict[str, str]]]) -> None:
+    def _add(
+        self, pipe: Any, entries: list[tuple[str, dict[str, str]]], *, held: bool = False
+    ) -> None:
         """Queue ``entries`` of the log on ``pipe``, trimmed to the channel's bounds:
-        ``max_events`` and, in bytes, ``max_bytes`` (what the in-process log keeps)."""
+        ``max_events`` and, in bytes, ``max_bytes`` (what the in-process log keeps).
+
+        :param held: the log exists in Redis: an entry added to one that Redis lost
+            makes no new log (its answer is ``None``)."""
         channel = self._channel
         log = self._keys[0]
         sizes = self._sizes
         for entry_id, fields in entries:
-            pipe.xadd(log, fields, id=entry_id, maxlen=channel.max_events + 1, approximate=False)
+            pipe.xadd(
+                log,
+                fields,
+                id=entry_id,
+                maxlen=channel.max_events + 1,
+                approximate=False,
+                nomkstream=held,
+            )
             sizes.append((int(fields["n"]), len(fields["d"])))
         while len(sizes) > channel.max_events:
             sizes.popleft()
@@ -761,11 +863,21 @@ class _Writer:
         for key in self._keys:
             pipe.pexpire(key, ms)
 
-    async def _flush(self, client: Redis) -> None:
+    async def _flush(self, client: Redis, *, last: bool = False) -> None:
+        """Copy what waits in the outbox.
+
+        :param last: the stream is resumable no more: its end entry is worth a log of
+            its own if Redis lost the log (the clients elsewhere read the end there).
+        """
         outbox, self._outbox = self._outbox, []
         if not outbox:
             return
         log, ctl, _ = self._keys
+        # A log that Redis lost (evicted) must not be made anew by these entries: it
+        # would hold only the newest, and a reconnect from an earlier event would be a
+        # 404 for as long as the stream lives (the upkeep sees a log, and publishes
+        # nothing). Added only to a log that exists, they tell of the loss instead.
+        held = self._logged and not last
         async with client.pipeline(transaction=False) as pipe:
             events: list[tuple[str, dict[str, str]]] = []
             for entry_id, fields in outbox:
@@ -773,24 +885,26 @@ class _Writer:
                     self._unsent = False
                     pipe.xadd(ctl, fields, maxlen=CTL_MAXLEN)  # type: ignore[arg-type]
                 elif "end" in fields:
-                    self._add(pipe, events)
+                    self._add(pipe, events, held=held)
                     events = []
-                    pipe.xadd(log, fields, id=entry_id)  # type: ignore[arg-type]
+                    pipe.xadd(log, fields, id=entry_id, nomkstream=held)  # type: ignore[arg-type]
                 else:
                     events.append((entry_id, fields))
-            self._add(pipe, events)
+            self._add(pipe, events, held=held)
             # A key that XADD just made has no expiry: set it in the same round trip, so
             # that an owner killed before its first upkeep leaves nothing for ever.
             self._expire(pipe, self._keep())
-            await pipe.execute()
+            results = await pipe.execute()
         if any(entry_id != "ctl" for entry_id, _ in outbox):
             self._logged = True
+        if held and None in results:  # (only an entry added to no log answers None)
+            self.lost()
 
     async def _goodbye(self, client: Redis) -> None:
         """The stream is resumable no more: what is left to copy (its end entry, for
         clients elsewhere), then its keys go soon, its meta at once."""
         if not self.dirty:
-            await self._flush(client)
+            await self._flush(client, last=True)
         async with client.pipeline(transaction=False) as pipe:
             self._expire(pipe, _GONE_MS)
             pipe.delete(self._keys[2])  # resumable nowhere from now on
@@ -812,6 +926,8 @@ class _Writer:
             fid = text(fields, b"f")
             if self._deferred is not None and self._deferred[0] == fid:
                 self._deferred = None
+            if fid == self._unseen:
+                self._unseen = None
             if self._remote is not None and fid == self._remote:
                 self._remote = None
                 self._channel.detach_remote(int(text(fields, b"pos") or 0))
@@ -822,7 +938,7 @@ class _Writer:
         self._latest = place
         if number == str(self._pending):
             self._pending = 0
-        self._deferred = None
+        self._deferred = self._unseen = None
         if self._remote is not None:  # (the stream parks if its client here left)
             self._remote = None
             self._channel.detach_remote(self._channel.sent)
@@ -868,15 +984,34 @@ class _Writer:
         if results is not None and published and not self.dirty:
             log_held = results[1] or not logged
             if not (log_held and results[2] and results[3]):
-                logger.warning("resumable request %r: Redis lost it; published again", channel.rid)
-                self.republish()  # (Redis restarted empty, or evicted some of its keys)
+                self.lost()  # (Redis restarted empty, or evicted some of its keys)
         if remote is not None and remote == self._remote:
             if results is not None and results[0]:
                 self._lease_seen = loop.time()
-            elif results is not None or loop.time() - self._lease_seen > 3 * store.block_ms / 1000:
-                self._remote = None  # the worker of that client is gone, or cannot say
+            elif results is not None:
+                self._remote = None  # the worker of that client is gone
                 channel.detach_remote(channel.sent)
+            elif loop.time() - self._lease_seen > store.lease_ms / 1000:
+                self._unseen_remote()  # (or this worker cannot reach Redis)
+        elif results is not None and self._unseen is not None and self._remote is None:
+            unseen, self._unseen = self._unseen, None
+            if results[0] and channel.follower is None and not self._pending:
+                # Its lease is held: that client was there all along.
+                self._attach_remote(unseen, self._latest or "0-0")
         return True
+
+    def silent(self) -> bool:
+        """Redis has been silent for a lease period: a client elsewhere cannot have
+        renewed its lease in that time (its worker ends it), so the stream parks."""
+        self._unseen_remote()
+        return True
+
+    def _unseen_remote(self) -> None:
+        """The client elsewhere cannot be seen (Redis does not answer this worker): the
+        stream parks, until its lease is found held again (see ``_unseen``)."""
+        if self._remote is not None:
+            self._unseen, self._remote = self._remote, None
+            self._channel.detach_remote(self._channel.sent)
 
     def _stop(self) -> None:
         """Stop, from any worker: abort at once, and forget."""

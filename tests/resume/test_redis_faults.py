@@ -1,15 +1,16 @@
 """RedisStore against a Redis that fails: paused (SIGSTOP), restarted empty, capped
-with ``maxclients``, flooded, or heard late by one worker (its clients' claims must
-still be judged in the control stream's order). Two stores in one process stand for
-two workers sharing one ``redis-server`` that the test starts on a free loopback port.
-Every command is bounded, no failure is permanent while Redis can come back, and one
-request's Redis work never starves another's."""
+with ``maxclients``, evicting under ``maxmemory``, flooded, or heard late by one
+worker (its clients' claims must still be judged in the control stream's order). Two
+stores in one process stand for two workers sharing one ``redis-server`` that the test
+starts on a free loopback port. Every command is bounded, no failure is permanent
+while Redis can come back, and one request's Redis work never starves another's."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -582,12 +583,42 @@ async def test_hostile_resume_ids_elsewhere_are_a_404_that_costs_the_stream_noth
     assert aborts.total() == 0
 
 
-async def test_a_client_elsewhere_whose_lease_redis_lost_tells_the_owner_it_is_still_there(
-    redis_proc: RedisProcess,
-) -> None:
-    # The owner's own Redis user: denied every command, the owner alone cannot reach
-    # Redis (it parks the stream whose client's lease it cannot see) while the worker of
-    # that client renews its lease in a Redis that lost everything, its owner's keys too.
+@dataclasses.dataclass
+class _CutOff:
+    """Two workers whose owner reaches Redis as a user of its own, that ``admin`` may
+    deny every command (the owner alone then cannot reach Redis); grace 0.5 s."""
+
+    admin: Redis
+    registry: tether.Registry
+    aborts: collections.Counter[str]
+    stores: list[RedisStore]
+    owner: tether.resume.Resume
+    other: tether.resume.Resume
+
+    async def read_elsewhere(self) -> tuple[tether.Stream, Follower, tether.resume.Channel]:
+        """A stream of the owner's, its client on the other worker (the owner heard of
+        it), and the owner's record of it."""
+        stream, first = await _first_read(self.registry, self.owner)
+        mirror = await _reach(self.other, first.token, 1)
+        channel = self.stores[0].channel(first.token)
+        assert channel is not None
+        await eventually(lambda: channel.remote)
+        return stream, mirror, channel
+
+    async def finish_read_by(self, stream: tether.Stream, mirror: Follower) -> None:
+        """The stream's last outputs reach its client elsewhere, every one."""
+        self.registry.deliver(stream.rid, 1)
+        self.registry.deliver(stream.rid, 2, finished=True)
+        assert await _drain(mirror) == [1, 2]
+        await mirror.aclose()
+
+    async def deny(self, denied: bool) -> None:
+        rule = "-@all" if denied else "+@all"
+        await self.admin.execute_command("ACL", "SETUSER", "owner", rule)
+
+
+@contextlib.asynccontextmanager
+async def _owner_cut_off(redis_proc: RedisProcess) -> AsyncIterator[_CutOff]:
     admin = Redis.from_url(redis_proc.url)
     await admin.execute_command("ACL", "SETUSER", "owner", "on", ">secret", "~*", "&*", "+@all")
     host = redis_proc.url.split("://", 1)[1]
@@ -597,31 +628,164 @@ async def test_a_client_elsewhere_whose_lease_redis_lost_tells_the_owner_it_is_s
     stores = [RedisStore(client, block=BLOCK) for client in clients]
     owner, other = (tether.resume.Resume(grace=0.5, store=store) for store in stores)
     try:
-        async with asyncio.timeout(30):
-            stream, first = await _first_read(registry, owner)
-            mirror = await _reach(other, first.token, 1)
-            channel = stores[0].channel(first.token)
-            assert channel is not None
-            await eventually(lambda: channel.remote)  # the owner heard of it
-            lease = stores[1].key(first.token, "lease")
-            assert await admin.exists(lease)
-            await admin.execute_command("ACL", "SETUSER", "owner", "-@all")
-            await admin.flushall()  # (as a restart empty does)
-            await eventually(lambda: not channel.remote)  # no lease seen: parked
-            await eventually(lambda: admin.exists(lease))  # renewed, by a client still there
-            await admin.execute_command("ACL", "SETUSER", "owner", "+@all")
-            # The owner publishes the stream again and hears of its client again (its
-            # lease is there, but the owner had parked the stream meanwhile).
-            await eventually(lambda: channel.remote)
-            registry.deliver(stream.rid, 1)
-            registry.deliver(stream.rid, 2, finished=True)
-            assert await _drain(mirror) == [1, 2]
-            await mirror.aclose()
+        yield _CutOff(admin, registry, aborts, stores, owner, other)
     finally:
         await registry.close(drain_timeout=0)
         await other.aclose()
         await owner.aclose()
         for client in [*clients, admin]:
             await client.aclose()
+
+
+async def test_a_client_elsewhere_whose_lease_redis_lost_tells_the_owner_it_is_still_there(
+    redis_proc: RedisProcess,
+) -> None:
+    # The owner alone cannot reach Redis (it parks the stream whose client's lease it
+    # cannot see) while the worker of that client renews its lease in a Redis that lost
+    # everything, its owner's keys too.
+    async with _owner_cut_off(redis_proc) as cut, asyncio.timeout(30):
+        registry, admin = cut.registry, cut.admin
+        stream, mirror, channel = await cut.read_elsewhere()
+        lease = cut.stores[1].key(channel.token, "lease")
+        assert await admin.exists(lease)
+        await cut.deny(True)
+        await admin.flushall()  # (as a restart empty does)
+        await eventually(lambda: not channel.remote)  # no lease seen: parked
+        await eventually(lambda: admin.exists(lease))  # renewed, by a client still there
+        await cut.deny(False)
+        # The owner publishes the stream again and hears of its client again (its
+        # lease is there, but the owner had parked the stream meanwhile).
+        await eventually(lambda: channel.remote)
+        await cut.finish_read_by(stream, mirror)
     assert registry.in_flight == 0
-    assert aborts == {}
+    assert cut.aborts == {}
+
+
+async def test_an_owner_cut_off_from_redis_alone_hears_again_of_its_client_elsewhere(
+    redis_proc: RedisProcess,
+) -> None:
+    # The owner alone cannot reach Redis for a while, and parks the stream whose
+    # client's lease it cannot see, while that client's worker renews its lease all
+    # along (so it has nothing to tell again). Promised (docs/resume.md): "nothing a
+    # shared store does keeps alive a request that no client can reach beyond its grace
+    # period", and no more: once the owner reaches Redis again and finds the lease
+    # held, the stream is that client's again; its grace period (0.5 s) must not abort
+    # it under the client still reading.
+    async with _owner_cut_off(redis_proc) as cut, asyncio.timeout(30):
+        registry = cut.registry
+        stream, mirror, channel = await cut.read_elsewhere()
+        await cut.deny(True)
+        await eventually(lambda: not channel.remote)  # no lease seen: parked
+        await cut.deny(False)
+        await eventually(lambda: channel.remote, timeout=3.0)  # its lease: held
+        await cut.finish_read_by(stream, mirror)
+    assert registry.in_flight == 0
+    assert cut.aborts == {}
+
+
+async def test_a_redis_that_evicts_under_maxmemory_never_strands_a_reconnect(
+    redis_proc: RedisProcess,
+) -> None:
+    # A real eviction: Redis capped at a few MB above what it holds (allkeys-lru, as a
+    # cache is run) while other data keeps coming, so that it evicts keys of the store's
+    # too, whichever its sampling picks. Promised (docs/resume.md): "keys that Redis
+    # lost (restarted empty, evicted) make the owner publish the stream again"; every
+    # command is bounded; "absence is claimed only when it is proven". So each
+    # reconnect elsewhere meanwhile answers within a bound and either resumes (in
+    # order, exactly once) or is told to retry (503), never that a live stream is
+    # unknown (404); once the pressure passes, the owner has published the whole
+    # stream again and a reconnect resumes.
+    admin = Redis.from_url(redis_proc.url)
+    answers: collections.Counter[str] = collections.Counter()
+    evictions = 0  # how often the stream's keys were found evicted
+    try:
+        async with (
+            _workers(redis_proc.url) as (registry, aborts, owner, other),
+            asyncio.timeout(45),
+        ):
+            stream, first = await _first_read(registry, owner, leave=True)
+            keys = [f"tether:resume:{first.token}:{kind}" for kind in ("log", "ctl", "meta")]
+            await eventually(lambda: _exist(admin, keys))
+            used = (await admin.info("memory"))["used_memory"]
+            await admin.config_set("maxmemory-policy", "allkeys-lru")
+            await admin.config_set("maxmemory", str(used + 2_000_000))
+            delivered, fillers = 1, 0
+            while evictions < 8 and fillers < 600:
+                for _ in range(3):  # (192 KB of other data, kept with no expiry)
+                    await admin.set(f"other:{fillers}", b"x" * 65_536)
+                    fillers += 1
+                registry.deliver(stream.rid, delivered)
+                delivered += 1
+                answers[await _reconnect_from(other, first.token, 1, delivered)] += 1
+                if await _exist(admin, keys):
+                    continue
+                evictions += 1
+
+                async def answered_then_held(count: int = delivered) -> bool:
+                    answers[await _reconnect_from(other, first.token, 1, count)] += 1
+                    return await _exist(admin, keys)
+
+                # Reconnects until the owner has published it again, Redis still full.
+                try:
+                    await eventually(answered_then_held, timeout=5.0)
+                except TimeoutError:
+                    pytest.fail(f"the owner did not publish its evicted stream again: {answers}")
+            evicted = (await admin.info("stats"))["evicted_keys"]
+            assert evicted > 0, "Redis evicted nothing: the test tested nothing"
+            assert evictions, f"Redis never evicted the stream's keys ({evicted} others)"
+            await admin.config_set("maxmemory", "0")  # the pressure passes
+            numbers = list(range(1, delivered + 1))  # (the log's event numbers: 1-based)
+
+            async def published_whole() -> bool:
+                held = [int(fields[b"n"]) for _, fields in await admin.xrange(keys[0])]
+                return held == numbers and await _exist(admin, keys)
+
+            await eventually(published_whole, timeout=5.0)
+            after: list[str] = []
+
+            async def answered() -> bool:  # (503s while the owners mark Redis settling)
+                after.append(await _reconnect_from(other, first.token, 1, delivered))
+                return after[-1] != "503"
+
+            await eventually(answered, timeout=5.0)
+            assert after[-1] == "resumed", f"after the pressure passed: {after}"
+            assert aborts == {}
+    finally:
+        await admin.aclose()
+    assert "hang" not in answers, answers
+    assert set(answers) <= {"resumed", "503", "ended"}, answers
+
+
+async def _exist(redis: Redis, keys: list[str]) -> bool:
+    return bool(await redis.exists(*keys) == len(keys))
+
+
+async def _reconnect_from(other: tether.resume.Resume, token: str, last: int, count: int) -> str:
+    """How a reconnect on ``other``'s worker that saw ``last`` outputs of ``count``
+    ends, each step bounded: ``resumed`` (the rest, in order, once), ``503``, ``404``,
+    ``ended`` (an error after outputs in order), ``out of order``, or ``hang``."""
+    try:
+        async with asyncio.timeout(3.0):
+            follower = await other.follow(_point(token, last))
+    except ConnectionError:
+        return "503"
+    except TimeoutError:
+        return "hang"
+    if follower is None:
+        return "404"
+    seen: list[Any] = []
+    outcome = "hang"
+    try:
+        async with asyncio.timeout(3.0):
+            while len(seen) < count - last and (items := await follower.next_ready()):
+                seen += [output for _, output in items]
+            outcome = "resumed"
+    except tether.TetherError:
+        outcome = "ended"
+    except TimeoutError:
+        pass
+    finally:
+        await follower.aclose()
+    if seen != list(range(last, last + len(seen))):
+        return "out of order"
+    return outcome if len(seen) == count - last or outcome != "resumed" else "short"
