@@ -13,8 +13,7 @@ from typing import Any, Final, Protocol, TypeVar
 from redis.asyncio import Redis
 
 import tether
-from tether.http import current_scope
-from tether.resume import Channel, Follower, new_token
+from tether.resume import Channel, Follower, new_token, wait_withdrawn
 
 from ._ear import CTL_MAXLEN, Ear, Fields, StoreUnreachable, entry_order, text
 
@@ -217,10 +216,10 @@ class Mirror:
                 if store.unsettled():  # (asks Redis nothing: 150 of these cost nothing)
                     raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
                 return None
-        scope = current_scope()
-        if scope is not None and scope.disconnected:  # (its client left while it waited)
+        # (no claim: it would end the client reading elsewhere, for nobody)
+        if wait_withdrawn():  # its client left, or its request ended, while it looked
             store.ear.drop(self)
-            return None  # (no claim: it would end the client reading elsewhere)
+            return None
         follower = Follower(channel, after)
 
         async def attach(client: Redis) -> list[Any]:
