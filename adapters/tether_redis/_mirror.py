@@ -70,6 +70,10 @@ class Host(Protocol):
         and it evicted no key lately."""
         ...
 
+    def closing(self) -> bool:
+        """Whether the store began to close (a reconnect that completes after it ends)."""
+        ...
+
     def unsettled(self) -> bool:
         """Whether Redis may lack streams that live, as far as the store knows without
         asking."""
@@ -224,6 +228,9 @@ class Mirror:
         if wait_withdrawn():  # its client left, or its request ended, while it looked
             store.ear.drop(self)
             return None
+        if store.closing():  # this worker shuts down: it would hold nothing after
+            store.ear.drop(self)
+            raise StoreUnreachable("this worker is shutting down")
         follower = Follower(channel, after)
 
         async def attach(client: Redis) -> list[Any]:

@@ -488,6 +488,54 @@ async def test_a_reconnect_under_way_when_its_worker_closes_holds_no_stream_afte
     assert left == [], f"tasks of the closed store still run: {left}"
 
 
+async def test_a_reconnect_whose_worker_begins_to_close_as_it_looks_claims_no_stream(
+    redis: Redis, redis_url: str
+) -> None:
+    """Promised (``RedisStore.follow``): a reconnect that completes after its store
+    began to close "holds nothing after the close"; a claim ends the client reading
+    the stream ("resumed elsewhere"), so one posted for a reconnect that is refused
+    (503) ends that client for nobody. The worker begins to close while the reconnect's
+    look at the log is in flight."""
+    registry = tether.Registry()
+    owner = tether.resume.Resume(grace=30.0, store=RedisStore(redis, block=0.1))
+    looked, answer = asyncio.Event(), asyncio.Event()
+
+    async def held(commands: list[tuple[Any, ...]]) -> None:
+        if any("HGETALL" in command for command in commands):
+            looked.set()
+            await answer.wait()  # (Redis answered; its caller hears it once let go)
+
+    other_client = Redis.from_url(redis_url)
+    elsewhere = RedisStore(AfterPipelines(other_client, held), block=0.1)  # type: ignore[arg-type]
+    other = tether.resume.Resume(grace=30.0, store=elsewhere)
+    try:
+        async with asyncio.timeout(BOUND):
+            reader = await _owner_read_one(registry, owner, redis)  # a client on the owner
+            point = tether.resume.resume_point(f"{reader.token}.1", None)
+            assert point is not None
+            reconnect = asyncio.create_task(other.follow(point))
+            await looked.wait()
+            closing = asyncio.create_task(other.aclose())  # its worker shuts down
+            await asyncio.sleep(0)  # (the close began)
+            assert elsewhere.closing()
+            answer.set()
+            with pytest.raises(ConnectionError):  # (a 503)
+                await reconnect
+            await closing
+            registry.deliver(reader.rid, 2)
+            try:
+                seen: object = [o for _, o in await reader.next_ready(timeout=1.0) or ()]
+            except tether.TetherError as exc:
+                seen = f"{type(exc).__name__}: {exc}"
+    finally:
+        answer.set()
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
+        await other_client.aclose()
+    assert seen == [2], f"the client reading on the owner: {seen!r}"
+
+
 async def test_a_reconnect_near_the_end_of_a_long_log_reads_only_its_tail_from_redis(
     redis: Redis,
 ) -> None:
