@@ -148,6 +148,7 @@ STORE_AUTHORS = {
     "TOKEN_HEADER",
     "new_token",
     "resume_point",
+    "wait_withdrawn",
 }
 
 

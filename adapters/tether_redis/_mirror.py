@@ -13,8 +13,7 @@ from typing import Any, Final, Protocol, TypeVar
 from redis.asyncio import Redis
 
 import tether
-from tether.http import current_scope
-from tether.resume import Channel, Follower, new_token
+from tether.resume import Channel, Follower, new_token, wait_withdrawn
 
 from ._ear import CTL_MAXLEN, Ear, Fields, StoreUnreachable, entry_order, text
 
@@ -31,6 +30,10 @@ _CATCH_UP = 2.0
 """Seconds a reconnect whose Last-Event-ID is ahead of the log in Redis waits for the
 owner's writes to land before the id counts as unknown (a 404). The wait holds no
 connection: the store's one reader follows the log meanwhile."""
+
+_TELL_PAUSE: Final = 0.05
+"""Seconds before the first retry of a message to the owner that Redis failed; each
+next pause is twice as long, within a lease period in all (a few tries)."""
 
 _UNREACHABLE = "the store of resumable streams cannot be reached; retry"
 
@@ -65,6 +68,10 @@ class Host(Protocol):
         """Whether a stream Redis does not hold is proven absent (a 404, not a 503): the
         last two answers (``EXISTS settling, epoch``) say Redis lost no state lately,
         and it evicted no key lately."""
+        ...
+
+    def closing(self) -> bool:
+        """Whether the store began to close (a reconnect that completes after it ends)."""
         ...
 
     def unsettled(self) -> bool:
@@ -217,10 +224,13 @@ class Mirror:
                 if store.unsettled():  # (asks Redis nothing: 150 of these cost nothing)
                     raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
                 return None
-        scope = current_scope()
-        if scope is not None and scope.disconnected:  # (its client left while it waited)
+        # (no claim: it would end the client reading elsewhere, for nobody)
+        if wait_withdrawn():  # its client left, or its request ended, while it looked
             store.ear.drop(self)
-            return None  # (no claim: it would end the client reading elsewhere)
+            return None
+        if store.closing():  # this worker shuts down: it would hold nothing after
+            store.ear.drop(self)
+            raise StoreUnreachable("this worker is shutting down")
         follower = Follower(channel, after)
 
         async def attach(client: Redis) -> list[Any]:
@@ -403,22 +413,50 @@ class Mirror:
         return True
 
     async def _tell(self, fields: dict[str, str]) -> None:
-        """:meth:`_send`, as a task of the store's."""
-        await self._send(fields)
+        """Tell the owner, as a task of the store's, trying again while Redis fails (a
+        paused or restarting Redis comes back within a lease period more often than
+        not, and an owner never told holds the stream for a client that left until
+        this client's lease lapses): within that lease period, then given up, since
+        the lapse tells the owner anyway."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self._store.lease_ms / 1000
+        pause = _TELL_PAUSE
+        while True:
+            try:
+                await self._post(fields)
+                return
+            except StoreUnreachable as exc:
+                left = until - loop.time()
+                if left <= pause:
+                    logger.warning("resumable request: the owner could not be told (%s)", exc)
+                    return
+                if pause == _TELL_PAUSE:  # (once: the tries after it are told at the end)
+                    logger.warning(
+                        "resumable request: the owner could not be told (%s); trying again", exc
+                    )
+            await asyncio.sleep(pause)
+            pause *= 2
 
     async def _send(self, fields: dict[str, str]) -> bool:
-        """Tell the owner (a Redis that fails is logged, not raised into nobody's
+        """Tell the owner once (a Redis that fails is logged, not raised into nobody's
         hands); nothing once the owner's control stream is gone. Whether it was posted."""
+        try:
+            return await self._post(fields)
+        except StoreUnreachable as exc:
+            logger.warning("resumable request: the owner could not be told (%s)", exc)
+            return False
+
+    async def _post(self, fields: dict[str, str]) -> bool:
+        """Post ``fields`` to the owner's control stream; whether it was there.
+
+        :raises StoreUnreachable: Redis failed, or did not answer in time.
+        """
 
         async def post(client: Redis) -> Any:
             ctl, bounded = self._key("ctl"), CTL_MAXLEN
             return await client.xadd(ctl, fields, maxlen=bounded, nomkstream=True)  # type: ignore[arg-type]
 
-        try:
-            return await self._store.command(post, upkeep=True) is not None
-        except StoreUnreachable as exc:
-            logger.warning("resumable request: the owner could not be told (%s)", exc)
-            return False
+        return await self._store.command(post, upkeep=True) is not None
 
     # -- Keeper ------------------------------------------------------------------------
 

@@ -453,9 +453,10 @@ class RedisStore(tether.resume.MemoryStore):
             # The store closed while it started: it holds nothing after the close (its
             # client is told, the owner told that it left).
             farewell = mirror.close()
-            if farewell is not None:
-                with contextlib.suppress(StoreUnreachable):
-                    await farewell
+            if farewell is not None:  # (one timeout: a request waits on Redis no longer)
+                with contextlib.suppress(StoreUnreachable, TimeoutError):
+                    async with asyncio.timeout(self.timeout):
+                        await farewell
             raise StoreUnreachable("this worker is shutting down")
         if follower is not None:
             self._mirrors.add(mirror)

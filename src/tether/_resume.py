@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from ._batch import Batch
-from ._errors import AbortReason
+from ._errors import Aborted, AbortReason
 from ._limits import DEFAULT_MAX_PENDING_BYTES
 from ._memory_store import MemoryStore
 from ._responses import TOKEN_HEADER, ErrorResponse
@@ -212,17 +212,24 @@ class Resume:
 
         The follower joins the current request scope; the client it replaces, if
         any, ends. A client that leaves while the store looks for the stream ends
-        the look (:meth:`tether.RequestScope.waiting`).
+        the look (:meth:`tether.RequestScope.waiting`), as does the end of the request.
 
-        :raises tether.Aborted: the current request's client left meanwhile.
+        :raises tether.Aborted: the current request's client left meanwhile, or the
+            request ended (a task of its handler's that outlived it).
         """
         scope = current_scope()
         if scope is None:
             return await self.store.follow(point.token, point.after)
         # A shared store may wait (for the log to catch up) before anything is tracked:
         # a client that leaves meanwhile cuts the wait, so that it claims nothing.
-        with scope.waiting():
-            follower = await self.store.follow(point.token, point.after)
+        follower: Follower | None = None
+        try:
+            with scope.waiting():
+                follower = await self.store.follow(point.token, point.after)
+        except Aborted as exc:
+            if follower is not None:  # (the cut missed the wait: what it got is let go)
+                follower.detach(exc.reason)
+            raise
         if follower is not None:
             _join(scope, follower)
         return follower

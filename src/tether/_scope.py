@@ -6,7 +6,7 @@ follows the handler into the tasks it starts) is tracked; :meth:`disconnect`
 cancels them all at once when the client goes away, and cuts any wait of tether's
 for the request that began before it had anything to track
 (:meth:`~RequestScope.waiting`); leaving the scope closes whatever the handler
-left open, so no path leaves a request behind.
+left open and cuts any such wait that goes on, so no path leaves a request behind.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ __all__ = [
     "RequestScope",
     "accept_request_id",
     "current_scope",
+    "wait_withdrawn",
     "waiter_cancelled",
 ]
 
@@ -44,13 +45,18 @@ _PRUNE_FLOOR = 64
 _current: contextvars.ContextVar[RequestScope | None] = contextvars.ContextVar(
     "tether_request_scope", default=None
 )
+_waiting: contextvars.ContextVar[_Wait | None] = contextvars.ContextVar(
+    "tether_request_wait", default=None
+)
 
 
 _LEFT_WAITING: Final = "the client disconnected while the request waited"
+_ENDED_WAITING: Final = "the request ended while it waited (its handler returned)"
 
 
 class Tracked(Protocol):
-    """What a scope needs of what it tracks (a ``Stream``, ``Batch`` or ``Follower``)."""
+    """What a scope needs of what it tracks (a ``Stream``, ``Batch`` or ``Follower``, or a
+    wait of :meth:`RequestScope.waiting`)."""
 
     @property
     def finished(self) -> bool:
@@ -113,14 +119,59 @@ def current_scope() -> RequestScope | None:
     return scope
 
 
-class _Wait:
-    """One wait under :meth:`RequestScope.waiting`: the task to cut if the client leaves."""
+def wait_withdrawn() -> bool:
+    """Whether the current task waits for a request (:meth:`RequestScope.waiting`)
+    that no longer wants the wait: its client left, or the request ended. A store
+    looks before an act it cannot take back (a claim that ends another client), since
+    the cut that would have ended the wait may not have reached it yet."""
+    wait = _waiting.get()
+    return wait is not None and wait.withdrawn
 
-    __slots__ = ("cut", "task")
+
+_RECUT: Final = 0.01
+"""Seconds after which a wait that a cut did not end is cut again: a cancellation can
+be lost on its way (3.11's ``asyncio.wait_for`` drops one that arrives as what it wraps
+completes), and a wait of tether's must not outlive its client because of one."""
+
+
+class _Wait:
+    """One wait under :meth:`RequestScope.waiting`, tracked by its scope as a stream
+    is: a disconnect, or the end of the scope, cuts the task out of it."""
+
+    __slots__ = ("cuts", "finished", "recut", "task", "withdrawn")
 
     def __init__(self, task: asyncio.Task[object]) -> None:
         self.task = task
-        self.cut = False  # the scope cancelled it (the client left)
+        self.finished = False  # the wait is over (what its scope asks of what it tracks)
+        self.withdrawn = False  # its scope no longer wants it (the client left, or it ended)
+        self.cuts = 0  # how many times it was cancelled for that
+        self.recut: asyncio.TimerHandle | None = None  # the next cut, until the wait ends
+
+    def cancel(self, reason: AbortReason = AbortReason.CANCELLED) -> bool:
+        """The scope no longer wants the wait: cut the task out of it, unless that task
+        is running now (it ends its own scope, and meets the end of its wait first).
+        Whether it was cut."""
+        if self.finished or self.withdrawn:
+            return False
+        self.withdrawn = True
+        if self.task is asyncio.current_task():
+            return False
+        self._cut()
+        return True
+
+    def _cut(self) -> None:
+        """Cancel the task, and again every :data:`_RECUT` seconds until the wait ends
+        (:meth:`end`): no single cancellation has to arrive."""
+        self.cuts += 1
+        self.task.cancel()
+        self.recut = self.task.get_loop().call_later(_RECUT, self._cut)
+
+    def end(self) -> None:
+        """The wait is over: no more cuts."""
+        self.finished = True
+        if self.recut is not None:
+            self.recut.cancel()
+            self.recut = None
 
 
 class RequestScope:
@@ -139,7 +190,6 @@ class RequestScope:
         "_prune_at",
         "_reason",
         "_token",
-        "_waits",
         "request_id",
     )
 
@@ -170,7 +220,6 @@ class RequestScope:
         self._reason: AbortReason | None = None
         self._token: contextvars.Token[RequestScope | None] | None = None
         self._ended = False
-        self._waits: list[_Wait] | None = None  # (made by the first wait: few requests wait)
 
     @property
     def ended(self) -> bool:
@@ -264,44 +313,55 @@ class RequestScope:
     def waiting(self) -> Iterator[None]:
         """Around a wait of tether's for this request before it has anything to track
         (a reconnect that waits for a shared store): the adapter watches the client
-        from now on (``on_first_track``), and a :meth:`disconnect` during the wait
-        cancels the waiting task out of it, so that the work it waited for is
-        withdrawn at once rather than done for a client that left. What runs inside
-        must be safe to cancel at any await.
+        from now on (``on_first_track``), and a :meth:`disconnect` during the wait, or
+        the end of the scope (:meth:`close`: the request is over), cuts the waiting
+        task out of it, so that the work it waited for is withdrawn at once rather than
+        done for nobody. The cut is a cancellation, repeated until the wait ends (one
+        can be lost on its way: 3.11's ``asyncio.wait_for`` drops one that arrives as
+        what it wraps completes). What runs inside must be safe to cancel at any await,
+        and should look at :func:`wait_withdrawn` before an act it cannot take back.
 
-        :raises Aborted: the client left before the wait, or during it and cut it
-            (reason ``client_disconnected``); a cancellation of the task by anyone else
-            goes on as :class:`asyncio.CancelledError`. A wait that ended all the same
-            returns: look at :attr:`disconnected` before acting on what it got.
+        :raises Aborted: the client left before the wait, or during it (reason
+            ``client_disconnected``), or the request ended during it (``cancelled``),
+            whether or not the cut reached the wait: a wait that completed all the same
+            raises too, and what it got is the caller's to let go. A cancellation of the
+            task by anyone else goes on as :class:`asyncio.CancelledError`.
         :raises RuntimeError: not in a task.
         """
         self.check()
-        hook = self._on_first_track
-        if hook is not None:
-            self._on_first_track = None
-            hook()
+        if self._ended:
+            raise self._withdrawn()
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("RequestScope.waiting() is for a wait in a task")
         wait, cancelling = _Wait(task), task.cancelling()
-        waits = self._waits
-        if waits is None:
-            waits = self._waits = []
-        waits.append(wait)
+        self.track(wait)  # (the adapter starts watching the client, if it had not)
+        token = _waiting.set(wait)
         try:
             yield
         except asyncio.CancelledError:
-            if wait.cut:
-                wait.cut = False  # (its cancellation taken back here, once)
-                if task.uncancel() <= cancelling:  # ours alone: the client left
-                    raise Aborted(
-                        "-", self._reason or AbortReason.CLIENT_DISCONNECTED, _LEFT_WAITING
-                    ) from None
+            wait.end()
+            cuts, wait.cuts = wait.cuts, 0  # (its cancellations taken back here, once)
+            if cuts:
+                for _ in range(cuts):
+                    task.uncancel()
+                if task.cancelling() <= cancelling:  # ours alone: the request is gone
+                    raise self._withdrawn() from None
             raise
         finally:
-            waits.remove(wait)
-            if wait.cut:  # (the wait ended without its cancellation: none is owed)
+            wait.end()
+            _waiting.reset(token)
+            self.release(wait)
+            for _ in range(wait.cuts):  # (none of its cancellations is owed any more)
                 task.uncancel()
+        if wait.withdrawn:  # (ended all the same: its cut lost on its way, or not sent)
+            raise self._withdrawn()
+
+    def _withdrawn(self) -> Aborted:
+        """What a wait of this scope's that was withdrawn ends with."""
+        if self._reason is not None:
+            return Aborted("-", self._reason, _LEFT_WAITING)
+        return Aborted("-", AbortReason.CANCELLED, _ENDED_WAITING)
 
     def check(self) -> None:
         """Raise :class:`~tether.Aborted` if the client already disconnected."""
@@ -324,21 +384,12 @@ class RequestScope:
         if self._reason is not None:
             return 0
         self._reason = reason
-        if self._waits:
-            self._cut_waits()
         return sum(_leave(consumer, reason) for consumer in self._consumers)
 
-    def _cut_waits(self) -> None:
-        """Cancel the tasks waiting under :meth:`waiting` (the client left); a task that
-        is running now (it disconnects its own scope) meets the end of its wait first."""
-        running = asyncio.current_task()
-        for wait in self._waits or ():
-            if wait.task is not running and not wait.cut:
-                wait.cut = True
-                wait.task.cancel()
-
     def close(self) -> int:
-        """Cancel whatever is still open (the handler is done); returns how many were live.
+        """Cancel whatever is still open (the handler is done), and cut every wait of
+        :meth:`waiting` that goes on (a task the handler started, a shielded reconnect):
+        nothing can answer it any more. Returns how many were live.
 
         From now on the scope adopts nothing: see :func:`current_scope`.
         """

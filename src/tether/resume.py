@@ -15,6 +15,7 @@ from ._memory_store import MemoryStore, new_token
 from ._responses import TOKEN_HEADER
 from ._resume import NOT_RESUMABLE, RESUME_UNAVAILABLE, Resume, ResumePoint, resume_point
 from ._resume_log import Channel, Follower, Keeper
+from ._scope import wait_withdrawn
 
 __all__ = [
     "NOT_RESUMABLE",
@@ -28,4 +29,5 @@ __all__ = [
     "ResumePoint",
     "new_token",
     "resume_point",
+    "wait_withdrawn",
 ]

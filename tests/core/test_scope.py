@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import weakref
 
@@ -10,6 +11,7 @@ import pytest
 
 import tether
 import tether.http
+import tether.resume
 
 from .conftest import AbortLog
 
@@ -192,6 +194,60 @@ async def test_a_client_that_leaves_during_a_wait_cuts_it_at_once() -> None:
     never.cancel()
 
 
+@pytest.mark.parametrize("then", ["waits-on", "completes"])
+async def test_a_wait_that_drops_its_cut_still_ends_aborted(then: str) -> None:
+    """A cancellation can be lost on its way (3.11's ``asyncio.wait_for`` drops one that
+    arrives as what it wraps completes): a wait that goes on is cut again, and one that
+    completes all the same ends ``Aborted`` as well; the wait must not outlive its
+    client, nor answer it."""
+    waiting = asyncio.Event()
+    with tether.RequestScope() as scope:
+
+        async def wait() -> None:
+            with scope.waiting():
+                waiting.set()
+                with contextlib.suppress(asyncio.CancelledError):  # the cut, dropped
+                    await asyncio.Event().wait()
+                assert tether.resume.wait_withdrawn()  # (a store looks before a claim)
+                if then == "waits-on":
+                    await asyncio.Event().wait()
+
+        task = asyncio.create_task(wait())
+        async with asyncio.timeout(10):
+            await waiting.wait()
+            scope.disconnect()
+            with pytest.raises(tether.Aborted) as caught:
+                await task
+    assert caught.value.reason is tether.AbortReason.CLIENT_DISCONNECTED
+    assert task.cancelling() == 0
+    assert not tether.resume.wait_withdrawn()  # (not waiting here)
+
+
+async def _waiting_for_ever(scope: tether.RequestScope) -> asyncio.Task[None]:
+    """A task that waits for ever under ``scope.waiting()``, once it waits."""
+    waiting = asyncio.Event()
+
+    async def wait() -> None:
+        with scope.waiting():
+            waiting.set()
+            await asyncio.Event().wait()
+
+    task = asyncio.create_task(wait())
+    await waiting.wait()
+    return task
+
+
+async def test_the_end_of_the_request_cuts_a_wait_that_outlives_it() -> None:
+    with tether.RequestScope() as scope:
+        task = await _waiting_for_ever(scope)  # (a task of the handler's that outlives it)
+    async with asyncio.timeout(10):
+        with pytest.raises(tether.Aborted) as caught:
+            await task
+    assert caught.value.reason is tether.AbortReason.CANCELLED
+    assert not scope.disconnected
+    assert task.cancelling() == 0
+
+
 async def test_a_client_gone_before_the_wait_ends_it_before_it_starts() -> None:
     watched: list[str] = []
     with tether.RequestScope(on_first_track=lambda: watched.append("watch")) as scope:
@@ -202,17 +258,9 @@ async def test_a_client_gone_before_the_wait_ends_it_before_it_starts() -> None:
 
 
 async def test_a_wait_cancelled_by_someone_else_stays_a_cancellation() -> None:
-    waiting = asyncio.Event()
     with tether.RequestScope() as scope:
-
-        async def wait() -> None:
-            with scope.waiting():
-                waiting.set()
-                await asyncio.Event().wait()
-
-        task = asyncio.create_task(wait())
         async with asyncio.timeout(10):
-            await waiting.wait()
+            task = await _waiting_for_ever(scope)
             task.cancel()
             scope.disconnect()  # the client leaves too: the cancellation still goes on
             with pytest.raises(asyncio.CancelledError):

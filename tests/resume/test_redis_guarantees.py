@@ -23,7 +23,7 @@ import tether.http
 import tether.resume
 from tests._support.redis_server import RedisProcess
 from tests._support.redis_server import redis_proc as redis_proc
-from tether.resume import Follower
+from tether.resume import Channel, Follower
 
 from .conftest import eventually
 from .pipelines import AfterPipelines
@@ -488,6 +488,54 @@ async def test_a_reconnect_under_way_when_its_worker_closes_holds_no_stream_afte
     assert left == [], f"tasks of the closed store still run: {left}"
 
 
+async def test_a_reconnect_whose_worker_begins_to_close_as_it_looks_claims_no_stream(
+    redis: Redis, redis_url: str
+) -> None:
+    """Promised (``RedisStore.follow``): a reconnect that completes after its store
+    began to close "holds nothing after the close"; a claim ends the client reading
+    the stream ("resumed elsewhere"), so one posted for a reconnect that is refused
+    (503) ends that client for nobody. The worker begins to close while the reconnect's
+    look at the log is in flight."""
+    registry = tether.Registry()
+    owner = tether.resume.Resume(grace=30.0, store=RedisStore(redis, block=0.1))
+    looked, answer = asyncio.Event(), asyncio.Event()
+
+    async def held(commands: list[tuple[Any, ...]]) -> None:
+        if any("HGETALL" in command for command in commands):
+            looked.set()
+            await answer.wait()  # (Redis answered; its caller hears it once let go)
+
+    other_client = Redis.from_url(redis_url)
+    elsewhere = RedisStore(AfterPipelines(other_client, held), block=0.1)  # type: ignore[arg-type]
+    other = tether.resume.Resume(grace=30.0, store=elsewhere)
+    try:
+        async with asyncio.timeout(BOUND):
+            reader = await _owner_read_one(registry, owner, redis)  # a client on the owner
+            point = tether.resume.resume_point(f"{reader.token}.1", None)
+            assert point is not None
+            reconnect = asyncio.create_task(other.follow(point))
+            await looked.wait()
+            closing = asyncio.create_task(other.aclose())  # its worker shuts down
+            await asyncio.sleep(0)  # (the close began)
+            assert elsewhere.closing()
+            answer.set()
+            with pytest.raises(ConnectionError):  # (a 503)
+                await reconnect
+            await closing
+            registry.deliver(reader.rid, 2)
+            try:
+                seen: object = [o for _, o in await reader.next_ready(timeout=1.0) or ()]
+            except tether.TetherError as exc:
+                seen = f"{type(exc).__name__}: {exc}"
+    finally:
+        answer.set()
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
+        await other_client.aclose()
+    assert seen == [2], f"the client reading on the owner: {seen!r}"
+
+
 async def test_a_reconnect_near_the_end_of_a_long_log_reads_only_its_tail_from_redis(
     redis: Redis,
 ) -> None:
@@ -757,6 +805,27 @@ def _reconnect(
     return asyncio.create_task(reconnect())
 
 
+async def _claimed_and_left(
+    registry: tether.Registry,
+    owner: tether.resume.Resume,
+    redis: Redis,
+    other: tether.resume.Resume,
+    sent: asyncio.Event,
+) -> tuple[Channel, tether.RequestScope, asyncio.Task[Follower | None]]:
+    """A client reading on the owner, and a reconnect on ``other``'s worker whose client
+    leaves once its claim was sent (``sent``) and the owner heard it: the owner's
+    channel, the reconnect's scope and its task."""
+    reader = await _owner_read_one(registry, owner, redis)
+    channel = owner.store.channel(reader.token)
+    assert channel is not None
+    scope = tether.RequestScope()
+    reconnecting = _reconnect(scope, other, f"{reader.token}.1")
+    await sent.wait()
+    await eventually(lambda: channel.remote)  # the owner heard the claim
+    scope.disconnect()
+    return channel, scope, reconnecting
+
+
 async def test_a_reconnect_whose_client_left_while_it_waited_for_the_log_ends_no_reader(
     redis: Redis,
 ) -> None:
@@ -817,14 +886,10 @@ async def test_a_reconnect_whose_client_leaves_while_its_claim_is_on_its_way_wit
     other = tether.resume.Resume(grace=30.0, store=elsewhere)
     try:
         async with asyncio.timeout(BOUND):
-            reader = await _owner_read_one(registry, owner, redis)  # a client on the owner
-            channel = owner.store.channel(reader.token)
-            assert channel is not None
-            scope = tether.RequestScope()
-            reconnecting = _reconnect(scope, other, f"{reader.token}.1")
-            await sent.wait()
-            await eventually(lambda: channel.remote)  # the owner heard the claim
-            scope.disconnect()  # its client leaves before it hears that the claim landed
+            # its client leaves before it hears that the claim landed
+            channel, scope, reconnecting = await _claimed_and_left(
+                registry, owner, redis, other, sent
+            )
             with pytest.raises(tether.Aborted):
                 await reconnecting
             scope.close()
@@ -835,6 +900,60 @@ async def test_a_reconnect_whose_client_leaves_while_its_claim_is_on_its_way_wit
         await registry.close(drain_timeout=0)
         await other.aclose()
         await owner.aclose()
+
+
+async def test_a_claim_withdrawn_while_redis_is_paused_parks_the_stream_once_redis_is_back(
+    redis_proc: RedisProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Promised (docs/resume.md): the owner is told that the client which took its
+    place left, and parks the stream; a worker that cannot tell it (Redis paused) tries
+    again within a lease period; DESIGN invariant 14: "no failure state is permanent
+    while it can recover". Redis pauses (SIGSTOP) right after the claim landed, and the
+    client leaves. The worker has no idle connection to Redis left (under load its
+    pool's connections are busy; here they are dropped), so the detach that withdraws
+    the claim must connect, and its first try fails. Redis comes back well within the
+    claim's lease (three block periods, 3 s here): the owner parks the stream then, not
+    when the lease lapses."""
+    url = redis_proc.url
+    registry = tether.Registry()
+    owner_client, other_client = Redis.from_url(url), Redis.from_url(url)
+    owner = tether.resume.Resume(grace=30.0, store=RedisStore(owner_client, block=1.0))
+    sent = asyncio.Event()
+
+    async def held(commands: list[tuple[Any, ...]]) -> None:
+        if any("attach" in command for command in commands):
+            redis_proc.pause()  # the claim landed; Redis stops answering
+            await other_client.connection_pool.disconnect(inuse_connections=False)
+            sent.set()
+            await asyncio.Event().wait()  # its sender never hears that it landed
+
+    elsewhere = RedisStore(AfterPipelines(other_client, held), block=1.0, timeout=0.5)  # type: ignore[arg-type]
+    other = tether.resume.Resume(grace=30.0, store=elsewhere)
+    parked = False
+    try:
+        async with asyncio.timeout(15):
+            # its client leaves while Redis is paused
+            channel, scope, reconnecting = await _claimed_and_left(
+                registry, owner, owner_client, other, sent
+            )
+            with pytest.raises(tether.Aborted):
+                await reconnecting
+            await eventually(lambda: "could not be told" in caplog.text)  # a try failed
+            redis_proc.resume()  # back, well within the claim's lease (3 s)
+            try:
+                await eventually(lambda: not channel.remote, timeout=1.0)
+                parked = True
+            except TimeoutError:
+                parked = False
+            scope.close()
+    finally:
+        redis_proc.resume()
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
+        for client in (owner_client, other_client):
+            await client.aclose()
+    assert parked, "the owner held the stream for a client that left until its lease lapsed"
 
 
 async def test_a_redis_that_never_comes_back_keeps_a_parked_stream_alive_at_most_twice_its_grace(

@@ -1,5 +1,6 @@
 """The resumption machinery without HTTP: reading a resume point, the policy's checks,
-and a follower's exactly-once hand-over on a plain loop and on an eager-task loop."""
+a follower's exactly-once hand-over on a plain loop and on an eager-task loop, and a
+reconnect's wait for its store, which lasts no longer than its request."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import tether
 import tether.resume
 from tether.http import Exchange
-from tether.resume import Follower, resume_point
+from tether.resume import Follower, ResumePoint, resume_point
 
 from .conftest import eventually
 
@@ -264,3 +265,59 @@ async def test_a_stream_keeps_about_its_byte_budget_of_sent_events_for_a_reconne
         await resume.aclose()
     assert not aborted
     assert registry.in_flight == 0
+
+
+class _LookingStore(tether.resume.MemoryStore):
+    """An in-process store whose ``follow`` waits (as a shared store's look at its log
+    does) until the test lets it answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = asyncio.Event()
+        self.answer = asyncio.Event()
+
+    async def follow(self, token: str, after: int) -> Follower | None:
+        self.asked.set()
+        await self.answer.wait()
+        return await super().follow(token, after)
+
+
+async def test_a_wait_whose_request_ended_takes_no_stream_from_its_reader() -> None:
+    """Promised (RequestScope.waiting: the wait is "for this request", and what it
+    waited for is withdrawn "rather than done for nobody"; the module: "leaving the
+    scope closes whatever the handler left open", so no path leaves a request behind;
+    current_scope: a task started by the handler that outlives the request belongs to
+    no request). A reconnect that a handler started in a task of its own, and that
+    still waits for the store when the handler returns, is a wait for a request that is
+    over: it ends ``Aborted`` (``cancelled``) and claims nothing, so the client reading
+    the stream reads on."""
+    registry = tether.Registry()
+    store = _LookingStore()
+    resume = tether.resume.Resume(grace=30.0, store=store)
+    try:
+        async with asyncio.timeout(10):
+            stream = registry.open()
+            reader = await resume.open(stream)  # the client reading the stream
+            registry.deliver(stream.rid, 1)
+            assert [output for _, output in await reader.next_ready() or ()] == [1]
+            scope = tether.RequestScope()
+            with scope:  # the reconnect's request; its handler starts a task, returns
+                looking = asyncio.create_task(resume.follow(ResumePoint(reader.token, 1)))
+                await store.asked.wait()
+            store.answer.set()  # the store would answer after the request ended
+            outcome: object
+            try:
+                outcome = await looking
+            except BaseException as exc:
+                outcome = exc
+            registry.deliver(stream.rid, 2)
+            try:
+                seen: object = [o for _, o in await reader.next_ready(timeout=1.0) or ()]
+            except tether.TetherError as exc:
+                seen = f"{type(exc).__name__}: {exc}"
+    finally:
+        await registry.close(drain_timeout=0)
+        await resume.aclose()
+    assert seen == [2], f"the reader of the stream: {seen!r} (the wait ended with {outcome!r})"
+    assert isinstance(outcome, tether.Aborted), outcome
+    assert outcome.reason is tether.AbortReason.CANCELLED
