@@ -212,3 +212,38 @@ async def test_the_byte_budget_bounds_a_backlog_whose_large_outputs_fall_between
         registry.deliver(stream.rid, "t" if tiny else large)
     assert stream.rid not in registry, "57 kB wait under a budget of 1 kB"
     await stream.aclose()
+
+
+async def test_a_sink_that_aborts_its_own_request_tells_on_abort_after_the_producers_step() -> None:
+    """A sink may abort its own request (it found the client gone: documented in
+    ``set_sink``). It runs inside the producer's ``deliver()``, and ``on_abort`` must
+    never re-enter the producer in the middle of its step (``_table``: entered from the
+    producer's own call, it runs soon after, on the loop), as it does not for a raising
+    ``merge`` or a backlog over a limit. The sink's ``cancel()`` ends the request with
+    ``defer=False``: ``on_abort`` runs inside ``deliver_many()``, where an engine's
+    ``abort(rid)`` changes the request table its step is iterating over."""
+    in_step = False
+    told: list[tuple[str, bool]] = []
+    called = asyncio.Event()
+
+    def on_abort(rid: str) -> None:
+        told.append((rid, in_step))
+        called.set()
+
+    registry = tether.Registry(on_abort)
+    stream = registry.open()
+    registry.deliver(stream.rid, "first")
+    assert stream.ready() == ["first"]
+
+    def sink(outputs: list[Any]) -> bool:
+        stream.cancel(tether.AbortReason.CLIENT_DISCONNECTED)
+        return False
+
+    assert stream.set_sink(sink)
+    in_step = True
+    registry.deliver_many([(stream.rid, "offered", False)])
+    in_step = False
+    async with asyncio.timeout(10):
+        await called.wait()
+    assert told == [(stream.rid, False)], "on_abort ran inside the producer's step"
+    await stream.aclose()
