@@ -247,3 +247,35 @@ async def test_a_sink_that_aborts_its_own_request_tells_on_abort_after_the_produ
         await called.wait()
     assert told == [(stream.rid, False)], "on_abort ran inside the producer's step"
     await stream.aclose()
+
+
+async def test_a_merge_that_raises_in_the_fold_of_a_sink_that_finished_its_request_is_not_silent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The sink delivers the request's last output from inside itself (the request
+    finishes there), then declines: ``wait_again`` folds that last output into the
+    declined one and ``merge`` raises. The request is already over, so
+    ``merge_failed`` does nothing, not even log: the reader gets the last output alone
+    and a clean end; the declined output is silently gone (counted finished, not failed)."""
+    registry = tether.Registry(merge=_strict_join)
+    stream = registry.open()
+    registry.deliver(stream.rid, "first")
+    assert stream.ready() == ["first"]
+
+    def sink(outputs: list[Any]) -> bool:
+        registry.deliver(stream.rid, 7, finished=True)
+        return False
+
+    assert stream.set_sink(sink)
+    registry.deliver(stream.rid, "outer")
+    read: list[Any] = []
+    failure: BaseException | None = None
+    try:
+        async for output in stream:
+            read.append(output)
+    except tether.ProducerError as exc:
+        failure = exc
+    logged = any("merge() raised" in record.getMessage() for record in caplog.records)
+    assert read[:1] == ["outer"] or failure is not None or logged, (
+        f"read {read!r}, then a clean end: the output delivered first vanished unseen"
+    )
