@@ -72,14 +72,14 @@ async def test_a_merge_that_raises_in_a_declined_sinks_fold_keeps_the_outputs_be
 
 def _counting_join(older: dict[str, Any], newer: dict[str, Any]) -> dict[str, Any]:
     """Joins text and counts the outputs folded (as a token count would): ``newer`` is
-    one delivered output, as on every path where the registry folds."""
+    one delivered output, as ``put`` and a stream's ``result()`` always hand it."""
     return {"text": older["text"] + newer["text"], "outputs": older.get("outputs", 1) + 1}
 
 
 async def test_a_declined_sinks_backlog_folds_as_the_same_outputs_fold_without_a_sink() -> None:
     """Outputs delivered from inside a sink that then declines are folded into the
-    declined one in delivery order, one delivered output at a time, as ``merge``
-    folds them everywhere else (``put``, ``result()``). ``wait_again`` instead merges
+    declined one in delivery order, one delivered output at a time, as ``put`` folds
+    the same outputs when no sink was set. ``wait_again`` instead merges
     the inner outputs together first and hands ``merge`` that merged value as
     ``newer``: a merge that counts what it folds (tokens, outputs) under-counts."""
     registry = tether.Registry(merge=_counting_join)
