@@ -290,8 +290,13 @@ class Registry:
                 announce_first_output(self._table.observers, rid, waited)
                 if not state.live:  # an observer ended it: the output has nobody to reach
                     return True
-        if finished and state.sink is not None:  # (a sink would write it alone: it goes
-            state.set_sink(None)  # out with the end, in one write)
+        if finished and state.sink is not None:
+            if state.offering():  # (delivered from inside the sink: the end waits for its answer)
+                if not state.hold(output, self._limits, last=True):
+                    self._table.too_slow(state, finished)
+                return True
+            # (a sink would write it alone: it goes out with the end, in one write)
+            state.set_sink(None)
         try:
             fits = state.put(output, self._limits)
         except Exception as exc:  # merge() raised: that request fails, the producer goes on
