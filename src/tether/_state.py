@@ -295,7 +295,14 @@ class RequestState(Mailbox):
             return
         group = self.group
         if group is not None and not group.split:
-            group.pending.append((self.index, acc))  # (in collect mode nothing else waits)
+            # In collect mode nothing of this request waits in the shared list but, in a
+            # keep-going batch, its error: what it delivered goes before it.
+            pairs = group.pending
+            error = self.error
+            at = len(pairs)
+            if error is not None:
+                at = next((at for at, pair in enumerate(pairs) if pair[1] is error), at)
+            pairs.insert(at, (self.index, acc))
         else:
             self.pending.insert(0, acc)
             self.npending += 1
