@@ -499,20 +499,20 @@ class RequestState(Mailbox):
         return not self.live and isinstance(self.error, Aborted)
 
     def weigh(self, output: Any, limits: Limits) -> bool:
-        """Count ``output``, the ``npending``-th waiting (or folded) output, against the
-        byte budget; whether the backlog still fits.
+        """Count ``output``, one more waiting (or folded) output, against the byte
+        budget; whether the backlog still fits.
 
-        Weighing every output that waits would cost the producer as much as the
-        delivery itself, and re-weighing a merged backlog would make a lag quadratic.
-        So the outputs are weighed at 2, 4, 8, ... waiting, each weighed output
-        standing for those since the last: the cost is logarithmic in the lag, and a
-        backlog is caught before it holds about twice the budget.
+        Every output that waits behind the oldest is weighed, once, as it arrives: a
+        bound that holds whatever the sizes (weighing only some, and letting each
+        stand for those since the last, let large outputs between small weighed ones
+        pass unseen). Only a backlog pays it, never a consumer that keeps up, and a
+        merged backlog is never weighed again (that would make a lag quadratic): with
+        ``merge``, each newer output is what the merged one grew by.
         """
         budget = limits.max_bytes
-        count = self.npending
-        if budget is None or count & (count - 1):
+        if budget is None:
             return True
-        self.nbytes += limits.sizeof(output) * (count - (count >> 1))
+        self.nbytes += limits.sizeof(output)
         return self.nbytes <= budget
 
     def over_bytes(self, limits: Limits) -> bool:
