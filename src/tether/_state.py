@@ -301,7 +301,7 @@ class RequestState(Mailbox):
             error = self.error
             at = len(pairs)
             if error is not None:
-                at = next((at for at, pair in enumerate(pairs) if pair[1] is error), at)
+                at = next((i for i, pair in enumerate(pairs) if pair[1] is error), at)
             pairs.insert(at, (self.index, acc))
         else:
             self.pending.insert(0, acc)
@@ -406,10 +406,10 @@ class RequestState(Mailbox):
     def offered(
         self, output: Any, sink: Callable[[list[Any]], bool], took: bool, limits: Limits
     ) -> bool:
-        """The offer of ``output`` to ``sink`` ended otherwise than taken with nothing
-        else changed: it was declined (or the sink raised), something was delivered
-        from inside the sink, the sink was removed, or the request ended. Whether
-        everything waiting still fits the limits (``put``'s answer).
+        """``sink`` answered the offer of ``output`` (``took``), and that is not all:
+        it declined (or raised), or meanwhile something was delivered from inside it,
+        it was removed or replaced, or the request ended. Whether everything waiting
+        still fits the limits (``put``'s answer).
 
         Called for an output delivered from inside the sink (``sink`` is a marker),
         it is held behind the one offered, unfolded (:meth:`hold`). For the offered
