@@ -313,11 +313,18 @@ class Consumer:
         finish), and the last output (``finished=True``), which the reader writes with
         the end. Remove the sink before the reading task writes by itself, so that
         bytes keep their order. A sink runs in the producer's step: it must be quick
-        and never block. A sink that delivers to its own stream is called again from
-        inside itself; if it then declines, what it delivered waits after what it
-        declined, and all of it counts against ``max_pending`` and the byte budget
-        (over them, the request ends with :class:`~tether.ConsumerTooSlow`). A sink
-        that aborts its own request leaves nothing to read, as any abort does.
+        and never block; its exceptions never reach the producer (``CancelledError``
+        included: raised by a sink, it is its send chain's, unless the producer's own
+        task was cancelled during its step, whose cancellation then goes on). A sink
+        that delivers to its own stream is not called again from inside itself: what
+        it delivers waits behind the output it is offered, and once it answers, that
+        output if it declined, then those, are folded in delivery order, one output
+        at a time, as without a sink (a ``merge`` that raises fails the request, as
+        in ``deliver()``); a last output (``finished=True``) delivered there ends the
+        request only then. All of it counts against ``max_pending`` and the byte
+        budget (over them, the request ends with :class:`~tether.ConsumerTooSlow`).
+        A sink that aborts its own request leaves nothing to read, as any abort does,
+        and ``on_abort`` runs soon after the producer's step, never inside it.
 
         :returns: whether the sink is set; only a single request's stream that is
             live, with nothing ready, takes one (``False`` for a batch read whole).

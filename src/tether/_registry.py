@@ -62,8 +62,10 @@ class Registry:
         falls behind (beyond the oldest waiting output; with ``merge``, the size of the
         merged output) before the request ends with :class:`~tether.ConsumerTooSlow`:
         a count alone lets a few large outputs hold gigabytes. ``None`` lifts the bound.
-        Sizes are measured only while a backlog exists, never for a consumer that keeps
-        up, and not for ``result()``, which keeps the whole result by design.
+        Each output that waits behind the oldest is weighed once, as it arrives, so
+        the bound holds whatever the sizes (a backlog ends at the output that takes it
+        over); sizes are measured only while a backlog exists, never for a consumer
+        that keeps up, and not for ``result()``, which keeps the whole result by design.
     :param sizeof: how many bytes an output weighs; by default
         :func:`~tether.approximate_size` (string and bytes lengths and a word per
         value, through dicts, lists, tuples and objects: never less than a sixth of
@@ -290,8 +292,13 @@ class Registry:
                 announce_first_output(self._table.observers, rid, waited)
                 if not state.live:  # an observer ended it: the output has nobody to reach
                     return True
-        if finished and state.sink is not None:  # (a sink would write it alone: it goes
-            state.set_sink(None)  # out with the end, in one write)
+        if finished and state.sink is not None:
+            if state.offering():  # (delivered from inside the sink: the end waits for its answer)
+                if not state.hold(output, self._limits, last=True):
+                    self._table.too_slow(state, finished)
+                return True
+            # (a sink would write it alone: it goes out with the end, in one write)
+            state.set_sink(None)
         try:
             fits = state.put(output, self._limits)
         except Exception as exc:  # merge() raised: that request fails, the producer goes on

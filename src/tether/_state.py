@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from ._errors import Aborted, TetherError
 from ._limits import Limits
@@ -195,9 +195,11 @@ class RequestState(Mailbox):
         "acc",
         "collecting",
         "error",
+        "finishing",
         "first_at",
         "gen",
         "group",
+        "held",
         "index",
         "live",
         "nbytes",
@@ -207,6 +209,7 @@ class RequestState(Mailbox):
         "pending",
         "pos",
         "request_id",
+        "resume",
         "rid",
         "sink",
         "timer",
@@ -222,8 +225,15 @@ class RequestState(Mailbox):
         self.live = True
         self.pending: list[Any] = []
         self.error: TetherError | None = None
-        # Called instead of waking the waiter when an output arrives (Consumer.set_sink).
+        # Called instead of waking the waiter when an output arrives (Consumer.set_sink);
+        # OFFERING or MEANWHILE while it is being offered one (see offered()).
         self.sink: Callable[[list[Any]], bool] | None = None
+        # While the sink is offered an output: what a deliver() from inside it left
+        # (held, unfolded), the sink set_sink() asked for meanwhile, and whether the
+        # producer's last output is among the held ones.
+        self.held: list[Any] | None = None
+        self.resume: Callable[[list[Any]], bool] | None = None
+        self.finishing = False
         self.timer: asyncio.TimerHandle | None = None
         # In a group: where this state's newest output sits in group.pending
         # (valid while gen == group.gen) and how many of its outputs wait there.
@@ -257,8 +267,17 @@ class RequestState(Mailbox):
         return at - self.opened_at
 
     def set_sink(self, sink: Callable[[list[Any]], bool] | None) -> None:
-        """Hand outputs to ``sink`` instead of waking the consumer (see ``set_sink``)."""
-        self.sink = sink
+        """Hand outputs to ``sink`` instead of waking the consumer (see ``set_sink``);
+        asked while the sink is offered an output, it applies once the sink answers."""
+        if self.sink is OFFERING or self.sink is MEANWHILE:
+            self.sink = MEANWHILE
+            self.resume = sink
+        else:
+            self.sink = sink
+
+    def offering(self) -> bool:
+        """Whether its sink is being offered an output (a call inside the sink's)."""
+        return self.sink is OFFERING or self.sink is MEANWHILE
 
     def collect(self, acc: Any) -> None:
         """Collect mode (``result()`` waits): from now on outputs fold into ``acc``,
@@ -276,7 +295,14 @@ class RequestState(Mailbox):
             return
         group = self.group
         if group is not None and not group.split:
-            group.pending.append((self.index, acc))  # (in collect mode nothing else waits)
+            # In collect mode nothing of this request waits in the shared list but, in a
+            # keep-going batch, its error: what it delivered goes before it.
+            pairs = group.pending
+            error = self.error
+            at = len(pairs)
+            if error is not None:
+                at = next((i for i, pair in enumerate(pairs) if pair[1] is error), at)
+            pairs.insert(at, (self.index, acc))
         else:
             self.pending.insert(0, acc)
             self.npending += 1
@@ -299,6 +325,8 @@ class RequestState(Mailbox):
         if drop:
             self.pending = []
             self.nbytes = self.npending = 0
+            self.held = None
+            self.finishing = False
         self.sink = None  # the end always wakes the consumer
         group = self.group
         if group is not None:
@@ -314,7 +342,7 @@ class RequestState(Mailbox):
         In collect mode it folds into ``acc`` instead (``merge``, or the newer one),
         waking nobody. In a batch not split up, it goes to the group's shared list.
         With a sink set and nothing waiting, the sink is offered it (and if it
-        declines, :meth:`wait_again`); with outputs waiting, the reader is woken for
+        declines, :meth:`offered`); with outputs waiting, the reader is woken for
         them all, in order. ``merge`` may raise: the caller fails the request.
         """
         self.noutputs += 1
@@ -334,6 +362,9 @@ class RequestState(Mailbox):
             else:
                 # Nothing waits: the sink is offered this output alone (inline: the
                 # sink's path is per output), and nothing is counted unless it declines.
+                # Meanwhile the sink is OFFERING: a deliver() from inside it is held
+                # behind this output, never offered (see offered()).
+                self.sink = OFFERING
                 try:
                     took = sink([output])
                 except Exception:
@@ -341,12 +372,15 @@ class RequestState(Mailbox):
                         "the sink of %r raised; its consumer reads instead", self.rid, exc_info=True
                     )
                     took = False
-                if not took:
-                    return self.wait_again(output, limits)
-                if self.sink is not None:
+                except asyncio.CancelledError:
+                    if producer_cancelled(self.rid):
+                        self.offered(output, sink, False, limits)
+                        raise
+                    took = False
+                if took and self.sink is OFFERING:
+                    self.sink = sink
                     return True
-                # (a sink that took the output and removed itself hands the reader a
-                # write to finish)
+                return self.offered(output, sink, took, limits)
         elif limits.merge is not None:
             pending[-1] = limits.merge(pending[-1], output)
             self.npending += 1
@@ -369,42 +403,95 @@ class RequestState(Mailbox):
             group.wake()
         return True
 
-    def wait_again(self, output: Any, limits: Limits) -> bool:
-        """The sink declined ``output`` (or raised): the sink is removed, and the output
-        waits for the reader again, ahead of what a ``deliver()`` from inside the sink
-        left; whether everything waiting still fits the limits (``put``'s answer: the
-        caller ends a request over them as too slow).
+    def offered(
+        self, output: Any, sink: Callable[[list[Any]], bool], took: bool, limits: Limits
+    ) -> bool:
+        """``sink`` answered the offer of ``output`` (``took``), and that is not all:
+        it declined (or raised), or meanwhile something was delivered from inside it,
+        it was removed or replaced, or the request ended. Whether everything waiting
+        still fits the limits (``put``'s answer).
 
-        What the inner deliveries left was bounded as if nothing waited before it: the
-        two are counted together here, and everything behind ``output`` is weighed now
-        (once per decline: a sink is set again only once the reader took everything).
-        An abort from inside the sink forgot what waited, as an abort does: ``output``
-        is forgotten with it.
+        Called for an output delivered from inside the sink (``sink`` is a marker),
+        it is held behind the one offered, unfolded (:meth:`hold`). For the offered
+        one, the sink is removed if it declined or if anything waits now, and what
+        waits is, in delivery order: the output if declined, then the held ones,
+        folded one delivered output at a time, as ``put`` folds them without a sink.
+        A ``merge`` that raises leaves what was folded before it readable and raises
+        (the caller fails the request). An abort from inside the sink forgot what
+        waited, as an abort does: ``output`` and the held ones with it. If the
+        producer's last output is held, ``False``: the caller settles the end
+        (:meth:`~tether._table.Table.too_slow`).
         """
-        self.sink = None
+        if sink is OFFERING or sink is MEANWHILE:
+            self.sink = sink  # (put set OFFERING before it called the marker)
+            return self.hold(output, limits)
+        current, held, self.held = self.sink, self.held, None
+        self.sink = self.resume if current is MEANWHILE and took and not held else None
+        self.resume = None
         if self.dropped():
             return True
-        newer = self.pending
-        if newer:
-            merge = limits.merge
-            if merge is None:
-                self.pending = [output, *newer]
+        backlog = held or []
+        if not took:
+            backlog.insert(0, output)
+        pending = self.pending
+        merge = limits.merge
+        npending = self.npending if pending else 0  # (hold() counted ahead)
+        for later in backlog:
+            if not pending:
+                pending.append(later)
+                npending = 1
+            elif merge is None:
+                pending.append(later)
+                npending += 1
             else:
-                for later in newer:
-                    output = merge(output, later)
-                self.pending = [output]
-            self.npending += 1
-            if limits.max_bytes is not None:
-                self.nbytes = sum(map(limits.sizeof, newer))
-            fits = (merge is not None or self.npending <= limits.max_pending) and not (
-                self.over_bytes(limits)
-            )
-        else:
-            newer.append(output)
-            self.npending = 1
-            fits = True
+                try:
+                    pending[-1] = merge(pending[-1], later)
+                except Exception:
+                    self.npending = npending
+                    self.wake()
+                    raise
+                npending += 1
+        self.npending = npending
         self.wake()
-        return fits
+        if self.finishing:
+            return False
+        return self.fits(limits)
+
+    def hold(self, output: Any, limits: Limits, *, last: bool = False) -> bool:
+        """``output`` was delivered while the sink is offered one: it waits, unfolded,
+        behind that one until the sink answers (:meth:`offered`). Held outputs count
+        against ``max_pending`` (merged or not: nothing folds them yet) and are each
+        weighed against the byte budget; whether they still fit. ``last``: the
+        producer's last output (the end is settled once the sink answers)."""
+        held = self.held
+        if held is None:
+            held = self.held = []
+            self.sink = MEANWHILE  # (put's check after the call: not only taken)
+        held.append(output)
+        if last:  # (deliver() hands it here, not through put())
+            self.noutputs += 1
+            self.finishing = True
+        self.npending = len(held) + 1  # (and the one offered)
+        if self.npending > limits.max_pending:
+            return False
+        if limits.max_bytes is not None:
+            self.nbytes += limits.sizeof(output)
+            return self.nbytes <= limits.max_bytes
+        return True
+
+    def last_was_held(self) -> bool:
+        """Whether the producer's last output was held while the sink was offered one
+        (:meth:`hold`): the request's end is then the caller's to settle, once the
+        sink answered. Once: it forgets it."""
+        finishing, self.finishing = self.finishing, False
+        return finishing
+
+    def fits(self, limits: Limits) -> bool:
+        """Whether what waits is within ``max_pending`` (without ``merge``) and the
+        byte budget."""
+        return (limits.merge is not None or self.npending <= limits.max_pending) and not (
+            self.over_bytes(limits)
+        )
 
     def dropped(self) -> bool:
         """Whether it ended as an abort, which forgot its unread outputs (``close``):
@@ -412,20 +499,20 @@ class RequestState(Mailbox):
         return not self.live and isinstance(self.error, Aborted)
 
     def weigh(self, output: Any, limits: Limits) -> bool:
-        """Count ``output``, the ``npending``-th waiting (or folded) output, against the
-        byte budget; whether the backlog still fits.
+        """Count ``output``, one more waiting (or folded) output, against the byte
+        budget; whether the backlog still fits.
 
-        Weighing every output that waits would cost the producer as much as the
-        delivery itself, and re-weighing a merged backlog would make a lag quadratic.
-        So the outputs are weighed at 2, 4, 8, ... waiting, each weighed output
-        standing for those since the last: the cost is logarithmic in the lag, and a
-        backlog is caught before it holds about twice the budget.
+        Every output that waits behind the oldest is weighed, once, as it arrives: a
+        bound that holds whatever the sizes (weighing only some, and letting each
+        stand for those since the last, let large outputs between small weighed ones
+        pass unseen). Only a backlog pays it, never a consumer that keeps up, and a
+        merged backlog is never weighed again (that would make a lag quadratic): with
+        ``merge``, each newer output is what the merged one grew by.
         """
         budget = limits.max_bytes
-        count = self.npending
-        if budget is None or count & (count - 1):
+        if budget is None:
             return True
-        self.nbytes += limits.sizeof(output) * (count - (count >> 1))
+        self.nbytes += limits.sizeof(output)
         return self.nbytes <= budget
 
     def over_bytes(self, limits: Limits) -> bool:
@@ -446,6 +533,38 @@ class RequestState(Mailbox):
         group = self.group
         if group is not None:
             group.wake()
+
+
+def producer_cancelled(rid: str) -> bool:
+    """A sink raised ``CancelledError`` in the producer's step: whether that is the
+    producer's own task being cancelled (its step called ``cancel()`` on it), which
+    must go on. Otherwise it is the consumer's: a sink cannot be cancelled where it
+    runs, so it is its send chain's (a cancelled future awaited in its step), handled
+    as any error of the sink's, and the producer's task is not cancelled by it."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # (no loop runs: no task to cancel)
+        task = None
+    if task is not None and task.cancelling():
+        return True
+    logger.debug("the sink of %r raised CancelledError; its consumer reads instead", rid)
+    return False
+
+
+def _offering(outputs: list[Any]) -> bool:
+    """A request's sink while it is offered an output: a deliver() from inside the
+    sink meets this, which declines, and ``put`` holds the output (``offered``)."""
+    return False
+
+
+def _meanwhile(outputs: list[Any]) -> bool:
+    """As :func:`_offering`, once something happened meanwhile (an output held, a
+    ``set_sink``, which applies after): the sink's answer is then not all there is."""
+    return False
+
+
+OFFERING: Final = _offering
+MEANWHILE: Final = _meanwhile
 
 
 class Delivers(Protocol):

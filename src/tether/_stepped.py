@@ -67,7 +67,7 @@ class Stepped:
         would be offered, declined and written by the handler, at a fifth more CPU)."""
         if self._suspended >= SUSPENDS_IN_A_ROW or self._busy:
             return False
-        if threading.get_ident() != self._thread or asyncio.current_task(self._loop) is None:
+        if _thread_id() != self._thread or _current_task(self._loop) is None:
             self._suspended = SUSPENDS_IN_A_ROW
             return False
         return True
@@ -94,6 +94,14 @@ class Stepped:
             self._suspended = 0
             return True
         except Exception as exc:  # the writing task meets it, as in its own write
+            return _Begun(None, exc, self._context)
+        except asyncio.CancelledError as exc:
+            # The send chain's (a cancelled future awaited in its step): the writing
+            # task meets it too, as in its own write; never the producer's task, which
+            # only its own cancel() may cancel (then it goes on).
+            task = _current_task(self._loop)
+            if task is not None and task.cancelling():
+                raise
             return _Begun(None, exc, self._context)
         finally:
             self._busy = False

@@ -12,9 +12,9 @@ output, a failure, a deadline, a slow consumer, a raising ``merge``, a finaliser
 shutdown) is a caller of it that says which :class:`End`.
 
 ``on_abort`` is called at once, except when the table is entered from the
-producer's own call (``deliver``/``fail``) or from a garbage collector's
-finaliser: then it runs soon after on the loop (``defer``), so that it never
-re-enters the producer in the middle of its step.
+producer's own call (``deliver``/``fail``, or a sink it runs that ends its own
+request) or from a garbage collector's finaliser: then it runs soon after on the
+loop (``defer``), so that it never re-enters the producer in the middle of its step.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from types import MappingProxyType
 from typing import Final
 
-from ._end import ALONE, SIBLINGS, WHOLE, End, failed_sibling, wrong_loop
+from ._end import ALONE, FINISHED, SIBLINGS, WHOLE, End, failed_sibling, wrong_loop
 from ._errors import (
     Aborted,
     AbortReason,
@@ -251,9 +251,12 @@ class Table:
                     self._finished += 1
                 if entries.get(state.rid) is state:
                     del entries[state.rid]
-                state.close(error, drop=reason is not None)
                 if how.tell or pulled_in:
                     told.append(state.rid)
+                    # Ended by its own sink (it found the client gone): that is inside
+                    # the producer's deliver(), which on_abort must not re-enter.
+                    defer = defer or state.offering()
+                state.close(error, drop=reason is not None)
                 total.append(observe_end(observers, state, error, reason, now() - state.opened_at))
         if how.reach is SIBLINGS and group is not None and not group.keep_going:
             failed = live[0].rid
@@ -280,6 +283,11 @@ class Table:
         ends, or its whole batch if read whole; a finished request's producer has
         forgotten it, so only the others are reported to ``on_abort``."""
         limits = self.limits
+        if not state.offering() and state.last_was_held():
+            finished = True  # (the end waited for its sink's answer: RequestState.offered)
+            if state.fits(limits):
+                self.end((state,), FINISHED)
+                return
         max_bytes = limits.max_bytes if state.over_bytes(limits) else None
         error = ConsumerTooSlow(state.rid, limits.max_pending, max_bytes=max_bytes)
         self.end((state,), End(error, WHOLE, tell=not finished), defer=True)
@@ -287,9 +295,16 @@ class Table:
     def merge_failed(self, state: RequestState, exc: Exception, finished: bool) -> None:
         """``merge()`` raised while delivering to ``state``: fail that request alone;
         unless that was its last output, ``on_abort`` tells the producer to stop."""
+        finished = state.last_was_held() or finished  # (see too_slow)
         if state.live:
             logger.error(
                 "merge() raised for request %r; the request fails, the producer goes on",
+                state.rid,
+                exc_info=exc,
+            )
+        else:  # (folding what a sink's answer left, after the request ended otherwise)
+            logger.error(
+                "merge() raised for request %r after it ended; the outputs from there on are lost",
                 state.rid,
                 exc_info=exc,
             )

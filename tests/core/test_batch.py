@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -328,3 +329,61 @@ async def test_a_batch_read_apart_keeps_each_sub_requests_byte_budget(aborts: Ab
         assert read.rid in registry  # (a batch read apart: the slow one ends alone)
         await aborts.wait_for(1)
         assert aborts.rids == {lagging.rid}
+
+
+async def test_a_cancelled_keep_going_batch_result_leaves_no_output_after_its_error() -> None:
+    """A keep-going batch whose ``result()`` is cancelled after one sub-request failed:
+    what that sub-request delivered before failing (folded into the result, readable
+    again) is read before its error, never after it."""
+    registry = tether.Registry()
+    batch = registry.open_batch(2, keep_going=True)
+    failing = batch.rids[0]
+    parked = asyncio.Event()
+
+    async def wait_for_result() -> object:
+        parked.set()
+        return await batch.result()
+
+    async with asyncio.timeout(10):
+        reader = asyncio.create_task(wait_for_result())
+        await parked.wait()
+        registry.deliver(failing, "a")  # folded into the result
+        registry.fail(failing, RuntimeError("engine"))
+        reader.cancel()
+        await asyncio.wait([reader])
+    pairs: list[tuple[int, Any]] = []
+
+    async def read_all() -> None:
+        async for pair in batch:
+            pairs.append(pair)
+
+    with pytest.raises(tether.Aborted):
+        await read_all()
+    of_failing = [output for index, output in pairs if index == 0]
+    assert [type(output) for output in of_failing] == [str, tether.ProducerError], of_failing
+
+
+def _refuses_bad(older: Any, newer: Any) -> Any:
+    if newer == "bad":
+        raise TypeError("cannot merge 'bad'")
+    return older + newer
+
+
+async def test_a_merge_that_raises_in_a_batch_results_fold_fails_that_request_and_loses_nothing(
+    aborts: AbortLog,
+) -> None:
+    """``result()`` folds what was delivered but not read (here an output an ``async
+    for`` buffered and a newer one): a ``merge`` that raises there fails that request
+    (``ProducerError``), as it does in ``deliver()``, and ends it."""
+    registry = tether.Registry(aborts, merge=_refuses_bad)
+    batch = registry.open_batch(2)
+    first, second = batch.rids
+    registry.deliver(first, "a")
+    registry.deliver(second, "b")
+    async with asyncio.timeout(10):
+        assert await anext(batch) == (0, "a")  # (1, "b") stays buffered, unread
+        registry.deliver(second, "bad")  # waits apart from "b": nothing merges it yet
+        with pytest.raises(tether.ProducerError):
+            await batch.result()
+    assert second not in registry
+    await batch.aclose()

@@ -19,6 +19,8 @@ import pytest
 
 import tether
 
+from .conftest import AbortLog
+
 MEGABYTE = 1_000_000
 
 
@@ -63,4 +65,25 @@ async def test_a_merged_object_backlog_is_bounded_by_the_default_byte_budget() -
     for _ in range(40):
         registry.deliver(stream.rid, _object_delta())
     assert stream.rid not in registry, "a 40 MB merged backlog under a 16 MiB budget"
+    await stream.aclose()
+
+
+async def test_the_byte_budget_bounds_a_backlog_whose_large_outputs_fall_between_weighed_ones(
+    aborts: AbortLog,
+) -> None:
+    """``max_pending_bytes`` bounds what waits whatever the outputs' sizes: large
+    outputs among small ones are weighed too (were only the outputs at 2, 4, 8, ...
+    waiting weighed, 57 kB of these would wait under a 1 kB budget)."""
+    registry = tether.Registry(aborts, max_pending_bytes=1000, sizeof=len)
+    stream = registry.open()
+    large = "x" * 1000
+    delivered = 0
+    for count in range(1, 65):
+        tiny = count & (count - 1) == 0  # (the counts a sampled weight looked at)
+        registry.deliver(stream.rid, "t" if tiny else large)
+        delivered += 1
+        if stream.rid not in registry:
+            break
+    assert stream.rid not in registry
+    assert delivered <= 3, "more than the budget and one output waited"
     await stream.aclose()

@@ -34,7 +34,7 @@ class Sink:
 
 class DeliversInside:
     """A sink that, offered its first output, delivers ``inner`` to its own stream (each
-    one offered to it from inside itself, and declined), then declines or raises."""
+    one held behind that output, never offered), then declines or raises."""
 
     def __init__(self, registry: tether.Registry, rid: str, inner: list[Any], outer: str) -> None:
         self.registry = registry
@@ -158,7 +158,9 @@ async def test_an_output_delivered_from_inside_a_declining_sink_waits_after_the_
     aborts: AbortLog, outer: str, merge: Any
 ) -> None:
     """A sink whose call delivers to its own stream (a send chain that delivers, say),
-    then declines or raises: both outputs stay readable, the declined one first."""
+    then declines or raises: both outputs stay readable, the declined one first. The
+    inner output is never offered to the sink from inside itself: it waits behind the
+    one the sink is being offered."""
     registry = tether.Registry(aborts, merge=merge)
     async with registry.open() as stream:
         calls: list[list[Any]] = []
@@ -166,7 +168,7 @@ async def test_an_output_delivered_from_inside_a_declining_sink_waits_after_the_
         def sink(outputs: list[Any]) -> bool:
             calls.append(list(outputs))
             if len(calls) == 1:
-                registry.deliver(stream.rid, "inner")  # offered to this sink, declined
+                registry.deliver(stream.rid, "inner")  # held behind "outer", not offered
                 if outer == "raises":
                     raise RuntimeError("the sink broke")
             return False
@@ -176,7 +178,7 @@ async def test_an_output_delivered_from_inside_a_declining_sink_waits_after_the_
         assert stream.set_sink(sink)
         assert registry.deliver(stream.rid, "outer") is True
         await asyncio.wait_for(reader, 10)
-        assert calls == [["outer"], ["inner"]]
+        assert calls == [["outer"]]
         assert stream.ready() == (["outer", "inner"] if merge is None else ["outerinner"])
         registry.deliver(stream.rid, "end", finished=True)
         assert stream.ready() == ["end"]
@@ -253,4 +255,219 @@ async def test_a_sink_that_aborts_its_own_request_leaves_nothing_to_read(
         stream.ready()
     assert raised.value.reason is tether.AbortReason.CLIENT_DISCONNECTED
     await stream.aclose()
+    await aborts.wait_for(1)  # (soon after the producer's step: never inside it)
     assert aborts.rids == {stream.rid}
+
+
+def _strict_join(older: Any, newer: Any) -> Any:
+    """Joins text; a number after text is a bad output: merge raises."""
+    if isinstance(older, str) and not isinstance(newer, str):
+        raise TypeError(f"cannot join {newer!r} to text")
+    return older + newer
+
+
+async def test_a_merge_that_raises_in_a_declined_sinks_fold_keeps_the_outputs_before_it(
+    aborts: AbortLog,
+) -> None:
+    """``merge`` raises while what a ``deliver()`` from inside a declining sink left is
+    folded behind the declined output: the request fails alone, the producer's step
+    goes on, and what stays readable is what was delivered before the failure, in
+    order, as when the same ``merge`` raises without a sink (there ``"outer"`` stays
+    readable and the output ``merge`` refused is the one lost)."""
+    registry = tether.Registry(aborts, merge=_strict_join)
+    usual, sunk, other = registry.open(), registry.open(), registry.open()
+    for stream in (usual, sunk, other):
+        registry.deliver(stream.rid, "first")
+        assert stream.ready() == ["first"]
+    # Without a sink: "outer" waits, 7 cannot be merged into it.
+    registry.deliver_many([(usual.rid, "outer", False), (usual.rid, 7, False)])
+    assert usual.ready() == ["outer"]
+    with pytest.raises(tether.ProducerError):
+        usual.ready()
+    # A declining sink, in an engine step that goes on to another request.
+    assert sunk.set_sink(DeliversInside(registry, sunk.rid, [7], "declines"))
+    assert registry.deliver_many([(sunk.rid, "outer", False), (other.rid, "next", False)]) == 2
+    assert other.ready() == ["next"]  # (the step went on)
+    assert sunk.rid not in registry
+    assert sunk.ready() == ["outer"]
+    with pytest.raises(tether.ProducerError):
+        sunk.ready()
+    await other.aclose()
+
+
+def _counting_join(older: dict[str, Any], newer: dict[str, Any]) -> dict[str, Any]:
+    """Joins text and counts the outputs folded (as a token count would): ``newer`` is
+    one delivered output, as ``put`` and a stream's ``result()`` always hand it."""
+    return {"text": older["text"] + newer["text"], "outputs": older.get("outputs", 1) + 1}
+
+
+async def test_a_declined_sinks_backlog_folds_as_the_same_outputs_fold_without_a_sink() -> None:
+    """Outputs delivered from inside a sink that then declines are folded behind the
+    declined one in delivery order, one delivered output at a time (``merge(merge(
+    declined, i1), i2)``), as ``put`` folds the same outputs when no sink was set: a
+    merge that counts what it folds (tokens, outputs) counts the same either way."""
+    registry = tether.Registry(merge=_counting_join)
+    plain, sunk = registry.open(), registry.open()
+    outputs = [{"text": "a"}, {"text": "b"}, {"text": "c"}]
+    for stream in (plain, sunk):
+        registry.deliver(stream.rid, {"text": ""})
+        stream.ready()
+    for output in outputs:
+        registry.deliver(plain.rid, output)
+    expected = plain.ready()
+    assert expected == [{"text": "abc", "outputs": 3}]
+    sink = DeliversInside(registry, sunk.rid, outputs[1:], "declines")
+    assert sunk.set_sink(sink)
+    registry.deliver(sunk.rid, outputs[0])
+    assert sunk.ready() == expected
+    assert sink.offered == [[outputs[0]]]  # (what it delivered was never offered to it)
+    await plain.aclose()
+    await sunk.aclose()
+
+
+async def test_a_merge_that_raises_in_the_fold_of_a_sink_that_finished_its_request_is_not_silent(
+    aborts: AbortLog,
+) -> None:
+    """The sink delivers the request's last output from inside itself, then declines,
+    and ``merge`` refuses to fold that last output behind the declined one: the
+    request ends once the sink answered, failed as without a sink (the declined
+    output, then :class:`~tether.ProducerError`, counted failed, never finished, and
+    ``on_abort`` not told: the producer finished it)."""
+    registry = tether.Registry(aborts, merge=_strict_join)
+    stream = registry.open()
+    registry.deliver(stream.rid, "first")
+    assert stream.ready() == ["first"]
+
+    def sink(outputs: list[Any]) -> bool:
+        registry.deliver(stream.rid, 7, finished=True)
+        assert stream.rid in registry  # (the end waits for this sink's answer)
+        return False
+
+    assert stream.set_sink(sink)
+    registry.deliver(stream.rid, "outer")
+    assert stream.rid not in registry
+    assert stream.ready() == ["outer"]
+    with pytest.raises(tether.ProducerError):
+        stream.ready()
+    stats = registry.stats()
+    assert (stats.finished, stats.failed) == (0, 1)
+    await asyncio.sleep(0)
+    assert not aborts.calls
+
+
+async def test_the_last_output_delivered_from_inside_a_sink_ends_the_request_once_it_answers(
+    aborts: AbortLog,
+) -> None:
+    """The sink delivers the request's last output from inside itself: whether it then
+    takes or declines the output it was offered, both are read in order and the
+    request finishes once, after the sink's answer."""
+    registry = tether.Registry(aborts, merge=operator.add)
+    for takes in (True, False):
+        stream = registry.open()
+        registry.deliver(stream.rid, "first")
+        assert stream.ready() == ["first"]
+        sink = _DeliversLast(registry, stream.rid, takes)
+        assert stream.set_sink(sink)
+        registry.deliver(stream.rid, "outer")
+        assert stream.rid not in registry
+        read = [output async for output in stream]
+        assert sink.taken + read == (["outer", "last"] if takes else ["outerlast"])
+    assert registry.stats().finished == 2
+    assert not aborts.calls
+
+
+class _DeliversLast:
+    """A sink that delivers its request's last output from inside itself, then takes
+    (or declines) what it was offered."""
+
+    def __init__(self, registry: tether.Registry, rid: str, takes: bool) -> None:
+        self.registry = registry
+        self.rid = rid
+        self.takes = takes
+        self.taken: list[Any] = []
+
+    def __call__(self, outputs: list[Any]) -> bool:
+        self.registry.deliver(self.rid, "last", finished=True)
+        if self.takes:
+            self.taken.extend(outputs)
+        return self.takes
+
+
+def _raises_cancelled_error(outputs: list[Any]) -> bool:
+    raise asyncio.CancelledError()
+
+
+def _with_a_cancelled_sink(registry: tether.Registry) -> tether.Stream:
+    """A stream past its first output whose sink raises ``CancelledError``."""
+    stream = registry.open()
+    registry.deliver(stream.rid, "first")
+    assert stream.ready() == ["first"]
+    assert stream.set_sink(_raises_cancelled_error)
+    return stream
+
+
+async def test_a_sink_that_raises_cancelled_error_spares_the_producer_and_loses_nothing() -> None:
+    """A sink's exception never reaches the producer (invariant 10), ``CancelledError``
+    included: a sink cannot be cancelled where it runs, so it is its send chain's, not
+    a cancellation of the producer's task. The output it was offered waits for the
+    reader and the sink is removed."""
+    registry = tether.Registry()
+    stream = _with_a_cancelled_sink(registry)
+    assert registry.deliver(stream.rid, "offered") is True
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+    assert stream.ready() == ["offered"]
+    registry.deliver(stream.rid, "next")  # (to the reader: the sink is gone)
+    assert stream.ready() == ["next"]
+    await stream.aclose()
+
+
+async def test_a_producer_cancelled_in_its_step_stays_cancelled_when_a_sink_raises() -> None:
+    """The other side: the producer's own task was cancelled during its step and a
+    sink then raises ``CancelledError``: the cancellation goes on out of
+    ``deliver()`` (it is the producer's), and the output offered still waits."""
+    registry = tether.Registry()
+    stream = _with_a_cancelled_sink(registry)
+
+    async def producer() -> None:
+        asyncio.current_task().cancel()  # type: ignore[union-attr]
+        registry.deliver(stream.rid, "offered")
+
+    async with asyncio.timeout(10):
+        task = asyncio.create_task(producer())
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert task.cancelled()
+    assert stream.ready() == ["offered"]
+    await stream.aclose()
+
+
+async def test_a_sink_that_aborts_its_own_request_tells_on_abort_after_the_producers_step() -> None:
+    """A sink may abort its own request (it found the client gone). It runs inside the
+    producer's ``deliver()``, and ``on_abort`` never re-enters the producer in the
+    middle of its step: it is called soon after, on the loop, as for a raising
+    ``merge`` or a backlog over a limit."""
+    in_step = False
+    told: list[tuple[str, bool]] = []
+    called = asyncio.Event()
+
+    def on_abort(rid: str) -> None:
+        told.append((rid, in_step))
+        called.set()
+
+    registry = tether.Registry(on_abort)
+    stream = registry.open()
+    registry.deliver(stream.rid, "first")
+    assert stream.ready() == ["first"]
+
+    def sink(outputs: list[Any]) -> bool:
+        stream.cancel(tether.AbortReason.CLIENT_DISCONNECTED)
+        return False
+
+    assert stream.set_sink(sink)
+    in_step = True
+    registry.deliver_many([(stream.rid, "offered", False)])
+    in_step = False
+    async with asyncio.timeout(10):
+        await called.wait()
+    assert told == [(stream.rid, False)], "on_abort ran inside the producer's step"
+    await stream.aclose()

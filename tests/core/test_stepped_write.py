@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from tether._stepped import SUSPENDS_IN_A_ROW
 from tether.http import Stepped
 
@@ -63,3 +65,40 @@ async def test_one_hand_over_outside_any_task_is_enough_to_settle_it() -> None:
     assert declined == [False]
     assert stepped.write(b"y") is False  # the handler's own writes go its own way now
     assert sent == []
+
+
+async def _awaits_a_cancelled_future(chunk: bytes, last: bool) -> None:
+    """A send chain whose first step awaits a future already cancelled."""
+    gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    gone.cancel()
+    await gone
+
+
+async def test_a_send_step_that_raises_cancelled_error_is_handed_to_the_write_loop() -> None:
+    """A send chain that awaits a future already cancelled (a middleware's flow-control
+    future, a finished task) raises ``CancelledError`` in its first step: the writing
+    task meets it, as in its own write, never the producer's task."""
+    stepped = Stepped(_awaits_a_cancelled_future)
+    begun = stepped.write(b"x")
+    assert begun is not True
+    assert begun is not False
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+    with pytest.raises(asyncio.CancelledError):
+        await begun  # type: ignore[misc]
+
+
+async def test_a_send_step_in_a_cancelled_producers_step_lets_the_cancellation_go_on() -> None:
+    """The other side: the producer's own task was cancelled during its step, and the
+    send step raises ``CancelledError``: it goes on out of ``write`` (the producer's
+    cancellation), not to the write loop."""
+    stepped = Stepped(_awaits_a_cancelled_future)
+
+    async def producer() -> None:
+        asyncio.current_task().cancel()  # type: ignore[union-attr]
+        stepped.write(b"x")
+
+    async with asyncio.timeout(10):
+        task = asyncio.create_task(producer())
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert task.cancelled()
