@@ -20,7 +20,7 @@ import tether_zmq._protocol as wire  # the wire format itself is what these test
 from tether_zmq import PROTOCOL_VERSION
 
 from .conftest import eventually
-from .linked import echo_engine
+from .linked import echo_engine, front
 from .test_protocol import answer, assert_still_serves, dishonest_engine, raw_peer, say_hello
 
 pytestmark = pytest.mark.timeout(60)
@@ -205,3 +205,26 @@ async def test_a_step_refused_for_a_bad_field_is_read_once_by_the_front(address:
             await send(_step(bad=True, n=2048))  # (8 MiB: within the front's cap)
             await eventually(lambda: client.stats().malformed == 1)
         assert len(reads) == 1, reads
+
+
+async def test_an_engines_name_costs_a_front_no_more_than_a_fronts_name_costs_the_engine(
+    address: str,
+) -> None:
+    # The engine refuses a hello whose front name is past 128 bytes (_MAX_NAME); a front
+    # takes any engine name its cap lets through and keeps it for the whole session
+    # (``_engine``, read nowhere): a 15 MiB name ending past the BMP kept ~60-75 MiB
+    # of RSS per front worker, four to five times the frame, for as long as it runs.
+    async with raw_peer(zmq.ROUTER, address) as fake:
+        bound = fake.getsockopt_string(zmq.LAST_ENDPOINT)
+        async with front(bound, ready=False) as client:
+            async with asyncio.timeout(10):
+                identity, frame = await fake.recv_multipart()
+            hello = wire.decode(frame)
+            assert isinstance(hello, wire.Hello)
+            name = "x" * _MiB + "\U0001f600"
+            welcome = wire.Welcome(0, PROTOCOL_VERSION, name, hello.attempt, 1 << 24)
+            await fake.send_multipart([identity, wire.encode(welcome)])
+            await eventually(lambda: client.ready or client.stats().malformed >= 1)
+            kept = len(client._engine.encode())  # noqa: SLF001 (what the session keeps)
+            ready = client.ready
+            assert not ready or kept <= 128, f"a session that keeps a {kept}-byte engine name"
