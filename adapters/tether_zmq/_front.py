@@ -58,8 +58,10 @@ from ._errors import (
 )
 from ._events import EngineClientStats
 from ._protocol import (
+    HELLO_TOO_LARGE,
     MAX_ENTRIES,
     MAX_FAILURE_TEXT,
+    MAX_NAME,
     MIN_MESSAGE,
     PROTOCOL_VERSION,
     Abort,
@@ -527,6 +529,11 @@ class EngineClient:
                     f"the engine speaks protocol v{message.version}, not v{PROTOCOL_VERSION}"
                 )
                 logger.error("engine refused the hello: %.200r", message.reason)
+            elif message.reason.startswith(HELLO_TOO_LARGE):
+                # (this front's own hello: saying it again cannot help, so say why)
+                self._counts["refused"] += 1
+                self._why_down = f"the engine refused this front's {clip(message.reason, 200)}"
+                logger.error("engine refused the hello: %.200r", message.reason)
             else:
                 self._why_down = f"the engine refused a session: {clip(message.reason, 200)}"
         elif isinstance(message, Welcome) and message.attempt == self._attempt:
@@ -545,7 +552,7 @@ class EngineClient:
             self._seq_in = 1
             self._unanswered_since = None
             self._limit = min(self._max_message, message.max_message)
-            self._engine = message.engine
+            self._engine = clip(message.engine, MAX_NAME)  # (kept for the whole session)
             self._counts["sessions"] += 1
             self._ready.set()
 
