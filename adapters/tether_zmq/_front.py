@@ -530,10 +530,13 @@ class EngineClient:
                 )
                 logger.error("engine refused the hello: %.200r", message.reason)
             elif message.reason.startswith(HELLO_TOO_LARGE):
-                # (this front's own hello: saying it again cannot help, so say why)
+                # (this front's own hello: saying it again cannot help, so say why, once;
+                # hellos go on, for an engine restarted with a larger cap)
                 self._counts["refused"] += 1
-                self._why_down = f"the engine refused this front's {clip(message.reason, 200)}"
-                logger.error("engine refused the hello: %.200r", message.reason)
+                why = f"the engine refused this front's {clip(message.reason, 200)}"
+                if why != self._why_down:
+                    logger.error("engine refused the hello: %.200r", message.reason)
+                self._why_down = why
             else:
                 self._why_down = f"the engine refused a session: {clip(message.reason, 200)}"
         elif isinstance(message, Welcome) and message.attempt == self._attempt:

@@ -23,7 +23,7 @@ message    direction  meaning
 =========  =========  ===============================================================
 Hello      F → E      open a session: version, front incarnation, attempt, frame cap
 Welcome    E → F      session accepted: version, engine incarnation, attempt, frame cap
-Refuse     E → F      hello refused (version mismatch) or session unknown: say hello
+Refuse     E → F      hello refused (version, too large) or session unknown: say hello
 Submit     F → E      ``(submission, rid, payload)``: one request or a whole batch
 Abort      F → E      submissions the front no longer wants (client gone, deadline)
 Step       E → F      one engine step's outputs ``(submission, payload, finished)``
