@@ -666,10 +666,23 @@ def _costly_submit_of_one(*, bad: bool = False, extra: bytes = b"") -> bytes:
     return frame
 
 
+def _step_of_outputs(*, bad: bool = False, extra: bytes = b"") -> bytes:
+    """A Step of 4095 small outputs and one failure (about 40 KiB, cheap to decode);
+    ``bad``: that failure's status is a float, at the frame's very end."""
+    outputs = [(sid, b"\x01", False) for sid in range(1, wire.MAX_ENTRIES)]
+    frame = wire.encode(wire.Step(1, outputs, [(1, "no", 500)]))
+    if bad:
+        frame = frame[:-3] + b"\xcb" + msgspec.msgpack.encode(500.5)[1:]
+    if extra:
+        frame = b"\x95" + frame[1:] + extra
+    return frame
+
+
 _COSTLY_FRAMES: Final = [
     pytest.param(wire.decode_at_engine, _costly_submit, id="engine-a-submit"),
     pytest.param(wire.decode_at_engine, _costly_submit_of_one, id="engine-a-submit-of-one-rid"),
     pytest.param(wire.decode_at_front, _costly_step, id="front-a-step"),
+    pytest.param(wire.decode_at_front, _step_of_outputs, id="front-a-step-of-outputs"),
 ]
 
 
