@@ -47,8 +47,10 @@ from tether.http import stop_tasks
 from ._errors import LinkDown
 from ._events import Cancellation, EngineServerStats, Event, RequestKey, Submission
 from ._protocol import (
+    HELLO_TOO_LARGE,
     MAX_ENTRIES,
     MAX_FAILURE_TEXT,
+    MAX_NAME,
     MIN_MESSAGE,
     PROTOCOL_VERSION,
     Abort,
@@ -66,6 +68,7 @@ from ._protocol import (
     decode_at_engine,
     encode,
     entries_of,
+    tag_of,
 )
 from ._security import CurveServer, check_bind
 from ._socket import (
@@ -87,13 +90,16 @@ _ENTRY_OVERHEAD = 32
 """Bytes of framing counted per output or failure when packing a step under a cap."""
 _STEP_OVERHEAD = 64
 """Bytes of a step message beyond its entries (tag, sequence number, array headers)."""
-_MAX_NAME = 128
-"""Bytes of a front's name (its incarnation) beyond which its hello is refused."""
-_MAX_HELLO = 1024
-"""Bytes of a frame from a peer without a session beyond which it is not read: such a
-peer may only say hello, and a hello with the longest name takes under 200. (Decoding a
-string costs up to 3-4 ms per MiB and four times its bytes in memory: a 32 MiB name
-would hold the loop as long as a padded frame did.)"""
+_NO_SESSION_FRAME = 1024
+"""Bytes of a frame other than a hello from a peer without a session beyond which it is
+not read: such a peer may only say hello. (Decoding a string costs up to 3-4 ms per MiB
+and four times its bytes in memory: a 32 MiB frame of one string would hold the loop as
+long as a padded frame did.)"""
+_MAX_HELLO = 16 * 1024
+"""Bytes of a hello, from any peer, beyond which it is refused unread, saying why: ours
+take under 200 bytes, and the rest leaves a newer front room for its own scalar fields
+(a token, a description) at a cost of microseconds to read."""
+_HELLO_TAG = Hello.__struct_config__.tag
 _PROBE_DELAYS = (0.0, 0.002, 0.01, 0.03)
 """When to probe the fronts after a disconnect event: libzmq may drop the route a
 moment after it reports the disconnect."""
@@ -543,10 +549,15 @@ class EngineServer:
         if entries_of(frame) > MAX_ENTRIES:
             self._on_too_many(identity, entries_of(frame))
             return
-        if len(frame) > _MAX_HELLO and identity not in self._fronts:
-            self._counts["no_session"] += 1  # (unread: it is no hello)
-            self._reply(identity, Refuse(0, PROTOCOL_VERSION, "no session: say hello"))
-            return
+        if len(frame) > _NO_SESSION_FRAME:
+            if tag_of(frame) == _HELLO_TAG:
+                if len(frame) > _MAX_HELLO:
+                    self._on_hello_too_large(identity, len(frame))
+                    return
+            elif identity not in self._fronts:
+                self._counts["no_session"] += 1  # (unread: it is no hello)
+                self._reply(identity, Refuse(0, PROTOCOL_VERSION, "no session: say hello"))
+                return
         try:
             message = decode_at_engine(frame)
         except msgspec.DecodeError:  # (a frame for the other direction fails on its tag)
@@ -590,7 +601,7 @@ class EngineServer:
         if self._stalled:
             self._reply(identity, Refuse(0, PROTOCOL_VERSION, "the engine is stalled"))
             return
-        if len(hello.front.encode()) > _MAX_NAME:
+        if len(hello.front.encode()) > MAX_NAME:
             self._counts["malformed"] += 1
             self._reply(identity, Refuse(0, PROTOCOL_VERSION, "front name too long"))
             return
@@ -649,6 +660,14 @@ class EngineServer:
                 front.last_submission = max(front.last_submission, sid)
             self._counts["refused_submissions"] += len(refused)
             self._send_step(front, [], refused)
+
+    def _on_hello_too_large(self, identity: bytes, size: int) -> None:
+        """A hello past :data:`_MAX_HELLO`, refused unread and told so: a front that was
+        only told to say hello would say this one again for ever. Unread, it is no hello:
+        a session this peer has goes on, as after any malformed frame."""
+        self._counts["malformed"] += 1
+        reason = f"{HELLO_TOO_LARGE}: {size} bytes (at most {_MAX_HELLO})"
+        self._reply(identity, Refuse(0, PROTOCOL_VERSION, reason))
 
     def _on_too_many(self, identity: bytes, count: int) -> None:
         """A message of more entries than any honest front sends, refused unread (its

@@ -58,8 +58,10 @@ from ._errors import (
 )
 from ._events import EngineClientStats
 from ._protocol import (
+    HELLO_TOO_LARGE,
     MAX_ENTRIES,
     MAX_FAILURE_TEXT,
+    MAX_NAME,
     MIN_MESSAGE,
     PROTOCOL_VERSION,
     Abort,
@@ -527,6 +529,14 @@ class EngineClient:
                     f"the engine speaks protocol v{message.version}, not v{PROTOCOL_VERSION}"
                 )
                 logger.error("engine refused the hello: %.200r", message.reason)
+            elif message.reason.startswith(HELLO_TOO_LARGE):
+                # (this front's own hello: saying it again cannot help, so say why, once;
+                # hellos go on, for an engine restarted with a larger cap)
+                self._counts["refused"] += 1
+                why = f"the engine refused this front's {clip(message.reason, 200)}"
+                if why != self._why_down:
+                    logger.error("engine refused the hello: %.200r", message.reason)
+                self._why_down = why
             else:
                 self._why_down = f"the engine refused a session: {clip(message.reason, 200)}"
         elif isinstance(message, Welcome) and message.attempt == self._attempt:
@@ -545,7 +555,7 @@ class EngineClient:
             self._seq_in = 1
             self._unanswered_since = None
             self._limit = min(self._max_message, message.max_message)
-            self._engine = message.engine
+            self._engine = clip(message.engine, MAX_NAME)  # (kept for the whole session)
             self._counts["sessions"] += 1
             self._ready.set()
 

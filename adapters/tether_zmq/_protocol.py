@@ -23,7 +23,7 @@ message    direction  meaning
 =========  =========  ===============================================================
 Hello      F → E      open a session: version, front incarnation, attempt, frame cap
 Welcome    E → F      session accepted: version, engine incarnation, attempt, frame cap
-Refuse     E → F      hello refused (version mismatch) or session unknown: say hello
+Refuse     E → F      hello refused (version, too large) or session unknown: say hello
 Submit     F → E      ``(submission, rid, payload)``: one request or a whole batch
 Abort      F → E      submissions the front no longer wants (client gone, deadline)
 Step       E → F      one engine step's outputs ``(submission, payload, finished)``
@@ -44,9 +44,11 @@ import msgspec
 import msgspec.structs
 
 __all__ = [
+    "HELLO_TOO_LARGE",
     "MAX_ENTRIES",
     "MAX_FAILURE_TEXT",
     "MAX_FIELDS",
+    "MAX_NAME",
     "MIN_MESSAGE",
     "PROTOCOL_VERSION",
     "Abort",
@@ -69,6 +71,7 @@ __all__ = [
     "decode_at_front",
     "encode",
     "entries_of",
+    "tag_of",
 ]
 
 PROTOCOL_VERSION: Final = 2
@@ -92,20 +95,31 @@ MAX_FAILURE_TEXT: Final = 1024
 engine cuts what it sends, the front what it shows a client (an engine is not trusted
 to have cut it)."""
 
+MAX_NAME: Final = 128
+"""Bytes of an end's name (its incarnation), at most: the engine refuses a hello that
+names its front with more, a front keeps no more of a welcome's engine name (a name is
+for logs; a longer one would be kept, four times its bytes, for the whole session)."""
+
+HELLO_TOO_LARGE: Final = "hello too large"
+"""How the reason of a ``Refuse`` that answers a hello too large to be read begins: the
+front stops taking requests and says why (saying the same hello again cannot help)."""
+
 MIN_MESSAGE: Final = 1024
 """Bytes of frame cap below which a hello or a welcome is refused: no step, not even a
 failure's message, would fit (every request of that session would fail, unexplained)."""
 
 
 # A Step's lists are measured from their headers: more than MAX_ENTRIES in either is
-# refused before it is built or walked (the engine reads a Submit's or an Abort's count
-# itself, with entries_of, to end that session).
+# refused before it is built or walked, and decode_at_front then tells how many there
+# were (the engine reads a Submit's or an Abort's count itself, with entries_of, to end
+# that session).
 _Outputs = Annotated[list[tuple[int, bytes, bool]], msgspec.Meta(max_length=MAX_ENTRIES)]
 _Failures = Annotated[list[tuple[int, str, int]], msgspec.Meta(max_length=MAX_ENTRIES)]
 
-# Every message is read with ``forbid_unknown_fields``: a decoder refuses an array of
-# more fields than its own from the array's header, before reading any of them; a
-# message with a few more (a newer peer's) is read again with its twin below.
+# Every message is read with ``forbid_unknown_fields``; msgspec refuses an array of
+# fewer fields than a message's own at its header, but one of more only after reading
+# every field it knows. So _Reader reads the outer array's header itself and sends a
+# frame of a few more fields (a newer peer's) straight to the message's twin below.
 
 
 class Hello(msgspec.Struct, tag=1, array_like=True, frozen=True, forbid_unknown_fields=True):
@@ -218,25 +232,52 @@ _OWN: Final = {twin: (cls, len(msgspec.structs.fields(cls))) for cls, twin in _T
 
 
 class _Reader:
-    """Decodes one union of messages: exactly their own fields first (every frame of
-    a peer of this version), and only a frame that fails so again with each message's
-    twin (a newer peer's, or a broken one: at most twice what it costs to refuse)."""
+    """Decodes one union of messages, once: a frame's outer array header says how many
+    fields it holds, so a frame of exactly its message's fields (every frame of a peer
+    of this version) is read strictly, one of a few more (a newer peer's) straight with
+    that message's twin, and one of more than :data:`MAX_FIELDS` not at all. msgspec
+    checks an array-like struct's *maximum* length only after reading every field it
+    knows, so trying strictly first would read a newer peer's frame twice; a frame that
+    fails on a field's type is refused as it failed, never read again."""
 
-    __slots__ = ("_strict", "_twins")
+    __slots__ = ("_own", "_plain", "_strict", "_twins")
 
     def __init__(self, *messages: type[msgspec.Struct]) -> None:
         self._strict: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(_union(messages))
         self._twins: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(
             _union([_TWINS[cls] for cls in messages])
         )
+        # tag -> the fields of that message's array, its tag included
+        self._own: dict[int, int] = {
+            cls.__struct_config__.tag: len(msgspec.structs.fields(cls)) + 1  # type: ignore[misc]
+            for cls in messages
+        }
+        # By a frame's second byte (its tag, when it opens a fixarray), the largest first
+        # byte the strict decoder is enough for: a fixarray of at most that message's
+        # fields, or of any length with an unknown tag (it fails on it). Any other header
+        # (an array16 or 32, whose second byte is no tag) is parsed. One lookup, honestly.
+        self._plain: tuple[int, ...] = tuple(
+            0x90 + self._own.get(code, 15) if code <= 0x7F else -1 for code in range(256)
+        )
 
     def decode(self, frame: bytes | memoryview) -> Any:
         try:
+            plain = frame[0] <= self._plain[frame[1]]
+        except IndexError:  # (shorter than any message: it fails at once)
+            plain = True
+        if plain:
             return self._strict.decode(frame)
-        except msgspec.ValidationError:
-            twin = self._twins.decode(frame)
-        cls, own = _OWN[type(twin)]
-        return cls(*msgspec.structs.astuple(twin)[:own])
+        length, tag = _head(frame)
+        own = self._own.get(tag)
+        if own is None or length <= own:  # (an unknown tag fails on it, a short array at
+            return self._strict.decode(frame)  # its header: both unread)
+        if length > MAX_FIELDS:
+            raise msgspec.ValidationError(
+                f"Expected `array` of at most length {MAX_FIELDS}, got {length}"
+            )
+        twin = self._twins.decode(frame)
+        cls, fields = _OWN[type(twin)]
+        return cls(*msgspec.structs.astuple(twin)[:fields])
 
 
 def _union(members: Iterable[type[msgspec.Struct]]) -> Any:
@@ -289,23 +330,88 @@ def _int_at(data: bytes | memoryview, at: int) -> tuple[int, int]:
     return int.from_bytes(data[at + 1 : at + width], "big", signed=code >= 0xD0), width
 
 
-_COUNTED_TAGS: Final = (4, 5)  # (Submit, Abort)
-_STEP_TAG: Final = 6
+_SCALAR_WIDTH: Final = {0xC0: 1, 0xC2: 1, 0xC3: 1, 0xCA: 5, 0xCB: 9, **_INT_WIDTH}
+"""Bytes of a MessagePack nil, bool, float or integer by its first byte, beyond fixints."""
+_SIZED: Final = {0xC4: 2, 0xC5: 3, 0xC6: 5, 0xD9: 2, 0xDA: 3, 0xDB: 5}
+"""Header bytes of a MessagePack bin or str by its first byte, beyond fixstrs; its size
+follows the first byte."""
 
 
-def _first_list(frame: bytes | memoryview) -> tuple[int, int]:
-    """The tag of the message in ``frame`` and the length of the list after its
-    ``seq``, read from headers alone; ``(-1, -1)`` if there is none to read."""
-    length, at = _array_at(frame, 0)
-    if length < 3:  # (no list: the tag and seq come first)
-        return -1, -1
-    tag, width = _int_at(frame, at)
+def _head(frame: bytes | memoryview) -> tuple[int, int]:
+    """The length of a frame's outer array and the tag that opens it, from their headers
+    alone, in any encoding MessagePack allows; ``(-1, -1)`` if there is none to read."""
+    length, width = _array_at(frame, 0)
     if not width:
         return -1, -1
+    tag, tag_width = _int_at(frame, width)
+    return (length, tag) if tag_width else (-1, -1)
+
+
+def _skip_scalar(data: bytes | memoryview, at: int) -> int:
+    """Where the scalar (nil, bool, number, bin, str) at ``at`` ends; -1 if it is none."""
+    code = data[at] if at < len(data) else -1
+    if 0 <= code <= 0x7F or code >= 0xE0:
+        end = at + 1
+    elif 0xA0 <= code <= 0xBF:
+        end = at + 1 + code - 0xA0
+    elif code in _SCALAR_WIDTH:
+        end = at + _SCALAR_WIDTH[code]
+    elif code in _SIZED:
+        width = _SIZED[code]
+        end = at + width + int.from_bytes(data[at + 1 : at + width], "big")
+    else:
+        return -1
+    return end if end <= len(data) else -1
+
+
+_COUNTED_TAGS: Final = (4, 5)  # (Submit, Abort)
+_STEP_TAG: Final = 6
+_STEP_ENTRY: Final = 3  # (submission, payload, finished) and (submission, message, status)
+
+
+def _first_list(frame: bytes | memoryview) -> tuple[int, int, int]:
+    """The tag of the message in ``frame`` and the length of the list after its
+    ``seq``, with where that list's header ends; read from headers alone, ``(-1, -1,
+    0)`` if there is none to read."""
+    length, at = _array_at(frame, 0)
+    if length < 3:  # (no list: the tag and seq come first)
+        return -1, -1, 0
+    tag, width = _int_at(frame, at)
+    if not width:
+        return -1, -1, 0
     _, seq_width = _int_at(frame, at + width)
     if not seq_width:
-        return -1, -1
-    return tag, _array_at(frame, at + width + seq_width)[0]
+        return -1, -1, 0
+    at += width + seq_width
+    count, width = _array_at(frame, at)
+    return tag, count, at + width
+
+
+def _step_entries(frame: bytes | memoryview) -> int:
+    """How many entries a ``Step`` frame holds, outputs and failures together, from their
+    headers: the outputs' header first, then (when they are few enough to be walked) the
+    failures' header past them; -1 for any other frame, or one too broken to tell."""
+    tag, outputs, at = _first_list(frame)
+    if tag != _STEP_TAG or outputs < 0:
+        return -1
+    if outputs > MAX_ENTRIES:
+        return outputs  # (the failures' header lies past them: not walked)
+    for _ in range(outputs):  # (at most MAX_ENTRIES entries of three scalars each)
+        fields, width = _array_at(frame, at)
+        if fields != _STEP_ENTRY:
+            return -1
+        at += width
+        for _ in range(_STEP_ENTRY):
+            at = _skip_scalar(frame, at)
+            if at < 0:
+                return -1
+    failures, _ = _array_at(frame, at)
+    return -1 if failures < 0 else outputs + failures
+
+
+def tag_of(frame: bytes | memoryview) -> int:
+    """The tag of the message in ``frame``, read from its headers alone; -1 if none."""
+    return _head(frame)[1]
 
 
 def entries_of(frame: bytes | memoryview) -> int:
@@ -317,7 +423,7 @@ def entries_of(frame: bytes | memoryview) -> int:
     (a 3-array as ``array16``, a negative ``seq``, a tag as ``int8``): the decoder takes
     them all, so a peer could otherwise slip a frame of millions of entries past this.
     """
-    tag, count = _first_list(frame)
+    tag, count, _ = _first_list(frame)
     return count if tag in _COUNTED_TAGS else -1
 
 
@@ -354,16 +460,22 @@ def decode_at_front(frame: bytes | memoryview) -> ToFront:
     ``Step``'s lists are measured from their headers before they are built.
 
     :raises msgspec.DecodeError: the frame is no engine-to-front message, or one of
-        more than :data:`MAX_FIELDS` fields, a field past its own that is not a
-        scalar, more than :data:`MAX_ENTRIES` failures.
-    :raises TooManyEntries: a ``Step`` of more than :data:`MAX_ENTRIES` entries.
+        more than :data:`MAX_FIELDS` fields, or a field past its own that is not a
+        scalar.
+    :raises TooManyEntries: a ``Step`` of more than :data:`MAX_ENTRIES` entries, outputs
+        and failures together (either list past it is refused at its header, unbuilt).
     """
     try:
         message: ToFront = _front_reader.decode(frame)
-    except msgspec.ValidationError:
-        tag, count = _first_list(frame)
-        if tag == _STEP_TAG and count > MAX_ENTRIES:
-            raise TooManyEntries(count) from None
+    except msgspec.ValidationError as exc:
+        # A list past MAX_ENTRIES fails at its header, unread, and msgspec says so, not by
+        # how much: only then are the headers walked to tell (the failures' lies past at
+        # most MAX_ENTRIES outputs, a few ms of walking, once, as the session ends). A
+        # frame that failed on anything else is not walked: it costs one decode.
+        if "of length <=" in str(exc):
+            count = _step_entries(frame)
+            if count > MAX_ENTRIES:
+                raise TooManyEntries(count) from None
         raise
     if isinstance(message, Step) and len(message.outputs) + len(message.failures) > MAX_ENTRIES:
         raise TooManyEntries(len(message.outputs) + len(message.failures))

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Final
 
 import msgspec
@@ -112,6 +112,16 @@ async def test_a_front_never_opens_a_session_with_an_engine_of_another_version(
         await eventually(lambda: client.stats().refused >= 1)
         assert not client.ready
         with pytest.raises(tether_zmq.EngineUnavailable, match="protocol"):
+            client.open({"n": 1})
+
+
+async def test_a_front_whose_hello_is_too_large_stays_down_and_says_why(address: str) -> None:
+    async with greeted_engine(address) as (client, send, _):
+        reason = f"{wire.HELLO_TOO_LARGE}: 20000 bytes (at most 16384)"
+        await send(wire.Refuse(0, PROTOCOL_VERSION, reason))
+        await eventually(lambda: client.stats().refused == 1)
+        assert not client.ready
+        with pytest.raises(tether_zmq.EngineUnavailable, match="hello too large"):
             client.open({"n": 1})
 
 
@@ -281,10 +291,6 @@ _COSTLY_TEXT: Final = "x" * _MANY + "\U0001f600"
     "frame",
     [
         pytest.param(
-            wire.encode(wire.Hello(0, PROTOCOL_VERSION, _COSTLY_TEXT, 1, 1 << 20)),
-            id="a-hello-of-a-costly-name",
-        ),
-        pytest.param(
             wire.encode(wire.Submit(1, [(1, _COSTLY_TEXT, b"\x80")])),
             id="a-submission-of-a-costly-rid",
         ),
@@ -302,6 +308,21 @@ async def test_a_peer_without_a_session_has_no_more_than_a_hello_read(
         stats = engine.server.stats()
         assert (stats.no_session, stats.malformed, stats.refused) == (1, 0, 0)
         await say_hello(peer)  # (a hello is read, and opens a session)
+        await assert_still_serves(engine.server)
+
+
+async def test_a_hello_too_large_to_read_is_refused_unread_saying_so(address: str) -> None:
+    hello = wire.encode(wire.Hello(0, PROTOCOL_VERSION, _COSTLY_TEXT, 1, 1 << 20))
+    async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
+        await peer.send(hello)
+        reply = await answer(peer)
+        # (not "say hello": the front would say this one again for ever, never told why)
+        assert isinstance(reply, wire.Refuse)
+        assert reply.reason.startswith(wire.HELLO_TOO_LARGE), reply.reason
+        assert str(len(hello)) in reply.reason
+        stats = engine.server.stats()
+        assert (stats.no_session, stats.malformed, stats.refused) == (0, 1, 0)
+        await say_hello(peer)
         await assert_still_serves(engine.server)
 
 
@@ -468,13 +489,15 @@ async def test_a_message_for_the_other_direction_is_refused_unread_and_holds_no_
         assert engine.server.stats().no_session == 0
 
 
+_Send = Callable[[wire.Message | bytes], Awaitable[None]]
+
+
 @contextlib.asynccontextmanager
-async def dishonest_engine(
+async def greeted_engine(
     address: str,
-) -> AsyncIterator[
-    tuple[tether_zmq.EngineClient, Callable[[wire.Message | bytes], Awaitable[None]]]
-]:
-    """A front with a session on a fake engine, and a way to send it anything."""
+) -> AsyncIterator[tuple[tether_zmq.EngineClient, _Send, wire.Hello]]:
+    """A front that said hello to a fake engine, its hello, and a way to answer it
+    anything."""
     async with raw_peer(zmq.ROUTER, address) as fake:
         bound = fake.getsockopt_string(zmq.LAST_ENDPOINT)
         async with front(bound, ready=False) as client:
@@ -482,36 +505,35 @@ async def dishonest_engine(
                 identity, frame = await fake.recv_multipart()
             hello = wire.decode(frame)
             assert isinstance(hello, wire.Hello)
-            welcome = wire.Welcome(0, PROTOCOL_VERSION, "fake", hello.attempt, 1 << 24)
-            await fake.send_multipart([identity, wire.encode(welcome)])
-            async with asyncio.timeout(10):
-                await client.wait_ready()
 
             async def send(message: wire.Message | bytes) -> None:
                 frame = message if isinstance(message, bytes) else wire.encode(message)
                 await fake.send_multipart([identity, frame])
 
-            yield client, send
+            yield client, send, hello
+
+
+@contextlib.asynccontextmanager
+async def dishonest_engine(address: str) -> AsyncIterator[tuple[tether_zmq.EngineClient, _Send]]:
+    """A front with a session on a fake engine, and a way to send it anything."""
+    async with greeted_engine(address) as (client, send, hello):
+        await send(wire.Welcome(0, PROTOCOL_VERSION, "fake", hello.attempt, 1 << 24))
+        async with asyncio.timeout(10):
+            await client.wait_ready()
+        yield client, send
 
 
 @pytest.mark.parametrize("cap", [0, -1, wire.MIN_MESSAGE - 1])
 async def test_a_welcome_whose_cap_no_request_could_fit_opens_no_session(
     address: str, cap: int
 ) -> None:
-    async with raw_peer(zmq.ROUTER, address) as fake:
-        bound = fake.getsockopt_string(zmq.LAST_ENDPOINT)
-        async with front(bound, ready=False) as client:
-            async with asyncio.timeout(10):
-                identity, frame = await fake.recv_multipart()
-            hello = wire.decode(frame)
-            assert isinstance(hello, wire.Hello)
-            welcome = wire.Welcome(0, PROTOCOL_VERSION, "fake", hello.attempt, cap)
-            await fake.send_multipart([identity, wire.encode(welcome)])
-            await eventually(lambda: client.stats().malformed == 1)
-            assert not client.ready
-            with pytest.raises(tether_zmq.EngineUnavailable, match="max_message"):
-                client.open({"n": 1})
-            assert client.registry.in_flight == 0
+    async with greeted_engine(address) as (client, send, hello):
+        await send(wire.Welcome(0, PROTOCOL_VERSION, "fake", hello.attempt, cap))
+        await eventually(lambda: client.stats().malformed == 1)
+        assert not client.ready
+        with pytest.raises(tether_zmq.EngineUnavailable, match="max_message"):
+            client.open({"n": 1})
+        assert client.registry.in_flight == 0
 
 
 async def test_a_failure_text_from_the_engine_is_cut_before_a_client_sees_it(
@@ -546,22 +568,229 @@ async def test_a_step_with_a_field_past_its_own_that_is_no_scalar_is_refused_unr
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+@pytest.mark.parametrize(
+    ("outputs", "failures"),
+    [
+        pytest.param(2_000_000, 0, id="outputs"),
+        pytest.param(0, 2_000_000, id="failures"),
+        pytest.param(10, 2_000_000, id="failures-after-outputs"),
+    ],
+)
 async def test_a_step_of_more_entries_than_one_message_may_hold_ends_the_session_unread(
-    address: str,
+    address: str, outputs: int, failures: int
 ) -> None:
     async with dishonest_engine(address) as (client, send):
         stream = client.open({"n": 1})
-        await send(wire.Step(1, [(1, b"", False)] * 2_000_000, []))
+        await send(wire.Step(1, [(1, b"", False)] * outputs, [(1, "", 400)] * failures))
         async with asyncio.timeout(10):
             with pytest.raises(tether.ProducerError) as caught:
                 await stream.result()
         assert isinstance(caught.value.__cause__, tether_zmq.EngineLost)
-        assert "4096" in str(caught.value.__cause__)
+        assert f"a message of {outputs + failures} entries" in str(caught.value.__cause__)
         stats = client.stats()
         assert stats.malformed == 1
         assert stats.late_outputs == 0  # (none of its entries was read)
         assert stats.links_lost == 1
         assert client.registry.in_flight == 0
+
+
+@pytest.mark.parametrize(
+    ("outputs", "failures"),
+    [(0, wire.MAX_ENTRIES + 1), (7, wire.MAX_ENTRIES), (3000, 3000)],
+    ids=["failures", "failures-after-outputs", "both-together"],
+)
+def test_a_front_measures_a_steps_outputs_and_failures_together(
+    outputs: int, failures: int
+) -> None:
+    step = wire.Step(1, [(1, b"\x01", True)] * outputs, [(2, "no", 400)] * failures)
+    with pytest.raises(wire.TooManyEntries) as caught:
+        wire.decode_at_front(wire.encode(step))
+    assert caught.value.count == outputs + failures
+
+
+@pytest.mark.parametrize("decode", [wire.decode_at_engine, wire.decode_at_front])
+def test_a_frame_of_more_fields_than_max_fields_is_refused_from_its_header(
+    decode: Callable[[bytes], object],
+) -> None:
+    # (the array says a million fields; only a Ping's own follow: a decoder that read
+    # past the header would fail on the truncation instead)
+    frame = _array32(1 << 20) + b"\x07\x00\xcb" + bytes(8)
+    with pytest.raises(msgspec.ValidationError, match=f"at most length {wire.MAX_FIELDS}"):
+        decode(frame)
+
+
+_MiB: Final = 1 << 20
+_RID: Final = "x" * (4 * 1024) + "\U0001f600"
+"""A request id a peer with a session may send: one character past the BMP at its end
+makes every character of it four bytes wide (the costly strings the docs bound)."""
+
+
+def _costly_submit(*, bad: bool = False, extra: bytes = b"") -> bytes:
+    """A Submit of 4096 costly rids (about 16 MiB); ``bad``: the last entry's payload is
+    an int (a wrong type in a known field, at the frame's very end); ``extra``: encoded
+    fields past the message's own (a newer peer's)."""
+    entries = [(sid, _RID, b"") for sid in range(1, wire.MAX_ENTRIES + 1)]
+    frame = wire.encode(wire.Submit(1, entries))
+    if bad:
+        assert frame.endswith(b"\xc4\x00")
+        frame = frame[:-2] + b"\x05"
+    if extra:
+        assert frame[0] == 0x93
+        frame = b"\x94" + frame[1:] + extra
+    return frame
+
+
+def _costly_step(*, bad: bool = False, extra: bytes = b"", n: int = wire.MAX_ENTRIES) -> bytes:
+    """A Step of ``n`` failures with costly texts (4096: about 16 MiB, a hostile or buggy
+    engine's, which the front cuts only once built); ``bad``: the last failure's status
+    is a float, at the frame's very end."""
+    failures = [(sid, _RID, 500) for sid in range(1, n + 1)]
+    frame = wire.encode(wire.Step(1, [], failures))
+    if bad:
+        assert frame.endswith(b"\xcd\x01\xf4")
+        frame = frame[:-3] + b"\xcb" + msgspec.msgpack.encode(500.5)[1:]
+    if extra:
+        assert frame[0] == 0x94
+        frame = b"\x95" + frame[1:] + extra
+    return frame
+
+
+def _costly_submit_of_one(*, bad: bool = False, extra: bytes = b"") -> bytes:
+    """A Submit of one request whose rid is 16 MiB of costly text (the docs' bound on
+    strings from a peer with a session: 3-4 ms per MiB); ``bad`` and ``extra`` as above."""
+    frame = wire.encode(wire.Submit(1, [(1, "x" * (16 * _MiB) + "\U0001f600", b"")]))
+    if bad:
+        frame = frame[:-2] + b"\x05"
+    if extra:
+        frame = b"\x94" + frame[1:] + extra
+    return frame
+
+
+def _step_of_outputs(*, bad: bool = False, extra: bytes = b"") -> bytes:
+    """A Step of 4095 small outputs and one failure (about 40 KiB, cheap to decode);
+    ``bad``: that failure's status is a float, at the frame's very end."""
+    outputs = [(sid, b"\x01", False) for sid in range(1, wire.MAX_ENTRIES)]
+    frame = wire.encode(wire.Step(1, outputs, [(1, "no", 500)]))
+    if bad:
+        frame = frame[:-3] + b"\xcb" + msgspec.msgpack.encode(500.5)[1:]
+    if extra:
+        frame = b"\x95" + frame[1:] + extra
+    return frame
+
+
+_COSTLY_FRAMES: Final = [
+    pytest.param(wire.decode_at_engine, _costly_submit, id="engine-a-submit"),
+    pytest.param(wire.decode_at_engine, _costly_submit_of_one, id="engine-a-submit-of-one-rid"),
+    pytest.param(wire.decode_at_front, _costly_step, id="front-a-step"),
+    pytest.param(wire.decode_at_front, _step_of_outputs, id="front-a-step-of-outputs"),
+]
+
+
+@pytest.mark.parametrize(("decode", "make"), _COSTLY_FRAMES)
+def test_a_frame_refused_for_a_bad_field_costs_one_decode(
+    decode: Callable[[bytes], object], make: Callable[..., bytes]
+) -> None:
+    honest, broken = make(), make(bad=True)
+    assert abs(len(honest) - len(broken)) < 16
+    decode(honest)
+    with pytest.raises(msgspec.ValidationError):
+        decode(broken)
+    # (a wrong type in a known field is no newer peer's field: reading the frame again
+    # with room for more fields would fail at the same place, at twice the cost; 669c7a7
+    # did: 16 MiB of costly rids, honest 32-36 ms, broken 65-72 ms)
+    broken_s, honest_s = _least_time(decode, broken), _least_time(decode, honest)
+    assert broken_s < 1.4 * honest_s + 0.002, f"broken {broken_s:.4f} s, honest {honest_s:.4f} s"
+
+
+@pytest.mark.parametrize(("decode", "make"), _COSTLY_FRAMES)
+def test_a_newer_peers_frame_costs_one_decode(
+    decode: Callable[[bytes], object], make: Callable[..., bytes]
+) -> None:
+    honest = make()
+    newer = make(extra=msgspec.msgpack.encode("trace-id"))
+    decode(newer)  # (read, as promised)
+    # (msgspec checks an array-like struct's maximum length only after reading every
+    # field it knows: trying the exact fields first read a newer peer's frame twice)
+    newer_s, honest_s = _least_time(decode, newer), _least_time(decode, honest)
+    assert newer_s < 1.4 * honest_s + 0.002, f"newer {newer_s:.4f} s, honest {honest_s:.4f} s"
+
+
+async def test_a_newer_fronts_hello_with_a_long_scalar_field_is_welcomed(address: str) -> None:
+    # A newer front of the same protocol version adds a string to its hello (a token, a
+    # description of what it runs): a scalar, past the 1 KiB a peer without a session
+    # may send of anything else.
+    hello = wire.encode(wire.Hello(0, PROTOCOL_VERSION, "newer", 1, 1 << 20))
+    assert hello[0] == 0x96
+    newer = b"\x97" + hello[1:] + msgspec.msgpack.encode("t" * 1100)
+    async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
+        await peer.send(newer)
+        reply = await answer(peer)
+        assert isinstance(reply, wire.Welcome), reply
+        await assert_still_serves(engine.server)
+
+
+class _Counting:
+    """A decoder that counts the large frames it reads (pings and hellos are not)."""
+
+    def __init__(self, decoder: msgspec.msgpack.Decoder[object], counts: list[int]) -> None:
+        self._decoder = decoder
+        self._counts = counts
+
+    def decode(self, frame: bytes) -> object:
+        if len(frame) > _MiB:
+            self._counts.append(len(frame))
+        return self._decoder.decode(frame)
+
+
+@contextlib.contextmanager
+def _reads_of(reader: wire._Reader) -> Iterator[list[int]]:
+    """Every large frame ``reader`` walks, strictly or with its twins (its private
+    decoders are what is counted)."""
+    counts: list[int] = []
+    strict, twins = reader._strict, reader._twins  # noqa: SLF001
+    counting = _Counting(strict, counts), _Counting(twins, counts)
+    reader._strict, reader._twins = counting  # type: ignore[assignment]  # noqa: SLF001
+    try:
+        yield counts
+    finally:
+        reader._strict, reader._twins = strict, twins  # noqa: SLF001
+
+
+async def test_a_frame_refused_for_a_bad_field_is_read_once_by_the_engine(address: str) -> None:
+    async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
+        await say_hello(peer)
+        reader = wire._engine_reader  # noqa: SLF001
+        with _reads_of(reader) as reads:
+            await peer.send(_costly_submit_of_one(bad=True))  # (seq 1: the session's next)
+            await eventually(lambda: engine.server.stats().malformed == 1)
+        # (read twice, the whole 16 MiB rid, four times that in memory, was built, thrown
+        # away and built again: a 32 MiB frame held the loop 135-147 ms, an honest 66-75)
+        assert len(reads) == 1, reads
+        await assert_still_serves(engine.server)
+
+
+async def test_a_step_refused_for_a_bad_field_is_read_once_by_the_front(address: str) -> None:
+    async with dishonest_engine(address) as (client, send):
+        reader = wire._front_reader  # noqa: SLF001
+        with _reads_of(reader) as reads:
+            await send(_costly_step(bad=True, n=2048))  # (8 MiB: within the front's cap)
+            await eventually(lambda: client.stats().malformed == 1)
+        assert len(reads) == 1, reads
+
+
+async def test_an_engines_name_costs_a_front_no_more_than_a_fronts_name_costs_the_engine(
+    address: str,
+) -> None:
+    # (the engine refuses a hello whose front name is past MAX_NAME bytes; a front keeps
+    # no more of the engine's name for its session: a 1 MiB name past the BMP would be
+    # kept four times over, for as long as the front runs)
+    async with greeted_engine(address) as (client, send, hello):
+        name = "x" * _MiB + "\U0001f600"
+        await send(wire.Welcome(0, PROTOCOL_VERSION, name, hello.attempt, 1 << 24))
+        async with asyncio.timeout(10):
+            await client.wait_ready()  # (a name is for logs: a long one is cut, not refused)
+        kept = client._engine  # noqa: SLF001 (what the session keeps)
+        assert kept == "x" * wire.MAX_NAME
 
 
 import tether  # noqa: E402
