@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 import tether
+
+# Known, not fixed yet (review 2): only a request ended by its own sink is deferred.
+pytestmark = pytest.mark.xfail(
+    strict=True, reason="on_abort of requests a sink ends other than its own is not deferred yet"
+)
 
 
 class Producer:
