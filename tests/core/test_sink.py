@@ -594,18 +594,28 @@ async def test_a_held_last_output_ends_the_request_when_the_producer_is_cancelle
     assert [output async for output in stream] == ["x", "last"]
 
 
-async def test_a_held_last_output_ends_the_request_when_the_sink_raises_a_base_exception() -> None:
+@pytest.mark.parametrize("many", [False, True], ids=["deliver", "deliver_many"])
+async def test_a_held_last_output_ends_the_request_when_the_sink_raises_a_base_exception(
+    many: bool,
+) -> None:
     """The same with a sink that raises a ``BaseException``: it goes on to the producer,
     and the request ends all the same."""
     registry = tether.Registry()
     stream = registry.open()
+    registry.deliver(stream.rid, "first")
+    assert stream.ready() == ["first"]
 
     def sink(outputs: list[Any]) -> bool:
         registry.deliver(stream.rid, "last", finished=True)  # held behind the offered one
         raise KeyboardInterrupt
 
     assert stream.set_sink(sink)
+    step = (
+        (lambda: registry.deliver_many([(stream.rid, "x", False)]))
+        if many
+        else (lambda: registry.deliver(stream.rid, "x"))
+    )
     with pytest.raises(KeyboardInterrupt):
-        registry.deliver(stream.rid, "x")
+        step()
     assert registry.in_flight == 0, "the producer's last output was delivered; the request lives on"
     assert [output async for output in stream] == ["x", "last"]
