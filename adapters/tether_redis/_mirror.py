@@ -259,8 +259,9 @@ class Mirror:
             # Cut while its claim was on its way (its client left): the claim may have
             # landed, and the owner would keep this client for the newest: withdrawn.
             store.ear.drop(self)
-            gone = {"op": "detach", "w": store.worker, "f": self._fid, "pos": str(after)}
-            store.spawn(self._tell(gone))
+            if not store.closing():  # (a closed store's tasks are ended by nobody)
+                gone = {"op": "detach", "w": store.worker, "f": self._fid, "pos": str(after)}
+                store.spawn(self._tell(gone))
             raise
         except BaseException:
             store.ear.drop(self)

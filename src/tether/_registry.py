@@ -304,6 +304,10 @@ class Registry:
         except Exception as exc:  # merge() raised: that request fails, the producer goes on
             self._table.merge_failed(state, exc, finished)
             return True
+        except BaseException:  # a sink's KeyboardInterrupt...: it goes on, the end settled
+            if state.unsettled(self._limits):
+                self._table.too_slow(state, finished)
+            raise
         if not state.live:
             return True  # ended inside put (merge or a finaliser re-entered): once is all
         if not fits:

@@ -367,16 +367,19 @@ class RequestState(Mailbox):
                 self.sink = OFFERING
                 try:
                     took = sink([output])
-                except Exception:
+                except (Exception, asyncio.CancelledError):
+                    # A CancelledError too: a synchronous sink cannot receive its task's
+                    # cancellation (cancel() on the running task only marks its next
+                    # await), so it is its send chain's, however cancelled the task is.
                     logger.debug(
                         "the sink of %r raised; its consumer reads instead", self.rid, exc_info=True
                     )
                     took = False
-                except asyncio.CancelledError:
-                    if producer_cancelled(self.rid):
-                        self.offered(output, sink, False, limits)
-                        raise
-                    took = False
+                except BaseException:
+                    # KeyboardInterrupt, SystemExit...: it goes on to the producer, the
+                    # state whole again (the caller settles the end: unsettled()).
+                    self.offered(output, sink, False, limits)
+                    raise
                 if took and self.sink is OFFERING:
                     self.sink = sink
                     return True
@@ -479,6 +482,12 @@ class RequestState(Mailbox):
             return self.nbytes <= limits.max_bytes
         return True
 
+    def unsettled(self, limits: Limits) -> bool:
+        """Whether what :meth:`put` would have answered is ``False`` (the producer's
+        last output held, or a limit broken), when a sink's ``BaseException`` cut it
+        short: the caller settles that end as for a ``False``. Never while offering."""
+        return self.live and not self.offering() and (self.finishing or not self.fits(limits))
+
     def last_was_held(self) -> bool:
         """Whether the producer's last output was held while the sink was offered one
         (:meth:`hold`): the request's end is then the caller's to settle, once the
@@ -533,22 +542,6 @@ class RequestState(Mailbox):
         group = self.group
         if group is not None:
             group.wake()
-
-
-def producer_cancelled(rid: str) -> bool:
-    """A sink raised ``CancelledError`` in the producer's step: whether that is the
-    producer's own task being cancelled (its step called ``cancel()`` on it), which
-    must go on. Otherwise it is the consumer's: a sink cannot be cancelled where it
-    runs, so it is its send chain's (a cancelled future awaited in its step), handled
-    as any error of the sink's, and the producer's task is not cancelled by it."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # (no loop runs: no task to cancel)
-        task = None
-    if task is not None and task.cancelling():
-        return True
-    logger.debug("the sink of %r raised CancelledError; its consumer reads instead", rid)
-    return False
 
 
 def _offering(outputs: list[Any]) -> bool:
@@ -621,6 +614,10 @@ def route(
         except Exception as exc:  # as in deliver(): that request fails alone
             table.merge_failed(state, exc, False)
             continue
+        except BaseException:  # as in deliver()
+            if state.unsettled(limits):
+                table.too_slow(state, False)
+            raise
         if not fits and state.live:
             table.too_slow(state, False)
     return (len(items) if isinstance(items, list | tuple) else seen[0]) - late

@@ -93,15 +93,11 @@ class Stepped:
         except StopIteration:
             self._suspended = 0
             return True
-        except Exception as exc:  # the writing task meets it, as in its own write
-            return _Begun(None, exc, self._context)
-        except asyncio.CancelledError as exc:
-            # The send chain's (a cancelled future awaited in its step): the writing
-            # task meets it too, as in its own write; never the producer's task, which
-            # only its own cancel() may cancel (then it goes on).
-            task = _current_task(self._loop)
-            if task is not None and task.cancelling():
-                raise
+        except (Exception, asyncio.CancelledError) as exc:
+            # The writing task meets it, as in its own write; a CancelledError too: it
+            # is the send chain's (a cancelled future awaited in its step), never the
+            # producer's, whose cancellation cannot be delivered inside this
+            # synchronous call (cancel() on the running task marks its next await).
             return _Begun(None, exc, self._context)
         finally:
             self._busy = False

@@ -423,8 +423,10 @@ async def test_a_sink_that_raises_cancelled_error_spares_the_producer_and_loses_
 
 async def test_a_producer_cancelled_in_its_step_stays_cancelled_when_a_sink_raises() -> None:
     """The other side: the producer's own task was cancelled during its step and a
-    sink then raises ``CancelledError``: the cancellation goes on out of
-    ``deliver()`` (it is the producer's), and the output offered still waits."""
+    sink then raises ``CancelledError``. That cannot be the producer's cancellation (a
+    task's ``cancel()`` inside its own synchronous step only marks its next await):
+    ``deliver()`` handles it as the sink's, and the producer's cancellation goes on at
+    its next await (here, its end). The output offered still waits."""
     registry = tether.Registry()
     stream = _with_a_cancelled_sink(registry)
 
@@ -471,3 +473,149 @@ async def test_a_sink_that_aborts_its_own_request_tells_on_abort_after_the_produ
         await called.wait()
     assert told == [(stream.rid, False)], "on_abort ran inside the producer's step"
     await stream.aclose()
+
+
+class _Stop(BaseException):
+    """A BaseException that is not an Exception (as pytest's own failures are)."""
+
+
+def _raising(exc: BaseException) -> Any:
+    def sink(outputs: list[Any]) -> bool:
+        raise exc
+
+    return sink
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [_Stop("stop"), KeyboardInterrupt(), SystemExit(1)],
+    ids=["base-exception", "keyboard-interrupt", "system-exit"],
+)
+async def test_the_output_offered_to_a_sink_that_raises_a_base_exception_is_not_lost(
+    exc: BaseException,
+) -> None:
+    """A sink that raises something that is not an ``Exception`` (KeyboardInterrupt,
+    SystemExit, a library's own ``BaseException``) may let it go on to the producer,
+    but never leaves the request's sink as the "being offered" marker: the output it was
+    offered stays readable and the producer's last output ends the request (invariants
+    2, 4, 11)."""
+    registry = tether.Registry()
+    stream = registry.open()
+    assert stream.set_sink(_raising(exc))
+    with pytest.raises(type(exc)):
+        registry.deliver(stream.rid, "a")
+    # the producer goes on: its last output ends the request
+    registry.deliver(stream.rid, "b", finished=True)
+    assert registry.in_flight == 0, "the request never ended: its sink is still the marker"
+    assert [output async for output in stream] == ["a", "b"]
+
+
+async def test_a_stream_whose_sink_raised_a_base_exception_takes_a_sink_again() -> None:
+    """The same sink's stream: what it was offered waits for the reader, and a sink set
+    again is offered the next outputs."""
+    registry = tether.Registry()
+    stream = registry.open()
+    assert stream.set_sink(_raising(_Stop("stop")))
+    with pytest.raises(_Stop):
+        registry.deliver(stream.rid, "a")
+    stream.set_sink(None)
+    assert stream.ready() == ["a"]  # (what it was offered waits for the reader)
+    taken: list[Any] = []
+    assert stream.set_sink(lambda outputs: taken.extend(outputs) or True)
+    registry.deliver(stream.rid, "b")
+    assert taken == ["b"], "the new sink is never offered anything: the marker stayed"
+    await stream.aclose()
+
+
+async def test_a_producer_flushing_its_last_step_while_cancelled_delivers_it_to_every_request() -> (
+    None
+):
+    """A sink's ``CancelledError`` is its consumer's and fails that consumer alone
+    (invariants 8, 10), even while the producer's task is being cancelled (its
+    ``cancelling()`` stays above zero for the whole of its clean-up): a producer that
+    flushes its last step then (``except CancelledError: deliver_many(...); raise``, an
+    engine's shutdown) delivers it whole, to every request after that sink's too."""
+    registry = tether.Registry()
+    a, b = registry.open(), registry.open()
+    for stream in (a, b):
+        registry.deliver(stream.rid, "first")
+        assert stream.ready() == ["first"]
+    assert a.set_sink(_raises_cancelled_error)
+    parked = asyncio.Event()
+
+    async def engine() -> None:
+        try:
+            parked.set()
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            # shutdown: the step that was computed goes out before the task ends
+            registry.deliver_many(
+                [
+                    (a.rid, "x", False),
+                    (b.rid, "y", False),
+                    (a.rid, "a-end", True),
+                    (b.rid, "b-end", True),
+                ]
+            )
+            raise
+
+    async with asyncio.timeout(10):
+        task = asyncio.create_task(engine())
+        await parked.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert registry.in_flight == 0, "the step was cut at a's sink: b never got its outputs"
+    assert [output async for output in b] == ["y", "b-end"]
+    assert [output async for output in a] == ["x", "a-end"]
+
+
+async def test_a_held_last_output_ends_the_request_when_the_producer_is_cancelled() -> None:
+    """A last output delivered from inside a sink ends the request once the sink
+    answers, whatever it answers: ``CancelledError`` while the producer's own task is
+    being cancelled (its step called ``cancel()`` on it) included (invariants 2, 11)."""
+    registry = tether.Registry()
+    stream = registry.open()
+
+    def sink(outputs: list[Any]) -> bool:
+        registry.deliver(stream.rid, "last", finished=True)  # held behind the offered one
+        raise asyncio.CancelledError()
+
+    assert stream.set_sink(sink)
+
+    async def engine() -> None:
+        asyncio.current_task().cancel()  # type: ignore[union-attr]  (its step cancels itself)
+        registry.deliver(stream.rid, "x")
+
+    async with asyncio.timeout(10):
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.create_task(engine())
+    assert registry.in_flight == 0, "the producer's last output was delivered; the request lives on"
+    assert [output async for output in stream] == ["x", "last"]
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["deliver", "deliver_many"])
+async def test_a_held_last_output_ends_the_request_when_the_sink_raises_a_base_exception(
+    many: bool,
+) -> None:
+    """The same with a sink that raises a ``BaseException``: it goes on to the producer,
+    and the request ends all the same."""
+    registry = tether.Registry()
+    stream = registry.open()
+    registry.deliver(stream.rid, "first")
+    assert stream.ready() == ["first"]
+
+    def sink(outputs: list[Any]) -> bool:
+        registry.deliver(stream.rid, "last", finished=True)  # held behind the offered one
+        raise KeyboardInterrupt
+
+    assert stream.set_sink(sink)
+    step = (
+        (lambda: registry.deliver_many([(stream.rid, "x", False)]))
+        if many
+        else (lambda: registry.deliver(stream.rid, "x"))
+    )
+    with pytest.raises(KeyboardInterrupt):
+        step()
+    assert registry.in_flight == 0, "the producer's last output was delivered; the request lives on"
+    assert [output async for output in stream] == ["x", "last"]

@@ -4,6 +4,7 @@ of the handler's thread: a thread's hand-over, in a loop callback, never drives 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -89,16 +90,23 @@ async def test_a_send_step_that_raises_cancelled_error_is_handed_to_the_write_lo
 
 async def test_a_send_step_in_a_cancelled_producers_step_lets_the_cancellation_go_on() -> None:
     """The other side: the producer's own task was cancelled during its step, and the
-    send step raises ``CancelledError``: it goes on out of ``write`` (the producer's
-    cancellation), not to the write loop."""
+    send step raises ``CancelledError``: that is still the send chain's (a task's
+    ``cancel()`` inside its own synchronous step only marks its next await), handed to
+    the write loop; the producer's cancellation goes on at its next await."""
     stepped = Stepped(_awaits_a_cancelled_future)
+    written: list[Any] = []
 
     async def producer() -> None:
         asyncio.current_task().cancel()  # type: ignore[union-attr]
-        stepped.write(b"x")
+        written.append(stepped.write(b"x"))
 
     async with asyncio.timeout(10):
         task = asyncio.create_task(producer())
         with pytest.raises(asyncio.CancelledError):
             await task
-    assert task.cancelled()
+        assert task.cancelled()
+        [begun] = written
+        assert begun is not True
+        assert begun is not False
+        with pytest.raises(asyncio.CancelledError):
+            await begun  # (the write loop meets it)

@@ -536,6 +536,46 @@ async def test_a_reconnect_whose_worker_begins_to_close_as_it_looks_claims_no_st
     assert seen == [2], f"the client reading on the owner: {seen!r}"
 
 
+async def test_a_store_that_closed_owns_no_task_whatever_its_reconnects_do_after(
+    redis: Redis,
+) -> None:
+    """Promised (``RedisStore.aclose``): "then end every task". A reconnect whose claim
+    is on its way when its worker closes, and whose client leaves after the close (a
+    server shutting down: its clients go as it closes), spawns no task of the closed
+    store (its claim's withdrawal, a message to the owner that retries a lease period
+    while Redis fails): nothing would await or cancel it any more."""
+    registry = tether.Registry()
+    owner = tether.resume.Resume(grace=30.0, store=RedisStore(redis, block=1.0))
+    sent = asyncio.Event()
+
+    async def held(commands: list[tuple[Any, ...]]) -> None:
+        if any("attach" in command for command in commands):
+            sent.set()  # its claim landed; its sender has not heard so yet
+            await asyncio.Event().wait()
+
+    elsewhere = RedisStore(AfterPipelines(redis, held), block=1.0)  # type: ignore[arg-type]
+    other = tether.resume.Resume(grace=30.0, store=elsewhere)
+    left: set[asyncio.Task[Any]] = set()
+    try:
+        async with asyncio.timeout(BOUND):
+            reader = await _owner_read_one(registry, owner, redis)
+            scope = tether.RequestScope()
+            reconnecting = _reconnect(scope, other, f"{reader.token}.1")
+            await sent.wait()
+            await other.aclose()  # the worker shuts down while the claim is on its way
+            scope.disconnect()  # and its client goes
+            with pytest.raises(tether.Aborted):
+                await reconnecting
+            left = {task for task in elsewhere._tasks if not task.done()}  # noqa: SLF001
+    finally:
+        for task in left:
+            task.cancel()
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
+    assert not left, f"the store closed, and still runs {left}"
+
+
 async def test_a_reconnect_near_the_end_of_a_long_log_reads_only_its_tail_from_redis(
     redis: Redis,
 ) -> None:
