@@ -1,0 +1,104 @@
+"""Hostile review of the merge "fix-pause" (592261b): the silence judgement, the
+copies that add only to a log that exists, the 503 while Redis evicts, and the
+give-back of a stream to a client elsewhere. Two stores in one process stand for two
+workers sharing one ``redis-server``."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from tether_redis import RedisStore
+
+import tether
+import tether.resume
+from tests._support.redis_server import RedisProcess
+from tether.resume import Follower
+
+from .conftest import eventually
+from .test_redis_faults import _drain, _first_read, _reach
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class _Hogged(Redis):
+    """A client whose next ``XREAD``, once ``hog`` is set, is followed (a moment after
+    it is sent, while Redis holds it for its block period) by a handler that holds the
+    event loop for ``hog`` seconds: the fault, a blocking call in the app."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hog = 0.0
+        self.hogged = asyncio.Event()
+
+    async def xread(self, streams: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        if self.hog:
+            hog, self.hog = self.hog, 0.0
+
+            def block_the_loop() -> None:
+                time.sleep(hog)
+                self.hogged.set()
+
+            asyncio.get_running_loop().call_later(0.05, block_the_loop)
+        return await super().xread(streams, *args, **kwargs)
+
+
+@contextlib.asynccontextmanager
+async def _pair(
+    url: str, *, block: float, timeout: float, grace: float = 30.0
+) -> AsyncIterator[tuple[tether.Registry, collections.Counter[str], list[RedisStore], list[Any]]]:
+    aborts: collections.Counter[str] = collections.Counter()
+    registry = tether.Registry(lambda rid: aborts.update([rid]))
+    clients = [Redis.from_url(url), _Hogged.from_url(url)]
+    stores = [RedisStore(client, block=block, timeout=timeout) for client in clients]
+    resumes = [tether.resume.Resume(grace=grace, store=store) for store in stores]
+    try:
+        yield registry, aborts, stores, resumes
+    finally:
+        await registry.close(drain_timeout=0)
+        for resume in reversed(resumes):
+            await resume.aclose()
+        for client in clients:
+            await client.aclose()
+
+
+async def _read_elsewhere(
+    registry: tether.Registry, owner: Any, other: Any, store: RedisStore
+) -> tuple[tether.Stream, Follower, Any]:
+    stream, first = await _first_read(registry, owner, leave=True)
+    mirror = await _reach(other, first.token, 1)
+    channel = store.channel(first.token)
+    assert channel is not None
+    await eventually(lambda: channel.remote)
+    return stream, mirror, channel
+
+
+async def test_a_loop_busy_for_less_than_a_lease_period_does_not_end_a_client_elsewhere(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): a client elsewhere ends with a 503 when "its Redis
+    # stops answering for a lease period". Here Redis answers at once all along; the
+    # event loop is held by a blocking handler for 0.45 s, less than the lease period
+    # (0.6 s), with block = timeout as the documented defaults have (1 s each, scaled
+    # down). The lease itself never needed to lapse, yet the client is ended.
+    async with _pair(redis_proc.url, block=0.2, timeout=0.2) as (registry, aborts, stores, (owner, other)):
+        async with asyncio.timeout(30):
+            stream, mirror, channel = await _read_elsewhere(registry, owner, other, stores[0])
+            registry.deliver(stream.rid, 1)
+            got = [output for _, output in await mirror.next_ready() or ()]
+            assert got == [1]
+            lease = stores[1].lease_ms / 1000
+            hogged = stores[1].client
+            assert isinstance(hogged, _Hogged)
+            hogged.hog = 0.75 * lease  # the fault: a handler hogging the loop, 0.45 s
+            await hogged.hogged.wait()
+            registry.deliver(stream.rid, 2)
+            registry.deliver(stream.rid, 3, finished=True)
+            assert await _drain(mirror) == [2, 3]
+            await mirror.aclose()
