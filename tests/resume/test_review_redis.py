@@ -102,3 +102,56 @@ async def test_a_loop_busy_for_less_than_a_lease_period_does_not_end_a_client_el
             registry.deliver(stream.rid, 3, finished=True)
             assert await _drain(mirror) == [2, 3]
             await mirror.aclose()
+
+
+async def test_a_stream_parked_while_redis_is_silent_to_its_owner_is_not_aborted_as_too_slow(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): a client elsewhere whose Redis is silent for a lease
+    # period makes "the owner park the stream" (its grace period runs), and "an owner
+    # that could not see it only because Redis did not answer it gives the stream back
+    # to that client once it finds its lease held". Here the client elsewhere read far
+    # more than max_events (8) events, each handed over through Redis, when the owner
+    # alone loses Redis for a while (its ACL user denied everything). The stream must
+    # park and come back to that client, not be aborted as a too slow consumer: the
+    # owner parks it at what its first client (here, long gone) had read, so one more
+    # output "waits" for more than max_events events.
+    admin = Redis.from_url(redis_proc.url)
+    await admin.execute_command("ACL", "SETUSER", "owner", "on", ">secret", "~*", "&*", "+@all")
+    host = redis_proc.url.split("://", 1)[1]
+    clients = [Redis.from_url(f"redis://owner:secret@{host}"), Redis.from_url(redis_proc.url)]
+    aborts: collections.Counter[str] = collections.Counter()
+    registry = tether.Registry(lambda rid: aborts.update([rid]))
+    stores = [RedisStore(client, block=0.1) for client in clients]
+    owner, other = (
+        tether.resume.Resume(grace=5.0, max_events=8, store=store) for store in stores
+    )
+    try:
+        async with asyncio.timeout(30):
+            stream, mirror, channel = await _read_elsewhere(registry, owner, other, stores[0])
+            seen: list[Any] = []
+            for n in range(1, 21):
+                registry.deliver(stream.rid, n)
+                seen += [output for _, output in await mirror.next_ready() or ()]
+            while len(seen) < 20:
+                seen += [output for _, output in await mirror.next_ready() or ()]
+            assert seen == list(range(1, 21))
+            await admin.execute_command("ACL", "SETUSER", "owner", "-@all")
+            await eventually(lambda: not channel.remote)  # Redis silent to it: parked
+            registry.deliver(stream.rid, 21)
+            await admin.execute_command("ACL", "SETUSER", "owner", "+@all")
+            async def given_back_or_aborted() -> bool:
+                return bool(channel.remote or aborts)
+
+            await eventually(given_back_or_aborted, timeout=3.0)  # its lease: held
+            assert aborts == {}, f"aborted: {channel.error!r}"
+            registry.deliver(stream.rid, 22, finished=True)
+            assert await _drain(mirror) == [21, 22]
+            await mirror.aclose()
+        assert aborts == {}
+    finally:
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
+        for client in [*clients, admin]:
+            await client.aclose()
