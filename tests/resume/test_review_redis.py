@@ -155,3 +155,76 @@ async def test_a_stream_parked_while_redis_is_silent_to_its_owner_is_not_aborted
         await owner.aclose()
         for client in [*clients, admin]:
             await client.aclose()
+
+
+async def _owner_gone_while(redis_proc: RedisProcess, *, evicting: bool) -> str:
+    """How a client elsewhere ends once its owner is gone (it cannot reach Redis any
+    more, and the stream's keys are gone, as they expire after an owner died), while
+    Redis evicts keys of another application all along (``evicting``) or not."""
+    admin = Redis.from_url(redis_proc.url)
+    await admin.execute_command("ACL", "SETUSER", "owner", "on", ">secret", "~*", "&*", "+@all")
+    host = redis_proc.url.split("://", 1)[1]
+    clients = [Redis.from_url(f"redis://owner:secret@{host}"), Redis.from_url(redis_proc.url)]
+    registry = tether.Registry()
+    stores = [RedisStore(client, block=0.1) for client in clients]
+    owner, other = (tether.resume.Resume(grace=30.0, store=store) for store in stores)
+    stop = asyncio.Event()
+
+    async def another_app() -> None:  # a cache at maxmemory: it evicts all the time
+        n = 0
+        while not stop.is_set():
+            await admin.set(f"other:{n}", b"x" * 16_384)
+            n += 1
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.02):
+                    await stop.wait()
+
+    app: asyncio.Task[None] | None = None
+    try:
+        async with asyncio.timeout(30):
+            stream, mirror, channel = await _read_elsewhere(registry, owner, other, stores[0])
+            if evicting:
+                used = (await admin.info("memory"))["used_memory"]
+                await admin.config_set("maxmemory-policy", "allkeys-lru")
+                await admin.config_set("maxmemory", str(used + 1_000_000))
+                app = asyncio.create_task(another_app())
+                await eventually(
+                    lambda: _evicted(admin), timeout=10.0
+                )  # (it evicts now)
+            await admin.execute_command("ACL", "SETUSER", "owner", "-@all")  # the owner dies
+            await admin.delete(*(stores[0].key(channel.token, kind) for kind in ("log", "ctl", "meta")))
+            try:
+                async with asyncio.timeout(8.0):  # the settling period is 1.3 s
+                    await _drain(mirror)
+            except TimeoutError:
+                return "still waiting"
+            except tether.TetherError as exc:
+                return str(exc)
+            return "ended"
+    finally:
+        stop.set()
+        if app is not None:
+            await app
+        await admin.config_set("maxmemory", "0")
+        await admin.execute_command("ACL", "SETUSER", "owner", "+@all")
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
+        for client in [*clients, admin]:
+            await client.aclose()
+
+
+async def _evicted(admin: Redis) -> bool:
+    return bool((await admin.info("stats"))["evicted_keys"] > 0)
+
+
+async def test_a_client_elsewhere_of_an_owner_that_died_ends_even_while_redis_evicts(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): a client elsewhere whose owner is gone ends ("the
+    # worker that ran this request is gone"), and "no failure is permanent". A Redis
+    # shared with a cache at maxmemory evicts some key every moment: each tick of the
+    # client's reader finds the owner's keys missing, sees the evicted count grow (INFO
+    # stats), and waits for a republication that no owner will ever make. The client
+    # holds its connection (and the worker its reader and lease) for ever.
+    assert "gone" in await _owner_gone_while(redis_proc, evicting=True)
