@@ -228,3 +228,41 @@ async def test_a_client_elsewhere_of_an_owner_that_died_ends_even_while_redis_ev
     # stats), and waits for a republication that no owner will ever make. The client
     # holds its connection (and the worker its reader and lease) for ever.
     assert "gone" in await _owner_gone_while(redis_proc, evicting=True)
+
+
+async def test_a_client_elsewhere_hears_of_a_paused_redis_within_a_lease_period_even_after_a_busy_moment(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): "a client on another worker whose Redis stops
+    # answering for a lease period ends with a 503 error event", counted "from when
+    # Redis last answered it ... so timeouts in a row do not add up". The same scene
+    # as test_a_client_elsewhere_hears_of_a_paused_redis_within_a_lease_period (block
+    # 0.5 s, timeout 0.5 s, lease 1.5 s), with one difference: the loop is busy (a
+    # blocking handler, 1.5 s) at the moment the verdict falls due, and past it. The
+    # judge then looks again a moment later (block/10), as meant, but every later look
+    # finds itself late by more than that moment again and looks again, for ever: the
+    # verdict never comes, and the client hears only once the reader's timeouts in a
+    # row have run out (a read, a block period, the upkeep, the renewal).
+    from .test_redis_guarantees import LEASE, _read_elsewhere, _until_it_ends
+
+    heard_after: float | None = None
+    async with asyncio.timeout(20), _read_elsewhere(redis_proc) as reading:
+        stores = [reading.owner.store, reading.follower._channel.keeper._store]  # type: ignore[attr-defined]
+        assert all(isinstance(store, RedisStore) for store in stores)
+        loop = asyncio.get_running_loop()
+        redis_proc.pause()
+        paused_at = loop.time()
+
+        def all_answers_handled() -> bool:  # (what Redis sent before it stopped)
+            return all(loop.time() - store._answered_at > 0.1 for store in stores)
+
+        await eventually(all_answers_handled)
+        time.sleep(LEASE)  # the fault: a blocking handler, over the verdict's moment
+        error = await _until_it_ends(reading.follower)
+        heard_after = loop.time() - paused_at
+        await reading.follower.aclose()
+    assert error is not None
+    assert tether.http.error_response(error).status == 503
+    # (as the scene without the busy moment: a lease period, one timeout, half a block
+    # period; the busy moment ends within it)
+    assert heard_after <= LEASE + 0.5 + 0.25, f"the client heard after {heard_after:.2f} s"
