@@ -51,13 +51,13 @@ class _Hogged(Redis):
 
 @contextlib.asynccontextmanager
 async def _pair(
-    url: str, *, block: float, timeout: float, grace: float = 30.0
+    url: str, *, block: float, timeout: float, grace: float = 30.0, **options: Any
 ) -> AsyncIterator[tuple[tether.Registry, collections.Counter[str], list[RedisStore], list[Any]]]:
     aborts: collections.Counter[str] = collections.Counter()
     registry = tether.Registry(lambda rid: aborts.update([rid]))
     clients = [Redis.from_url(url), _Hogged.from_url(url)]
     stores = [RedisStore(client, block=block, timeout=timeout) for client in clients]
-    resumes = [tether.resume.Resume(grace=grace, store=store) for store in stores]
+    resumes = [tether.resume.Resume(grace=grace, store=store, **options) for store in stores]
     try:
         yield registry, aborts, stores, resumes
     finally:
@@ -266,3 +266,59 @@ async def test_a_client_elsewhere_hears_of_a_paused_redis_within_a_lease_period_
     # (as the scene without the busy moment: a lease period, one timeout, half a block
     # period; the busy moment ends within it)
     assert heard_after <= LEASE + 0.5 + 0.25, f"the client heard after {heard_after:.2f} s"
+
+
+
+async def test_a_stream_whose_client_elsewhere_is_gone_parks_for_its_grace_period_however_long(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): "if that worker dies, or the lease cannot be seen for
+    # as long (three block periods), the owner parks the stream, and its grace period
+    # runs". The client elsewhere read 20 events (max_events 8), then its worker loses
+    # Redis for good (its ACL user denied everything: its lease lapses, as if it died).
+    # The owner parks the stream at what its own first client had read (event 1), not
+    # at what the client elsewhere had: the next output "waits" for more than 8 events
+    # and the request is aborted as a too slow consumer, at once, instead of running
+    # on through its grace period (30 s) for the client to come back on a third worker.
+    admin = Redis.from_url(redis_proc.url)
+    await admin.execute_command("ACL", "SETUSER", "reader", "on", ">secret", "~*", "&*", "+@all")
+    host = redis_proc.url.split("://", 1)[1]
+    clients = [Redis.from_url(redis_proc.url), Redis.from_url(f"redis://reader:secret@{host}")]
+    third_client = Redis.from_url(redis_proc.url)
+    aborts: collections.Counter[str] = collections.Counter()
+    registry = tether.Registry(lambda rid: aborts.update([rid]))
+    stores = [RedisStore(client, block=0.1) for client in [*clients, third_client]]
+    owner, other, third = (
+        tether.resume.Resume(grace=30.0, max_events=8, store=store) for store in stores
+    )
+    try:
+        async with asyncio.timeout(30):
+            stream, mirror, channel = await _read_elsewhere(registry, owner, other, stores[0])
+            seen: list[Any] = []
+            for n in range(1, 21):
+                registry.deliver(stream.rid, n)
+                seen += [output for _, output in await mirror.next_ready() or ()]
+            while len(seen) < 20:
+                seen += [output for _, output in await mirror.next_ready() or ()]
+            assert seen == list(range(1, 21))
+            await admin.execute_command("ACL", "SETUSER", "reader", "-@all")  # it "dies"
+            await eventually(lambda: not channel.remote)  # its lease lapsed: parked
+            registry.deliver(stream.rid, 21)
+            await eventually(lambda: channel.count == 22)  # (the pump read it)
+            assert aborts == {}, f"aborted: {channel.error!r}"
+            registry.deliver(stream.rid, 22, finished=True)
+            # Its client comes back on a third worker, from its last event (21: output
+            # n is event n + 1), and gets the rest.
+            back = await _reach(third, channel.token, 21)
+            assert await _drain(back) == [21, 22]
+            await back.aclose()
+            with contextlib.suppress(tether.TetherError):
+                await mirror.aclose()
+    finally:
+        await admin.execute_command("ACL", "SETUSER", "reader", "+@all")
+        await registry.close(drain_timeout=0)
+        await third.aclose()
+        await other.aclose()
+        await owner.aclose()
+        for client in [*clients, third_client, admin]:
+            await client.aclose()
