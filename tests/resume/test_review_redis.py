@@ -322,3 +322,47 @@ async def test_a_stream_whose_client_elsewhere_is_gone_parks_for_its_grace_perio
         await owner.aclose()
         for client in [*clients, third_client, admin]:
             await client.aclose()
+
+
+async def test_a_live_stream_whose_control_stream_redis_lost_is_never_a_404_nor_unknown_to_stop(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): "absence is claimed only when it is proven"; a Redis
+    # that evicts: "never a 404 for a live stream"; Stop of such a stream "503 until
+    # its owner has published it again". The workers reach Redis as a user that may not
+    # run INFO (ACL -info, as rename-command INFO "" does), so evictions cannot be
+    # counted, and Redis loses the stream's control stream alone (evicted: with INFO
+    # denied, the store cannot tell that from a DEL, which stands for it here). Its
+    # meta is still there: the stream is live, and Redis lost part of it; no INFO is
+    # needed to know that. Yet a reconnect elsewhere is a 404 (its claim finds no
+    # control stream) and Stop says the token is unknown (the stream runs on).
+    admin = Redis.from_url(redis_proc.url)
+    await admin.execute_command("ACL", "SETUSER", "noinfo", "on", ">secret", "~*", "&*", "+@all", "-info")
+    host = redis_proc.url.split("://", 1)[1]
+    clients = [Redis.from_url(redis_proc.url), Redis.from_url(f"redis://noinfo:secret@{host}")]
+    registry = tether.Registry()
+    # (the owner's block period is long: the scene is over before its next upkeep
+    # notices the loss; if it notices first, the test passes)
+    stores = [RedisStore(clients[0], block=2.0), RedisStore(clients[1], block=0.1)]
+    owner, other = (tether.resume.Resume(grace=30.0, store=store) for store in stores)
+    try:
+        async with asyncio.timeout(30):
+            stream, first = await _first_read(registry, owner, leave=True)
+            await (await _reach(other, first.token, 1)).aclose()  # (it is in Redis)
+            meta, ctl = (stores[0].key(first.token, kind) for kind in ("meta", "ctl"))
+            await eventually(lambda: admin.exists(ctl))
+            await admin.delete(ctl)  # Redis evicts the control stream alone
+            assert await admin.exists(meta)
+            answer = await other.reconnect({"last-event-id": f"{first.token}.1"}, {})
+            assert getattr(answer, "status", None) != 404 and answer is not tether.resume.NOT_RESUMABLE, answer
+            try:
+                known = await other.cancel(first.token)
+            except ConnectionError:
+                known = True  # (a 503: retry)
+            assert known, "Stop of a live stream: unknown token"
+    finally:
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
+        for client in [*clients, admin]:
+            await client.aclose()
