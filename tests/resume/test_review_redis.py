@@ -366,3 +366,39 @@ async def test_a_live_stream_whose_control_stream_redis_lost_is_never_a_404_nor_
         await owner.aclose()
         for client in [*clients, admin]:
             await client.aclose()
+
+
+async def test_a_client_elsewhere_reads_on_while_redis_evicts_its_streams_meta(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): keys "that Redis lost (restarted empty, evicted) make
+    # the owner publish the stream again"; evicting: "never a 404 for a live stream".
+    # A client elsewhere is reading when Redis evicts the stream's meta alone, on a
+    # Redis whose INFO its worker may not run (ACL -info: evictions cannot be counted;
+    # a DEL stands for the eviction, which the store cannot tell from it). The owner is
+    # alive and publishes the stream again a block period later; the client's reader,
+    # meanwhile, finds no meta, cannot see evictions, and ends the client: "the worker
+    # that ran this request is gone".
+    admin = Redis.from_url(redis_proc.url)
+    await admin.execute_command("ACL", "SETUSER", "noinfo", "on", ">secret", "~*", "&*", "+@all", "-info")
+    host = redis_proc.url.split("://", 1)[1]
+    clients = [Redis.from_url(redis_proc.url), Redis.from_url(f"redis://noinfo:secret@{host}")]
+    registry = tether.Registry()
+    stores = [RedisStore(clients[0], block=0.5), RedisStore(clients[1], block=0.1)]
+    owner, other = (tether.resume.Resume(grace=30.0, store=store) for store in stores)
+    try:
+        async with asyncio.timeout(30):
+            stream, mirror, channel = await _read_elsewhere(registry, owner, other, stores[0])
+            meta = stores[0].key(channel.token, "meta")
+            await admin.delete(meta)  # Redis evicts the meta alone
+            await eventually(lambda: admin.exists(meta), timeout=5.0)  # published again
+            registry.deliver(stream.rid, 1)
+            registry.deliver(stream.rid, 2, finished=True)
+            assert await _drain(mirror) == [1, 2]
+            await mirror.aclose()
+    finally:
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
+        for client in [*clients, admin]:
+            await client.aclose()
