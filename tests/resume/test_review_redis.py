@@ -91,7 +91,12 @@ async def test_a_loop_busy_for_less_than_a_lease_period_does_not_end_a_client_el
     # block period before it reads again, and the verdict, a lease period after the
     # last answer handled, falls in that wait: the client is ended with a 503 though
     # Redis never failed. (Before the merge this scene passed: the client read on.)
-    async with _pair(redis_proc.url, block=0.2, timeout=0.2) as (registry, aborts, stores, (owner, other)):
+    async with _pair(redis_proc.url, block=0.2, timeout=0.2) as (
+        registry,
+        aborts,
+        stores,
+        (owner, other),
+    ):
         async with asyncio.timeout(30):
             stream, mirror, channel = await _read_elsewhere(registry, owner, other, stores[0])
             registry.deliver(stream.rid, 1)
@@ -127,9 +132,7 @@ async def test_a_stream_parked_while_redis_is_silent_to_its_owner_is_not_aborted
     aborts: collections.Counter[str] = collections.Counter()
     registry = tether.Registry(lambda rid: aborts.update([rid]))
     stores = [RedisStore(client, block=0.1) for client in clients]
-    owner, other = (
-        tether.resume.Resume(grace=5.0, max_events=8, store=store) for store in stores
-    )
+    owner, other = (tether.resume.Resume(grace=5.0, max_events=8, store=store) for store in stores)
     try:
         async with asyncio.timeout(30):
             stream, mirror, channel = await _read_elsewhere(registry, owner, other, stores[0])
@@ -144,6 +147,7 @@ async def test_a_stream_parked_while_redis_is_silent_to_its_owner_is_not_aborted
             await eventually(lambda: not channel.remote)  # Redis silent to it: parked
             registry.deliver(stream.rid, 21)
             await admin.execute_command("ACL", "SETUSER", "owner", "+@all")
+
             async def given_back_or_aborted() -> bool:
                 return bool(channel.remote or aborts)
 
@@ -192,11 +196,11 @@ async def _owner_gone_while(redis_proc: RedisProcess, *, evicting: bool) -> str:
                 await admin.config_set("maxmemory-policy", "allkeys-lru")
                 await admin.config_set("maxmemory", str(used + 1_000_000))
                 app = asyncio.create_task(another_app())
-                await eventually(
-                    lambda: _evicted(admin), timeout=10.0
-                )  # (it evicts now)
+                await eventually(lambda: _evicted(admin), timeout=10.0)  # (it evicts now)
             await admin.execute_command("ACL", "SETUSER", "owner", "-@all")  # the owner dies
-            await admin.delete(*(stores[0].key(channel.token, kind) for kind in ("log", "ctl", "meta")))
+            await admin.delete(
+                *(stores[0].key(channel.token, kind) for kind in ("log", "ctl", "meta"))
+            )
             try:
                 async with asyncio.timeout(8.0):  # the settling period is 1.3 s
                     await _drain(mirror)
@@ -272,7 +276,6 @@ async def test_a_client_elsewhere_hears_of_a_paused_redis_within_a_lease_period_
     assert heard_after <= LEASE + 0.5 + 0.25, f"the client heard after {heard_after:.2f} s"
 
 
-
 async def test_a_stream_whose_client_elsewhere_is_gone_parks_for_its_grace_period_however_long(
     redis_proc: RedisProcess,
 ) -> None:
@@ -341,7 +344,9 @@ async def test_a_live_stream_whose_control_stream_redis_lost_is_never_a_404_nor_
     # needed to know that. Yet a reconnect elsewhere is a 404 (its claim finds no
     # control stream) and Stop says the token is unknown (the stream runs on).
     admin = Redis.from_url(redis_proc.url)
-    await admin.execute_command("ACL", "SETUSER", "noinfo", "on", ">secret", "~*", "&*", "+@all", "-info")
+    await admin.execute_command(
+        "ACL", "SETUSER", "noinfo", "on", ">secret", "~*", "&*", "+@all", "-info"
+    )
     host = redis_proc.url.split("://", 1)[1]
     clients = [Redis.from_url(redis_proc.url), Redis.from_url(f"redis://noinfo:secret@{host}")]
     registry = tether.Registry()
@@ -358,7 +363,9 @@ async def test_a_live_stream_whose_control_stream_redis_lost_is_never_a_404_nor_
             await admin.delete(ctl)  # Redis evicts the control stream alone
             assert await admin.exists(meta)
             answer = await other.reconnect({"last-event-id": f"{first.token}.1"}, {})
-            assert getattr(answer, "status", None) != 404 and answer is not tether.resume.NOT_RESUMABLE, answer
+            assert (
+                getattr(answer, "status", None) != 404 and answer is not tether.resume.NOT_RESUMABLE
+            ), answer
             try:
                 known = await other.cancel(first.token)
             except ConnectionError:
@@ -384,7 +391,9 @@ async def test_a_client_elsewhere_reads_on_while_redis_evicts_its_streams_meta(
     # meanwhile, finds no meta, cannot see evictions, and ends the client: "the worker
     # that ran this request is gone".
     admin = Redis.from_url(redis_proc.url)
-    await admin.execute_command("ACL", "SETUSER", "noinfo", "on", ">secret", "~*", "&*", "+@all", "-info")
+    await admin.execute_command(
+        "ACL", "SETUSER", "noinfo", "on", ">secret", "~*", "&*", "+@all", "-info"
+    )
     host = redis_proc.url.split("://", 1)[1]
     clients = [Redis.from_url(redis_proc.url), Redis.from_url(f"redis://noinfo:secret@{host}")]
     registry = tether.Registry()
