@@ -100,6 +100,7 @@ class RedisStore(tether.resume.MemoryStore):
         "_known",
         "_mirrors",
         "_ok_since",
+        "_stalled_at",
         "_unsettled",
         "_watch",
         "_writers",
@@ -158,6 +159,9 @@ class RedisStore(tether.resume.MemoryStore):
         self._answered_at = -float("inf")  # when Redis last answered this store
         self._watch: tuple[asyncio.TimerHandle, float] | None = None
         """The timer that judges silence a lease period after the answer it names."""
+        self._stalled_at = -float("inf")
+        """When this store last saw the event loop held past a deadline of its own (a
+        bound that fired late): answers may have come meanwhile, unheard."""
         self._unsettled = False  # what the last upkeep saw: Redis settling, or empty
         self._evictions: int | None = None  # Redis's count of evicted keys, last seen
         self._evicted_at = -float("inf")  # when this store last saw that count grow
@@ -180,6 +184,7 @@ class RedisStore(tether.resume.MemoryStore):
             self._upkeep,
             self.failed,
             self.answered,
+            self.overdue,
         )
         """The one reader of every control stream and mirrored log of this worker."""
         self.ear.poke = self._poke
@@ -204,10 +209,11 @@ class RedisStore(tether.resume.MemoryStore):
             contextlib.nullcontext() if own else self.upkeep_slots if upkeep else self.request_slots
         )
         try:
-            async with asyncio.timeout(self.timeout), slots:
+            async with asyncio.timeout(self.timeout) as bound, slots:
                 result = await job(self.client)
         except TimeoutError as exc:
             self.failed()
+            self.overdue(bound.when())
             raise StoreUnreachable(f"Redis did not answer within {self.timeout:g} s") from exc
         except (RedisError, OSError) as exc:
             self.failed()
@@ -283,6 +289,14 @@ class RedisStore(tether.resume.MemoryStore):
         if self._watch is None and not self._closing:
             self._watch = (loop.call_at(now + self.lease_ms / 1000, self._judge), now)
 
+    def overdue(self, deadline: float | None) -> None:
+        """A bound of this store's, due at ``deadline``, fired: if it fired late, the
+        event loop was held (a blocking handler), and Redis may have answered meanwhile
+        though nothing here heard it (the bound threw the answer away)."""
+        now = asyncio.get_running_loop().time()
+        if deadline is not None and now - deadline > self.block_ms / 10_000:
+            self._stalled_at = now
+
     def _judge(self) -> None:
         """A lease period after an answer: if Redis said nothing since, no lease can
         have been seen for as long, on any worker. The clients here of streams owned
@@ -290,7 +304,13 @@ class RedisStore(tether.resume.MemoryStore):
         not once the reader's timeouts in a row (a read of ``block + timeout``, a
         block period, the upkeep, a renewal) have run out. Answers only move the clock;
         the timer looks at it once per lease period, so a healthy Redis costs one
-        callback per lease period and no command."""
+        callback per lease period and no command.
+
+        Silence is Redis's, not the loop's: if the loop was held since that answer (a
+        bound fired late, this timer included), answers may have come and been thrown
+        away unheard, and the verdict waits for one fresh command (bounded by
+        ``timeout``) to go unanswered. One only: a loop that lags on does not put the
+        verdict off for ever."""
         watch, self._watch = self._watch, None
         if watch is None or self._closing:
             return
@@ -299,13 +319,23 @@ class RedisStore(tether.resume.MemoryStore):
         if heard > since:  # heard from since: judge a lease period after that
             self._watch = (loop.call_at(heard + self.lease_ms / 1000, self._judge), heard)
             return
-        step = self.block_ms / 10_000
-        if loop.time() - (since + self.lease_ms / 1000) > step:
-            # The loop was busy past the verdict's time: an answer may be waiting, read
-            # but not yet handled. Judge again once the loop has had a moment for it.
-            self._watch = (loop.call_later(step, self._judge), since)
+        self.overdue(since + self.lease_ms / 1000)
+        if self._stalled_at > since:
+            self.spawn(self._ask_again(since))
             return
         self.ear.silent()  # (the next answer arms the timer again)
+
+    async def _ask_again(self, since: float) -> None:
+        """The verdict of :meth:`_judge` once the loop was held: Redis is silent if it
+        does not answer a fresh ``PING`` either (an answer meanwhile arms the timer)."""
+
+        async def ping(client: Redis) -> None:
+            await client.ping()
+
+        with contextlib.suppress(StoreUnreachable):
+            await self.command(ping, own=True)
+        if self._answered_at <= since and not self._closing:
+            self.ear.silent()
 
     def respite(self, channel: Channel) -> float:
         """While Redis fails or settles, the client of a parked stream may be held off
