@@ -47,6 +47,7 @@ class Host(Protocol):
 
     block_ms: int
     lease_ms: int
+    settle_ms: int
     worker: str
     ear: Ear
     epoch: str
@@ -94,6 +95,7 @@ class Mirror:
         "_claim",
         "_closing",
         "_fid",
+        "_missing",
         "_seen",
         "_starting",
         "_store",
@@ -112,6 +114,7 @@ class Mirror:
         self._closing = False
         self._caught_up: asyncio.Future[None] | None = None
         self._seen = 0.0  # when Redis last answered this mirror's upkeep
+        self._missing: float | None = None  # since when its upkeep finds no meta
         self._announce = False  # this client must tell the owner again that it is here
         self._starting = True
         """:meth:`start` runs: the channel has no follower yet, and must keep listening
@@ -339,20 +342,37 @@ class Mirror:
             # find it held, and the owner, until it publishes again, cannot be told).
             self._announce = True
         if not alive:
-            try:
-                if not await store.absent(results):
-                    return True  # Redis restarted empty, or evicts: the owner publishes it again
-            except StoreUnreachable:
-                return True  # (asked again at the next tick)
+            # A live owner publishes it again within a block period or two of the loss;
+            # one that has not after a settling period and a lease is gone, whatever
+            # Redis says of its evictions (on one that evicts all the time it always
+            # says "lately").
+            missing = self._missing = self._seen if self._missing is None else self._missing
+            if self._seen - missing <= (store.settle_ms + lease_ms) / 1000:
+                try:
+                    if await self._held() or not await store.absent(results):
+                        return True  # Redis lost part of it, or evicts: it is published again
+                except StoreUnreachable:
+                    return True  # (asked again at the next tick)
             # The owner is gone (its keys expired): nobody will write more.
             gone = "the worker that ran this request is gone"
             channel.end(tether.Aborted(channel.rid, tether.AbortReason.SERVER, gone))
             return False
+        self._missing = None
         if self._announce:  # (again at the next tick if its control stream is not back)
             # Its claim renewed, at its place: a newer client's stays.
             fields = {"op": "attach", "w": store.worker, "f": self._fid, "c": self._claim}
             self._announce = not await self._send(fields)
         return True
+
+    async def _held(self) -> bool:
+        """Whether Redis still holds the stream's log or control stream, though it lost
+        its meta: a live stream Redis lost part of (the keys of an owner that died
+        expire together), whether or not INFO may count evictions. Asked only then."""
+
+        async def exist(client: Redis) -> int:
+            return int(await client.exists(self._key("log"), self._key("ctl")))
+
+        return bool(await self._store.command(exist, upkeep=True))
 
     def silent(self) -> bool:
         """Redis has been silent for a lease period: this client's lease cannot have
