@@ -549,6 +549,15 @@ def _place(entry_id: Any) -> str:
     return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
 
+def _reached(channel: Channel) -> int:
+    """Where a client elsewhere that vanished (its lease lapsed, or cannot be seen) is
+    taken to have read: it said nothing, and this process never knew how far it read
+    (``channel.sent`` is its own client's, from before). What it had not read, the log
+    in Redis holds, and its own worker bounded its lag; counted from the end, the
+    stream parks for its grace period, never aborted for events it may have read."""
+    return channel.count
+
+
 def _keep_ms(channel: Channel) -> int:
     """How long the keys of a running stream live unless renewed: a stalled owner's
     lapse once its grace period (and a margin) passed."""
@@ -1021,7 +1030,7 @@ class _Writer:
                 self._lease_seen = loop.time()
             elif results is not None:
                 self._remote = None  # the worker of that client is gone
-                channel.detach_remote(channel.sent)
+                channel.detach_remote(_reached(channel))
             elif loop.time() - self._lease_seen > store.lease_ms / 1000:
                 self._unseen_remote()  # (or this worker cannot reach Redis)
         elif results is not None and self._unseen is not None and self._remote is None:
@@ -1042,7 +1051,7 @@ class _Writer:
         stream parks, until its lease is found held again (see ``_unseen``)."""
         if self._remote is not None:
             self._unseen, self._remote = self._remote, None
-            self._channel.detach_remote(self._channel.sent)
+            self._channel.detach_remote(_reached(self._channel))
 
     def _stop(self) -> None:
         """Stop, from any worker: abort at once, and forget."""
