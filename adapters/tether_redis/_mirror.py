@@ -248,6 +248,7 @@ class Mirror:
                     maxlen=CTL_MAXLEN,
                     nomkstream=True,
                 )
+                pipe.exists(self._key("meta"))
                 pipe.exists(store.settling)  # (these two last: store.absent() reads them)
                 pipe.exists(store.epoch)
                 results: list[Any] = await pipe.execute()
@@ -256,7 +257,9 @@ class Mirror:
         try:
             results = await store.command(attach)
             ctl_id = results[1]
-            if ctl_id is None and not await store.absent(results):
+            # (a meta still held is a live stream whose control stream Redis lost: its
+            # owner publishes it again; no count of evictions is needed to know it)
+            if ctl_id is None and (results[2] or not await store.absent(results)):
                 raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
         except asyncio.CancelledError:
             # Cut while its claim was on its way (its client left): the claim may have

@@ -538,7 +538,9 @@ class RedisStore(tether.resume.MemoryStore):
 
         results = await self.command(post)
         if not results[0] or results[1] is None:  # (no meta; no control stream)
-            if not await self.absent(results):
+            # A meta with no control stream is a live stream Redis lost part of: its
+            # owner publishes it again (Stop is a 503 until then, INFO or not).
+            if results[0] or not await self.absent(results):
                 raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
             return False
         return True
