@@ -155,7 +155,10 @@ class Mirror:
         if last and (not entries or entries[-1][0] != last[0][0]):
             entries = [*entries, last[0]]  # (the end, past what the client asked for)
         if not meta:
-            if not await store.absent(results):
+            # (a log with no end is a live stream whose meta alone Redis lost: INFO or
+            # not, a 503 until its owner publishes it again)
+            live = bool(last) and b"end" not in last[0][1]
+            if live or not await store.absent(results):
                 raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
             return None
         rid = meta[b"rid"].decode()

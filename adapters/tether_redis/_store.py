@@ -537,12 +537,14 @@ class RedisStore(tether.resume.MemoryStore):
                 return results
 
         results = await self.command(post)
-        if not results[0] or results[1] is None:  # (no meta; no control stream)
+        if results[1] is None:  # (no control stream: nothing was posted)
             # A meta with no control stream is a live stream Redis lost part of: its
             # owner publishes it again (Stop is a 503 until then, INFO or not).
             if results[0] or not await self.absent(results):
                 raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
             return False
+        # Posted: its owner hears it (a control stream held without its meta is a live
+        # stream Redis lost part of; the keys of an owner that died expire together).
         return True
 
 

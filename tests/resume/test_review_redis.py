@@ -415,3 +415,42 @@ async def test_a_client_elsewhere_reads_on_while_redis_evicts_its_streams_meta(
         await owner.aclose()
         for client in [*clients, admin]:
             await client.aclose()
+
+
+async def test_a_live_stream_whose_meta_redis_lost_is_never_a_404_nor_unknown_to_stop(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): evicting: "never a 404 for a live stream"; Stop of
+    # such a stream reaches its owner or is a 503. As the scene above, but Redis loses
+    # the stream's meta alone, on workers that may not run INFO: its log (no end entry
+    # in it) and its control stream are still there, so the stream lives. A reconnect
+    # elsewhere is a 503 until the owner has published it again (not a 404), and Stop
+    # is posted to its control stream: the owner hears it and aborts.
+    admin = Redis.from_url(redis_proc.url)
+    await admin.execute_command(
+        "ACL", "SETUSER", "noinfo", "on", ">secret", "~*", "&*", "+@all", "-info"
+    )
+    host = redis_proc.url.split("://", 1)[1]
+    clients = [Redis.from_url(redis_proc.url), Redis.from_url(f"redis://noinfo:secret@{host}")]
+    aborts: collections.Counter[str] = collections.Counter()
+    registry = tether.Registry(lambda rid: aborts.update([rid]))
+    # (the owner's block period is long: the scene is over before its next upkeep
+    # notices the loss)
+    stores = [RedisStore(clients[0], block=2.0), RedisStore(clients[1], block=0.1)]
+    owner, other = (tether.resume.Resume(grace=30.0, store=store) for store in stores)
+    try:
+        async with asyncio.timeout(30):
+            stream, first = await _first_read(registry, owner, leave=True)
+            await (await _reach(other, first.token, 1)).aclose()  # (it is in Redis)
+            meta = stores[0].key(first.token, "meta")
+            await admin.delete(meta)  # Redis evicts the meta alone
+            answer = await other.reconnect({"last-event-id": f"{first.token}.1"}, {})
+            assert getattr(answer, "status", None) == 503, answer
+            assert await other.cancel(first.token), "Stop of a live stream: unknown token"
+            await eventually(lambda: aborts[stream.rid] == 1)  # (the owner heard it)
+    finally:
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
+        for client in [*clients, admin]:
+            await client.aclose()
