@@ -617,16 +617,26 @@ class _CutOff:
         await self.admin.execute_command("ACL", "SETUSER", "owner", rule)
 
 
-@contextlib.asynccontextmanager
-async def _owner_cut_off(redis_proc: RedisProcess) -> AsyncIterator[_CutOff]:
-    admin = Redis.from_url(redis_proc.url)
-    await admin.execute_command("ACL", "SETUSER", "owner", "on", ">secret", "~*", "&*", "+@all")
+async def _as_user(admin: Redis, redis_proc: RedisProcess, user: str, *rules: str) -> Redis:
+    """A client that reaches Redis as ACL user ``user``, allowed everything that
+    ``rules`` do not take away (``admin`` changes its rights later: the fault)."""
+    await admin.execute_command(
+        "ACL", "SETUSER", user, "on", ">secret", "~*", "&*", "+@all", *rules
+    )
     host = redis_proc.url.split("://", 1)[1]
-    clients = [Redis.from_url(f"redis://owner:secret@{host}"), Redis.from_url(redis_proc.url)]
+    return Redis.from_url(f"redis://{user}:secret@{host}")
+
+
+@contextlib.asynccontextmanager
+async def _owner_cut_off(
+    redis_proc: RedisProcess, *, grace: float = 0.5, **options: Any
+) -> AsyncIterator[_CutOff]:
+    admin = Redis.from_url(redis_proc.url)
+    clients = [await _as_user(admin, redis_proc, "owner"), Redis.from_url(redis_proc.url)]
     aborts: collections.Counter[str] = collections.Counter()
     registry = tether.Registry(lambda rid: aborts.update([rid]))
     stores = [RedisStore(client, block=BLOCK) for client in clients]
-    owner, other = (tether.resume.Resume(grace=0.5, store=store) for store in stores)
+    owner, other = (tether.resume.Resume(grace=grace, store=store, **options) for store in stores)
     try:
         yield _CutOff(admin, registry, aborts, stores, owner, other)
     finally:
@@ -878,6 +888,20 @@ async def test_a_loop_busy_for_less_than_a_lease_period_does_not_end_a_client_el
         assert aborts == {}
 
 
+async def _read_along(
+    registry: tether.Registry, stream: tether.Stream, follower: Follower, count: int
+) -> None:
+    """Deliver outputs 1 to ``count``, each read by ``follower`` as it comes (far more
+    than ``max_events``, each handed over on its own)."""
+    seen: list[Any] = []
+    for n in range(1, count + 1):
+        registry.deliver(stream.rid, n)
+        seen += [output for _, output in await follower.next_ready() or ()]
+    while len(seen) < count:
+        seen += [output for _, output in await follower.next_ready() or ()]
+    assert seen == list(range(1, count + 1))
+
+
 async def test_a_stream_parked_while_redis_is_silent_to_its_owner_is_not_aborted_as_too_slow(
     redis_proc: RedisProcess,
 ) -> None:
@@ -890,44 +914,26 @@ async def test_a_stream_parked_while_redis_is_silent_to_its_owner_is_not_aborted
     # park and come back to that client, not be aborted as a too slow consumer: the
     # owner parks it at what its first client (here, long gone) had read, so one more
     # output "waits" for more than max_events events.
-    admin = Redis.from_url(redis_proc.url)
-    await admin.execute_command("ACL", "SETUSER", "owner", "on", ">secret", "~*", "&*", "+@all")
-    host = redis_proc.url.split("://", 1)[1]
-    clients = [Redis.from_url(f"redis://owner:secret@{host}"), Redis.from_url(redis_proc.url)]
-    aborts: collections.Counter[str] = collections.Counter()
-    registry = tether.Registry(lambda rid: aborts.update([rid]))
-    stores = [RedisStore(client, block=0.1) for client in clients]
-    owner, other = (tether.resume.Resume(grace=5.0, max_events=8, store=store) for store in stores)
-    try:
-        async with asyncio.timeout(30):
-            stream, mirror, channel = await _read_elsewhere(registry, owner, other, stores[0])
-            seen: list[Any] = []
-            for n in range(1, 21):
-                registry.deliver(stream.rid, n)
-                seen += [output for _, output in await mirror.next_ready() or ()]
-            while len(seen) < 20:
-                seen += [output for _, output in await mirror.next_ready() or ()]
-            assert seen == list(range(1, 21))
-            await admin.execute_command("ACL", "SETUSER", "owner", "-@all")
-            await eventually(lambda: not channel.remote)  # Redis silent to it: parked
-            registry.deliver(stream.rid, 21)
-            await admin.execute_command("ACL", "SETUSER", "owner", "+@all")
+    async with _owner_cut_off(redis_proc, grace=5.0, max_events=8) as cut, asyncio.timeout(30):
+        registry, aborts = cut.registry, cut.aborts
+        stream, mirror, channel = await _read_elsewhere(
+            registry, cut.owner, cut.other, cut.stores[0]
+        )
+        await _read_along(registry, stream, mirror, 20)
+        await cut.deny(True)
+        await eventually(lambda: not channel.remote)  # Redis silent to it: parked
+        registry.deliver(stream.rid, 21)
+        await cut.deny(False)
 
-            async def given_back_or_aborted() -> bool:
-                return bool(channel.remote or aborts)
+        async def given_back_or_aborted() -> bool:
+            return bool(channel.remote or aborts)
 
-            await eventually(given_back_or_aborted, timeout=3.0)  # its lease: held
-            assert aborts == {}, f"aborted: {channel.error!r}"
-            registry.deliver(stream.rid, 22, finished=True)
-            assert await _drain(mirror) == [21, 22]
-            await mirror.aclose()
-        assert aborts == {}
-    finally:
-        await registry.close(drain_timeout=0)
-        await other.aclose()
-        await owner.aclose()
-        for client in [*clients, admin]:
-            await client.aclose()
+        await eventually(given_back_or_aborted, timeout=3.0)  # its lease: held
+        assert aborts == {}, f"aborted: {channel.error!r}"
+        registry.deliver(stream.rid, 22, finished=True)
+        assert await _drain(mirror) == [21, 22]
+        await mirror.aclose()
+    assert cut.aborts == {}
 
 
 async def _owner_gone_while(redis_proc: RedisProcess, *, evicting: bool) -> str:
@@ -935,9 +941,7 @@ async def _owner_gone_while(redis_proc: RedisProcess, *, evicting: bool) -> str:
     more, and the stream's keys are gone, as they expire after an owner died), while
     Redis evicts keys of another application all along (``evicting``) or not."""
     admin = Redis.from_url(redis_proc.url)
-    await admin.execute_command("ACL", "SETUSER", "owner", "on", ">secret", "~*", "&*", "+@all")
-    host = redis_proc.url.split("://", 1)[1]
-    clients = [Redis.from_url(f"redis://owner:secret@{host}"), Redis.from_url(redis_proc.url)]
+    clients = [await _as_user(admin, redis_proc, "owner"), Redis.from_url(redis_proc.url)]
     registry = tether.Registry()
     stores = [RedisStore(client, block=0.1) for client in clients]
     owner, other = (tether.resume.Resume(grace=30.0, store=store) for store in stores)
@@ -1015,9 +1019,7 @@ async def test_a_stream_whose_client_elsewhere_is_gone_parks_for_its_grace_perio
     # and the request is aborted as a too slow consumer, at once, instead of running
     # on through its grace period (30 s) for the client to come back on a third worker.
     admin = Redis.from_url(redis_proc.url)
-    await admin.execute_command("ACL", "SETUSER", "reader", "on", ">secret", "~*", "&*", "+@all")
-    host = redis_proc.url.split("://", 1)[1]
-    clients = [Redis.from_url(redis_proc.url), Redis.from_url(f"redis://reader:secret@{host}")]
+    clients = [Redis.from_url(redis_proc.url), await _as_user(admin, redis_proc, "reader")]
     third_client = Redis.from_url(redis_proc.url)
     aborts: collections.Counter[str] = collections.Counter()
     registry = tether.Registry(lambda rid: aborts.update([rid]))
@@ -1028,13 +1030,7 @@ async def test_a_stream_whose_client_elsewhere_is_gone_parks_for_its_grace_perio
     try:
         async with asyncio.timeout(30):
             stream, mirror, channel = await _read_elsewhere(registry, owner, other, stores[0])
-            seen: list[Any] = []
-            for n in range(1, 21):
-                registry.deliver(stream.rid, n)
-                seen += [output for _, output in await mirror.next_ready() or ()]
-            while len(seen) < 20:
-                seen += [output for _, output in await mirror.next_ready() or ()]
-            assert seen == list(range(1, 21))
+            await _read_along(registry, stream, mirror, 20)
             await admin.execute_command("ACL", "SETUSER", "reader", "-@all")  # it "dies"
             await eventually(lambda: not channel.remote)  # its lease lapsed: parked
             registry.deliver(stream.rid, 21)
@@ -1058,51 +1054,38 @@ async def test_a_stream_whose_client_elsewhere_is_gone_parks_for_its_grace_perio
             await client.aclose()
 
 
-async def test_a_live_stream_whose_control_stream_redis_lost_is_never_a_404_nor_unknown_to_stop(
-    redis_proc: RedisProcess,
+@pytest.mark.parametrize("kind", ["ctl", "meta"], ids=["control stream", "meta"])
+async def test_a_live_stream_one_of_whose_keys_redis_lost_is_never_a_404_nor_unknown_to_stop(
+    redis_proc: RedisProcess, kind: str
 ) -> None:
     # Promised (docs/resume.md): "absence is claimed only when it is proven"; a Redis
     # that evicts: "never a 404 for a live stream"; Stop of such a stream "503 until
     # its owner has published it again". The workers reach Redis as a user that may not
     # run INFO (ACL -info, as rename-command INFO "" does), so evictions cannot be
-    # counted, and Redis loses the stream's control stream alone (evicted: with INFO
-    # denied, the store cannot tell that from a DEL, which stands for it here). Its
-    # meta is still there: the stream is live, and Redis lost part of it; no INFO is
-    # needed to know that. Yet a reconnect elsewhere is a 404 (its claim finds no
-    # control stream) and Stop says the token is unknown (the stream runs on).
-    admin = Redis.from_url(redis_proc.url)
-    await admin.execute_command(
-        "ACL", "SETUSER", "noinfo", "on", ">secret", "~*", "&*", "+@all", "-info"
-    )
-    host = redis_proc.url.split("://", 1)[1]
-    clients = [Redis.from_url(redis_proc.url), Redis.from_url(f"redis://noinfo:secret@{host}")]
-    registry = tether.Registry()
+    # counted, and Redis loses the stream's control stream alone, or its meta alone
+    # (evicted: with INFO denied, the store cannot tell that from a DEL, which stands
+    # for it here). The rest of it is still there: the stream is live, and Redis lost
+    # part of it; no INFO is needed to know that. Yet a reconnect elsewhere was a 404
+    # (its claim found no control stream; or no meta) and Stop said the token was
+    # unknown (the stream ran on). A reconnect is a 503 until the owner has published
+    # it again; Stop is a 503 too, or, posted to the control stream, reaches the owner.
     # (the owner's block period is long: the scene is over before its next upkeep
     # notices the loss; if it notices first, the test passes)
-    stores = [RedisStore(clients[0], block=2.0), RedisStore(clients[1], block=0.1)]
-    owner, other = (tether.resume.Resume(grace=30.0, store=store) for store in stores)
-    try:
-        async with asyncio.timeout(30):
-            _, first = await _first_read(registry, owner, leave=True)
-            await (await _reach(other, first.token, 1)).aclose()  # (it is in Redis)
-            meta, ctl = (stores[0].key(first.token, kind) for kind in ("meta", "ctl"))
-            await eventually(lambda: admin.exists(ctl))
-            await admin.delete(ctl)  # Redis evicts the control stream alone
-            assert await admin.exists(meta)
-            answer = await other.reconnect({"last-event-id": f"{first.token}.1"}, {})
-            assert getattr(answer, "status", None) != 404, answer
-            assert answer is not tether.resume.NOT_RESUMABLE
-            try:
-                known = await other.cancel(first.token)
-            except ConnectionError:
-                known = True  # (a 503: retry)
-            assert known, "Stop of a live stream: unknown token"
-    finally:
-        await registry.close(drain_timeout=0)
-        await other.aclose()
-        await owner.aclose()
-        for client in [*clients, admin]:
-            await client.aclose()
+    async with _without_info(redis_proc, owner_block=2.0) as (admin, registry, aborts, stores):
+        owner, other = stores
+        stream, first = await _first_read(registry, owner, leave=True)
+        await (await _reach(other, first.token, 1)).aclose()  # (it is in Redis)
+        lost = owner.store.key(first.token, kind)
+        await eventually(lambda: admin.exists(lost))
+        await admin.delete(lost)  # Redis evicts it alone
+        answer = await other.reconnect({"last-event-id": f"{first.token}.1"}, {})
+        assert getattr(answer, "status", None) == 503, answer
+        try:
+            assert await other.cancel(first.token), "Stop of a live stream: unknown token"
+        except ConnectionError:
+            pass  # (a 503: retry)
+        else:
+            await eventually(lambda: aborts[stream.rid] == 1)  # (the owner heard it)
 
 
 async def test_a_client_elsewhere_reads_on_while_redis_evicts_its_streams_meta(
@@ -1116,67 +1099,41 @@ async def test_a_client_elsewhere_reads_on_while_redis_evicts_its_streams_meta(
     # alive and publishes the stream again a block period later; the client's reader,
     # meanwhile, finds no meta, cannot see evictions, and ends the client: "the worker
     # that ran this request is gone".
-    admin = Redis.from_url(redis_proc.url)
-    await admin.execute_command(
-        "ACL", "SETUSER", "noinfo", "on", ">secret", "~*", "&*", "+@all", "-info"
-    )
-    host = redis_proc.url.split("://", 1)[1]
-    clients = [Redis.from_url(redis_proc.url), Redis.from_url(f"redis://noinfo:secret@{host}")]
-    registry = tether.Registry()
-    stores = [RedisStore(clients[0], block=0.5), RedisStore(clients[1], block=0.1)]
-    owner, other = (tether.resume.Resume(grace=30.0, store=store) for store in stores)
-    try:
-        async with asyncio.timeout(30):
-            stream, mirror, channel = await _read_elsewhere(registry, owner, other, stores[0])
-            meta = stores[0].key(channel.token, "meta")
-            await admin.delete(meta)  # Redis evicts the meta alone
-            await eventually(lambda: admin.exists(meta), timeout=5.0)  # published again
-            registry.deliver(stream.rid, 1)
-            registry.deliver(stream.rid, 2, finished=True)
-            assert await _drain(mirror) == [1, 2]
-            await mirror.aclose()
-    finally:
-        await registry.close(drain_timeout=0)
-        await other.aclose()
-        await owner.aclose()
-        for client in [*clients, admin]:
-            await client.aclose()
+    async with _without_info(redis_proc, owner_block=0.5) as (admin, registry, _, stores):
+        owner, other = stores
+        assert isinstance(owner.store, RedisStore)
+        stream, mirror, channel = await _read_elsewhere(registry, owner, other, owner.store)
+        meta = owner.store.key(channel.token, "meta")
+        await admin.delete(meta)  # Redis evicts the meta alone
+        await eventually(lambda: admin.exists(meta), timeout=5.0)  # published again
+        registry.deliver(stream.rid, 1)
+        registry.deliver(stream.rid, 2, finished=True)
+        assert await _drain(mirror) == [1, 2]
+        await mirror.aclose()
 
 
-async def test_a_live_stream_whose_meta_redis_lost_is_never_a_404_nor_unknown_to_stop(
-    redis_proc: RedisProcess,
-) -> None:
-    # Promised (docs/resume.md): evicting: "never a 404 for a live stream"; Stop of
-    # such a stream reaches its owner or is a 503. As the scene above, but Redis loses
-    # the stream's meta alone, on workers that may not run INFO: its log (no end entry
-    # in it) and its control stream are still there, so the stream lives. A reconnect
-    # elsewhere is a 503 until the owner has published it again (not a 404), and Stop
-    # is posted to its control stream: the owner hears it and aborts.
+@contextlib.asynccontextmanager
+async def _without_info(
+    redis_proc: RedisProcess, *, owner_block: float
+) -> AsyncIterator[
+    tuple[Redis, tether.Registry, collections.Counter[str], list[tether.resume.Resume]]
+]:
+    """An owner (block period ``owner_block``) and another worker (0.1 s) that reach
+    Redis as a user that may not run INFO (ACL -info, as rename-command INFO "" does):
+    evictions cannot be counted. Yields an admin client, the registry, the aborts, and
+    the two workers' ``Resume``; bounded (30 s)."""
     admin = Redis.from_url(redis_proc.url)
-    await admin.execute_command(
-        "ACL", "SETUSER", "noinfo", "on", ">secret", "~*", "&*", "+@all", "-info"
-    )
-    host = redis_proc.url.split("://", 1)[1]
-    clients = [Redis.from_url(redis_proc.url), Redis.from_url(f"redis://noinfo:secret@{host}")]
+    clients = [Redis.from_url(redis_proc.url), await _as_user(admin, redis_proc, "noinfo", "-info")]
     aborts: collections.Counter[str] = collections.Counter()
     registry = tether.Registry(lambda rid: aborts.update([rid]))
-    # (the owner's block period is long: the scene is over before its next upkeep
-    # notices the loss)
-    stores = [RedisStore(clients[0], block=2.0), RedisStore(clients[1], block=0.1)]
-    owner, other = (tether.resume.Resume(grace=30.0, store=store) for store in stores)
+    stores = [RedisStore(clients[0], block=owner_block), RedisStore(clients[1], block=0.1)]
+    workers = [tether.resume.Resume(grace=30.0, store=store) for store in stores]
     try:
         async with asyncio.timeout(30):
-            stream, first = await _first_read(registry, owner, leave=True)
-            await (await _reach(other, first.token, 1)).aclose()  # (it is in Redis)
-            meta = stores[0].key(first.token, "meta")
-            await admin.delete(meta)  # Redis evicts the meta alone
-            answer = await other.reconnect({"last-event-id": f"{first.token}.1"}, {})
-            assert getattr(answer, "status", None) == 503, answer
-            assert await other.cancel(first.token), "Stop of a live stream: unknown token"
-            await eventually(lambda: aborts[stream.rid] == 1)  # (the owner heard it)
+            yield admin, registry, aborts, workers
     finally:
         await registry.close(drain_timeout=0)
-        await other.aclose()
-        await owner.aclose()
+        for worker in reversed(workers):
+            await worker.aclose()
         for client in [*clients, admin]:
             await client.aclose()
