@@ -24,11 +24,25 @@ from typing import Any, Final, Protocol
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-__all__ = ["CTL_MAXLEN", "Ear", "Fields", "Listener", "StoreUnreachable", "entry_order", "text"]
+__all__ = [
+    "CTL_MAXLEN",
+    "GONE_MS",
+    "Ear",
+    "Fields",
+    "Listener",
+    "StoreUnreachable",
+    "entry_order",
+    "text",
+]
 
 CTL_MAXLEN: Final = 256
 """Entries a control stream keeps (each a few bytes; the owner reads them at once):
 every ``XADD`` to one is bounded by it, whoever posts."""
+
+GONE_MS: Final = 1000
+"""How long the keys of a stream that is resumable no more linger (for clients
+elsewhere to read its end entry): a key that lives longer, its meta lost, is part of
+a live stream."""
 
 logger = logging.getLogger("tether.redis")
 

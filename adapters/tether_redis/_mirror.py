@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 import tether
 from tether.resume import Channel, Follower, new_token, wait_withdrawn
 
-from ._ear import CTL_MAXLEN, Ear, Fields, StoreUnreachable, entry_order, text
+from ._ear import CTL_MAXLEN, GONE_MS, Ear, Fields, StoreUnreachable, entry_order, text
 
 __all__ = ["Host", "Mirror", "end_error"]
 
@@ -145,6 +145,7 @@ class Mirror:
                 # not the whole log; and the log's last entry (its end, if it ended).
                 pipe.xrange(log, min=f"{min(after, _MAX_ID)}-0")
                 pipe.xrevrange(log, count=1)
+                pipe.pttl(log)
                 pipe.exists(store.settling)  # (these two last: store.absent() reads them)
                 pipe.exists(store.epoch)
                 results: list[Any] = await pipe.execute()
@@ -155,10 +156,10 @@ class Mirror:
         if last and (not entries or entries[-1][0] != last[0][0]):
             entries = [*entries, last[0]]  # (the end, past what the client asked for)
         if not meta:
-            # (a log with no end is a live stream whose meta alone Redis lost: INFO or
-            # not, a 503 until its owner publishes it again)
-            live = bool(last) and b"end" not in last[0][1]
-            if live or not await store.absent(results):
+            # (a log that lives on, not the second a stream that ended lingers, is a
+            # live stream whose meta alone Redis lost: INFO or not, a 503 until its
+            # owner publishes it again)
+            if results[3] > GONE_MS or not await store.absent(results):
                 raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
             return None
         rid = meta[b"rid"].decode()
@@ -372,13 +373,18 @@ class Mirror:
 
     async def _held(self) -> bool:
         """Whether Redis still holds the stream's log or control stream, though it lost
-        its meta: a live stream Redis lost part of (the keys of an owner that died
-        expire together), whether or not INFO may count evictions. Asked only then."""
+        its meta, for longer than a stream that ended lingers: a live stream Redis lost
+        part of (the keys of an owner that died expire together), whether or not INFO
+        may count evictions. Asked only then."""
 
-        async def exist(client: Redis) -> int:
-            return int(await client.exists(self._key("log"), self._key("ctl")))
+        async def lives(client: Redis) -> list[int]:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.pttl(self._key("log"))
+                pipe.pttl(self._key("ctl"))
+                ttls: list[int] = await pipe.execute()
+                return ttls
 
-        return bool(await self._store.command(exist, upkeep=True))
+        return any(ttl > GONE_MS for ttl in await self._store.command(lives, upkeep=True))
 
     def silent(self) -> bool:
         """Redis has been silent for a lease period: this client's lease cannot have

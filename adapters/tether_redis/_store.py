@@ -54,7 +54,7 @@ import tether.resume
 from tether.http import error_response
 from tether.resume import Channel, Follower, new_token
 
-from ._ear import CTL_MAXLEN, Ear, Fields, StoreUnreachable, entry_order, text
+from ._ear import CTL_MAXLEN, GONE_MS, Ear, Fields, StoreUnreachable, entry_order, text
 from ._mirror import Mirror
 
 __all__ = ["RedisStore", "StoreUnreachable"]
@@ -66,9 +66,6 @@ T = TypeVar("T")
 _DUMPS: Final = tether.SSE().dumps
 _CLOSE_TIMEOUT: Final = 2.0
 """Seconds :meth:`RedisStore.aclose` gives the writers to put their end entries."""
-_GONE_MS: Final = 1000
-"""How long the keys of a stream that is resumable no more linger (for clients
-elsewhere to read its end entry)."""
 _EPOCH_MS: Final = 86_400_000
 """The life of the key that says Redis holds this prefix's state (renewed by every
 store's upkeep): its absence is a Redis that lost everything."""
@@ -531,21 +528,23 @@ class RedisStore(tether.resume.MemoryStore):
                     maxlen=CTL_MAXLEN,
                     nomkstream=True,
                 )
+                pipe.pttl(self.key(token, "ctl"))
                 pipe.exists(self.settling)
                 pipe.exists(self.epoch)
                 results: list[Any] = await pipe.execute()
                 return results
 
         results = await self.command(post)
-        if results[1] is None:  # (no control stream: nothing was posted)
-            # A meta with no control stream is a live stream Redis lost part of: its
-            # owner publishes it again (Stop is a 503 until then, INFO or not).
-            if results[0] or not await self.absent(results):
-                raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
-            return False
-        # Posted: its owner hears it (a control stream held without its meta is a live
-        # stream Redis lost part of; the keys of an owner that died expire together).
-        return True
+        meta, posted, ttl = results[:3]
+        # A meta with no control stream, or a control stream that lives on with no
+        # meta (not the second a stream that ended lingers), is a live stream Redis
+        # lost part of (the keys of an owner that died expire together): Stop is a 503
+        # until its owner publishes it again, or, posted, reaches it; INFO or not.
+        if posted is not None and (meta or ttl > GONE_MS):
+            return True
+        if meta or not await self.absent(results):
+            raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
+        return False
 
 
 def _place(entry_id: Any) -> str:
@@ -950,7 +949,7 @@ class _Writer:
         if not self.dirty:
             await self._flush(client, last=True)
         async with client.pipeline(transaction=False) as pipe:
-            self._expire(pipe, _GONE_MS)
+            self._expire(pipe, GONE_MS)
             pipe.delete(self._keys[2])  # resumable nowhere from now on
             await pipe.execute()
 
