@@ -24,11 +24,25 @@ from typing import Any, Final, Protocol
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-__all__ = ["CTL_MAXLEN", "Ear", "Fields", "Listener", "StoreUnreachable", "entry_order", "text"]
+__all__ = [
+    "CTL_MAXLEN",
+    "GONE_MS",
+    "Ear",
+    "Fields",
+    "Listener",
+    "StoreUnreachable",
+    "entry_order",
+    "text",
+]
 
 CTL_MAXLEN: Final = 256
 """Entries a control stream keeps (each a few bytes; the owner reads them at once):
 every ``XADD`` to one is bounded by it, whoever posts."""
+
+GONE_MS: Final = 1000
+"""How long the keys of a stream that is resumable no more linger (for clients
+elsewhere to read its end entry): a key that lives longer, its meta lost, is part of
+a live stream."""
 
 logger = logging.getLogger("tether.redis")
 
@@ -77,6 +91,8 @@ class Ear:
     :param upkeep: the store's own upkeep, run before the listeners' (bounded by it).
     :param failed: tells the store that a read failed.
     :param answered: tells the store that Redis answered a read.
+    :param overdue: tells the store that a read's bound, due at the time it is given,
+        fired (late, if the loop was held meanwhile).
     """
 
     __slots__ = (
@@ -87,6 +103,7 @@ class Ear:
         "_joined",
         "_keys",
         "_listens",
+        "_overdue",
         "_spawn",
         "_task",
         "_timeout",
@@ -106,6 +123,7 @@ class Ear:
         upkeep: Callable[[], Awaitable[None]],
         failed: Callable[[], None],
         answered: Callable[[], None],
+        overdue: Callable[[float | None], None],
     ) -> None:
         self._client = client
         self._wake_key = wake_key
@@ -115,6 +133,7 @@ class Ear:
         self._upkeep_store = upkeep
         self._failed = failed
         self._answered = answered
+        self._overdue = overdue
         self._keys: dict[str, dict[Listener, Any]] = {}
         """Each key's listeners, each with the id of the last entry it had."""
         self._listens = 0
@@ -159,8 +178,9 @@ class Ear:
             if now - upkept >= period:
                 upkept = now
                 await self._upkeep()
+            bound = asyncio.timeout(period + self._timeout)
             try:
-                async with asyncio.timeout(period + self._timeout):
+                async with bound:
                     await self._read()
                 self._answered()
                 if failing:
@@ -171,6 +191,8 @@ class Ear:
                 failing = False
             except (RedisError, OSError, TimeoutError) as exc:
                 self._failed()
+                if isinstance(exc, TimeoutError):
+                    self._overdue(bound.when())
                 if not failing:
                     logger.warning("resumable streams: Redis failed (%r); retrying", exc)
                 failing = True

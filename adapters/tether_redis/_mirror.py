@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 import tether
 from tether.resume import Channel, Follower, new_token, wait_withdrawn
 
-from ._ear import CTL_MAXLEN, Ear, Fields, StoreUnreachable, entry_order, text
+from ._ear import CTL_MAXLEN, GONE_MS, Ear, Fields, StoreUnreachable, entry_order, text
 
 __all__ = ["Host", "Mirror", "end_error"]
 
@@ -47,6 +47,7 @@ class Host(Protocol):
 
     block_ms: int
     lease_ms: int
+    settle_ms: int
     worker: str
     ear: Ear
     epoch: str
@@ -94,6 +95,7 @@ class Mirror:
         "_claim",
         "_closing",
         "_fid",
+        "_missing",
         "_seen",
         "_starting",
         "_store",
@@ -112,6 +114,7 @@ class Mirror:
         self._closing = False
         self._caught_up: asyncio.Future[None] | None = None
         self._seen = 0.0  # when Redis last answered this mirror's upkeep
+        self._missing: float | None = None  # since when its upkeep finds no meta
         self._announce = False  # this client must tell the owner again that it is here
         self._starting = True
         """:meth:`start` runs: the channel has no follower yet, and must keep listening
@@ -142,6 +145,7 @@ class Mirror:
                 # not the whole log; and the log's last entry (its end, if it ended).
                 pipe.xrange(log, min=f"{min(after, _MAX_ID)}-0")
                 pipe.xrevrange(log, count=1)
+                pipe.pttl(log)
                 pipe.exists(store.settling)  # (these two last: store.absent() reads them)
                 pipe.exists(store.epoch)
                 results: list[Any] = await pipe.execute()
@@ -152,7 +156,10 @@ class Mirror:
         if last and (not entries or entries[-1][0] != last[0][0]):
             entries = [*entries, last[0]]  # (the end, past what the client asked for)
         if not meta:
-            if not await store.absent(results):
+            # (a log that lives on, not the second a stream that ended lingers, is a
+            # live stream whose meta alone Redis lost: INFO or not, a 503 until its
+            # owner publishes it again)
+            if results[3] > GONE_MS or not await store.absent(results):
                 raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
             return None
         rid = meta[b"rid"].decode()
@@ -245,6 +252,7 @@ class Mirror:
                     maxlen=CTL_MAXLEN,
                     nomkstream=True,
                 )
+                pipe.exists(self._key("meta"))
                 pipe.exists(store.settling)  # (these two last: store.absent() reads them)
                 pipe.exists(store.epoch)
                 results: list[Any] = await pipe.execute()
@@ -253,7 +261,9 @@ class Mirror:
         try:
             results = await store.command(attach)
             ctl_id = results[1]
-            if ctl_id is None and not await store.absent(results):
+            # (a meta still held is a live stream whose control stream Redis lost: its
+            # owner publishes it again; no count of evictions is needed to know it)
+            if ctl_id is None and (results[2] or not await store.absent(results)):
                 raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
         except asyncio.CancelledError:
             # Cut while its claim was on its way (its client left): the claim may have
@@ -340,20 +350,42 @@ class Mirror:
             # find it held, and the owner, until it publishes again, cannot be told).
             self._announce = True
         if not alive:
-            try:
-                if not await store.absent(results):
-                    return True  # Redis restarted empty, or evicts: the owner publishes it again
-            except StoreUnreachable:
-                return True  # (asked again at the next tick)
+            # A live owner publishes it again within a block period or two of the loss;
+            # one that has not after a settling period and a lease is gone, whatever
+            # Redis says of its evictions (on one that evicts all the time it always
+            # says "lately").
+            missing = self._missing = self._seen if self._missing is None else self._missing
+            if self._seen - missing <= (store.settle_ms + lease_ms) / 1000:
+                try:
+                    if await self._held() or not await store.absent(results):
+                        return True  # Redis lost part of it, or evicts: it is published again
+                except StoreUnreachable:
+                    return True  # (asked again at the next tick)
             # The owner is gone (its keys expired): nobody will write more.
             gone = "the worker that ran this request is gone"
             channel.end(tether.Aborted(channel.rid, tether.AbortReason.SERVER, gone))
             return False
+        self._missing = None
         if self._announce:  # (again at the next tick if its control stream is not back)
             # Its claim renewed, at its place: a newer client's stays.
             fields = {"op": "attach", "w": store.worker, "f": self._fid, "c": self._claim}
             self._announce = not await self._send(fields)
         return True
+
+    async def _held(self) -> bool:
+        """Whether Redis still holds the stream's log or control stream, though it lost
+        its meta, for longer than a stream that ended lingers: a live stream Redis lost
+        part of (the keys of an owner that died expire together), whether or not INFO
+        may count evictions. Asked only then."""
+
+        async def lives(client: Redis) -> list[int]:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.pttl(self._key("log"))
+                pipe.pttl(self._key("ctl"))
+                ttls: list[int] = await pipe.execute()
+                return ttls
+
+        return any(ttl > GONE_MS for ttl in await self._store.command(lives, upkeep=True))
 
     def silent(self) -> bool:
         """Redis has been silent for a lease period: this client's lease cannot have

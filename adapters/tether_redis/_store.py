@@ -54,7 +54,7 @@ import tether.resume
 from tether.http import error_response
 from tether.resume import Channel, Follower, new_token
 
-from ._ear import CTL_MAXLEN, Ear, Fields, StoreUnreachable, entry_order, text
+from ._ear import CTL_MAXLEN, GONE_MS, Ear, Fields, StoreUnreachable, entry_order, text
 from ._mirror import Mirror
 
 __all__ = ["RedisStore", "StoreUnreachable"]
@@ -66,9 +66,6 @@ T = TypeVar("T")
 _DUMPS: Final = tether.SSE().dumps
 _CLOSE_TIMEOUT: Final = 2.0
 """Seconds :meth:`RedisStore.aclose` gives the writers to put their end entries."""
-_GONE_MS: Final = 1000
-"""How long the keys of a stream that is resumable no more linger (for clients
-elsewhere to read its end entry)."""
 _EPOCH_MS: Final = 86_400_000
 """The life of the key that says Redis holds this prefix's state (renewed by every
 store's upkeep): its absence is a Redis that lost everything."""
@@ -100,6 +97,7 @@ class RedisStore(tether.resume.MemoryStore):
         "_known",
         "_mirrors",
         "_ok_since",
+        "_stalled_at",
         "_unsettled",
         "_watch",
         "_writers",
@@ -158,6 +156,9 @@ class RedisStore(tether.resume.MemoryStore):
         self._answered_at = -float("inf")  # when Redis last answered this store
         self._watch: tuple[asyncio.TimerHandle, float] | None = None
         """The timer that judges silence a lease period after the answer it names."""
+        self._stalled_at = -float("inf")
+        """When this store last saw the event loop held past a deadline of its own (a
+        bound that fired late): answers may have come meanwhile, unheard."""
         self._unsettled = False  # what the last upkeep saw: Redis settling, or empty
         self._evictions: int | None = None  # Redis's count of evicted keys, last seen
         self._evicted_at = -float("inf")  # when this store last saw that count grow
@@ -180,6 +181,7 @@ class RedisStore(tether.resume.MemoryStore):
             self._upkeep,
             self.failed,
             self.answered,
+            self.overdue,
         )
         """The one reader of every control stream and mirrored log of this worker."""
         self.ear.poke = self._poke
@@ -204,10 +206,11 @@ class RedisStore(tether.resume.MemoryStore):
             contextlib.nullcontext() if own else self.upkeep_slots if upkeep else self.request_slots
         )
         try:
-            async with asyncio.timeout(self.timeout), slots:
+            async with asyncio.timeout(self.timeout) as bound, slots:
                 result = await job(self.client)
         except TimeoutError as exc:
             self.failed()
+            self.overdue(bound.when())
             raise StoreUnreachable(f"Redis did not answer within {self.timeout:g} s") from exc
         except (RedisError, OSError) as exc:
             self.failed()
@@ -283,6 +286,14 @@ class RedisStore(tether.resume.MemoryStore):
         if self._watch is None and not self._closing:
             self._watch = (loop.call_at(now + self.lease_ms / 1000, self._judge), now)
 
+    def overdue(self, deadline: float | None) -> None:
+        """A bound of this store's, due at ``deadline``, fired: if it fired late, the
+        event loop was held (a blocking handler), and Redis may have answered meanwhile
+        though nothing here heard it (the bound threw the answer away)."""
+        now = asyncio.get_running_loop().time()
+        if deadline is not None and now - deadline > self.block_ms / 10_000:
+            self._stalled_at = now
+
     def _judge(self) -> None:
         """A lease period after an answer: if Redis said nothing since, no lease can
         have been seen for as long, on any worker. The clients here of streams owned
@@ -290,7 +301,13 @@ class RedisStore(tether.resume.MemoryStore):
         not once the reader's timeouts in a row (a read of ``block + timeout``, a
         block period, the upkeep, a renewal) have run out. Answers only move the clock;
         the timer looks at it once per lease period, so a healthy Redis costs one
-        callback per lease period and no command."""
+        callback per lease period and no command.
+
+        Silence is Redis's, not the loop's: if the loop was held since that answer (a
+        bound fired late, this timer included), answers may have come and been thrown
+        away unheard, and the verdict waits for one fresh command (bounded by
+        ``timeout``) to go unanswered. One only: a loop that lags on does not put the
+        verdict off for ever."""
         watch, self._watch = self._watch, None
         if watch is None or self._closing:
             return
@@ -299,13 +316,23 @@ class RedisStore(tether.resume.MemoryStore):
         if heard > since:  # heard from since: judge a lease period after that
             self._watch = (loop.call_at(heard + self.lease_ms / 1000, self._judge), heard)
             return
-        step = self.block_ms / 10_000
-        if loop.time() - (since + self.lease_ms / 1000) > step:
-            # The loop was busy past the verdict's time: an answer may be waiting, read
-            # but not yet handled. Judge again once the loop has had a moment for it.
-            self._watch = (loop.call_later(step, self._judge), since)
+        self.overdue(since + self.lease_ms / 1000)
+        if self._stalled_at > since:
+            self.spawn(self._ask_again(since))
             return
         self.ear.silent()  # (the next answer arms the timer again)
+
+    async def _ask_again(self, since: float) -> None:
+        """The verdict of :meth:`_judge` once the loop was held: Redis is silent if it
+        does not answer a fresh ``PING`` either (an answer meanwhile arms the timer)."""
+
+        async def ping(client: Redis) -> None:
+            await client.ping()
+
+        with contextlib.suppress(StoreUnreachable):
+            await self.command(ping, own=True)
+        if self._answered_at <= since and not self._closing:
+            self.ear.silent()
 
     def respite(self, channel: Channel) -> float:
         """While Redis fails or settles, the client of a parked stream may be held off
@@ -501,22 +528,37 @@ class RedisStore(tether.resume.MemoryStore):
                     maxlen=CTL_MAXLEN,
                     nomkstream=True,
                 )
+                pipe.pttl(self.key(token, "ctl"))
                 pipe.exists(self.settling)
                 pipe.exists(self.epoch)
                 results: list[Any] = await pipe.execute()
                 return results
 
         results = await self.command(post)
-        if not results[0] or results[1] is None:  # (no meta; no control stream)
-            if not await self.absent(results):
-                raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
-            return False
-        return True
+        meta, posted, ttl = results[:3]
+        # A meta with no control stream, or a control stream that lives on with no
+        # meta (not the second a stream that ended lingers), is a live stream Redis
+        # lost part of (the keys of an owner that died expire together): Stop is a 503
+        # until its owner publishes it again, or, posted, reaches it; INFO or not.
+        if posted is not None and (meta or ttl > GONE_MS):
+            return True
+        if meta or not await self.absent(results):
+            raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
+        return False
 
 
 def _place(entry_id: Any) -> str:
     """An entry id as text (Redis answers bytes)."""
     return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
+
+def _reached(channel: Channel) -> int:
+    """Where a client elsewhere that vanished (its lease lapsed, or cannot be seen) is
+    taken to have read: it said nothing, and this process never knew how far it read
+    (``channel.sent`` is its own client's, from before). What it had not read, the log
+    in Redis holds, and its own worker bounded its lag; counted from the end, the
+    stream parks for its grace period, never aborted for events it may have read."""
+    return channel.count
 
 
 def _keep_ms(channel: Channel) -> int:
@@ -907,7 +949,7 @@ class _Writer:
         if not self.dirty:
             await self._flush(client, last=True)
         async with client.pipeline(transaction=False) as pipe:
-            self._expire(pipe, _GONE_MS)
+            self._expire(pipe, GONE_MS)
             pipe.delete(self._keys[2])  # resumable nowhere from now on
             await pipe.execute()
 
@@ -991,7 +1033,7 @@ class _Writer:
                 self._lease_seen = loop.time()
             elif results is not None:
                 self._remote = None  # the worker of that client is gone
-                channel.detach_remote(channel.sent)
+                channel.detach_remote(_reached(channel))
             elif loop.time() - self._lease_seen > store.lease_ms / 1000:
                 self._unseen_remote()  # (or this worker cannot reach Redis)
         elif results is not None and self._unseen is not None and self._remote is None:
@@ -1012,7 +1054,7 @@ class _Writer:
         stream parks, until its lease is found held again (see ``_unseen``)."""
         if self._remote is not None:
             self._unseen, self._remote = self._remote, None
-            self._channel.detach_remote(self._channel.sent)
+            self._channel.detach_remote(_reached(self._channel))
 
     def _stop(self) -> None:
         """Stop, from any worker: abort at once, and forget."""

@@ -53,7 +53,17 @@ async def test_a_listener_joining_a_key_during_a_read_from_further_on_misses_not
     key = "ear-test:log"
     # (a long block and no poke: the read in flight stays the one that started before
     # the second listener joined)
-    ear = Ear(client, "ear-test:wake", 5_000, 5.0, spawn, nothing, lambda: None, lambda: None)
+    ear = Ear(
+        client,
+        "ear-test:wake",
+        5_000,
+        5.0,
+        spawn,
+        nothing,
+        lambda: None,
+        lambda: None,
+        lambda deadline: None,
+    )
     ahead, behind = _Heard(), _Heard()
     try:
         async with asyncio.timeout(20):

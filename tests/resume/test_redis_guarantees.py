@@ -11,6 +11,7 @@ import collections
 import contextlib
 import dataclasses
 import gc
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
@@ -708,6 +709,8 @@ class _Elsewhere:
     """The owner's record of the stream."""
     follower: Follower
     """The client on the other worker."""
+    other: tether.resume.Resume
+    """The other worker."""
 
 
 @contextlib.asynccontextmanager
@@ -735,7 +738,7 @@ async def _read_elsewhere(redis_proc: RedisProcess) -> AsyncIterator[_Elsewhere]
         follower = await other.follow(point)
         assert follower is not None
         await eventually(lambda: channel.remote)  # the owner heard the claim
-        yield _Elsewhere(registry, owner, stream, point, channel, follower)
+        yield _Elsewhere(registry, owner, stream, point, channel, follower, other)
     finally:
         redis_proc.resume()
         await registry.close(drain_timeout=0)
@@ -783,6 +786,42 @@ async def test_a_client_elsewhere_hears_of_a_paused_redis_within_a_lease_period(
     # (a lease period, plus one timeout for "each answer after at most timeout", plus
     # half a block period of slack)
     assert heard_after is not None
+    assert heard_after <= LEASE + 0.5 + 0.25, f"the client heard after {heard_after:.2f} s"
+
+
+async def test_a_client_elsewhere_hears_of_a_paused_redis_in_a_lease_period_after_a_busy_moment(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): "a client on another worker whose Redis stops
+    # answering for a lease period ends with a 503 error event", counted "from when
+    # Redis last answered it ... so timeouts in a row do not add up". The same scene
+    # as test_a_client_elsewhere_hears_of_a_paused_redis_within_a_lease_period (block
+    # 0.5 s, timeout 0.5 s, lease 1.5 s), with one difference: the loop is busy (a
+    # blocking handler, 1.5 s) at the moment the verdict falls due, and past it. The
+    # judge then looks again a moment later (block/10), as meant, but every later look
+    # finds itself late by more than that moment again and looks again, for ever: the
+    # verdict never comes, and the client hears only once the reader's timeouts in a
+    # row have run out (a read, a block period, the upkeep, the renewal).
+    heard_after: float | None = None
+    async with asyncio.timeout(20), _read_elsewhere(redis_proc) as reading:
+        stores = [reading.owner.store, reading.other.store]
+        assert all(isinstance(store, RedisStore) for store in stores)
+        loop = asyncio.get_running_loop()
+        redis_proc.pause()
+        paused_at = loop.time()
+
+        def all_answers_handled() -> bool:  # (what Redis sent before it stopped)
+            return all(loop.time() - store._answered_at > 0.1 for store in stores)  # noqa: SLF001
+
+        await eventually(all_answers_handled)
+        time.sleep(LEASE)  # noqa: ASYNC251 (the fault: a blocking handler, over the verdict's moment)
+        error = await _until_it_ends(reading.follower)
+        heard_after = loop.time() - paused_at
+        await reading.follower.aclose()
+    assert error is not None
+    assert tether.http.error_response(error).status == 503
+    # (as the scene without the busy moment: a lease period, one timeout, half a block
+    # period; the busy moment ends within it)
     assert heard_after <= LEASE + 0.5 + 0.25, f"the client heard after {heard_after:.2f} s"
 
 
