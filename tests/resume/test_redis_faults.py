@@ -1137,3 +1137,30 @@ async def _without_info(
             await worker.aclose()
         for client in [*clients, admin]:
             await client.aclose()
+
+
+async def test_a_live_stream_with_no_event_yet_whose_meta_redis_lost_is_never_a_404(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): "its log or control stream with no meta that expires
+    # later than the second the keys of a stream that ended linger, is a live stream
+    # whose other keys Redis lost ...: a 503"; evicting: "never a 404 for a live stream
+    # (INFO denied included, unless Redis evicted all its keys at once)". A stream whose
+    # producer has not delivered its first output yet (a model still in prefill) has a
+    # meta and a control stream in Redis, and no log. Redis evicts its meta alone (a DEL
+    # stands for it; the worker may not run INFO). Its control stream lives on (its
+    # grace period and a minute), yet a reconnect elsewhere (the token alone: its client
+    # dropped before the first event) is a 404: the reconnect's proof of life looks at
+    # the log's expiry only, and a missing log's PTTL is -2.
+    async with _without_info(redis_proc, owner_block=2.0) as (admin, registry, aborts, stores):
+        owner, other = stores
+        stream = registry.open()
+        first = await owner.open(stream)
+        await first.aclose()  # its client left before the first event: it parks
+        await (await _reach(other, first.token, 0)).aclose()  # (it is in Redis)
+        meta, ctl = (owner.store.key(first.token, kind) for kind in ("meta", "ctl"))
+        assert await admin.exists(meta) and await admin.pttl(ctl) > 1000
+        await admin.delete(meta)  # Redis evicts it alone
+        answer = await other.reconnect({"tether-resume-token": first.token}, {})
+        assert getattr(answer, "status", None) == 503, answer
+        assert not aborts[stream.rid]
