@@ -1164,3 +1164,55 @@ async def test_a_live_stream_with_no_event_yet_whose_meta_redis_lost_is_never_a_
         answer = await other.reconnect({"tether-resume-token": first.token}, {})
         assert getattr(answer, "status", None) == 503, answer
         assert not aborts[stream.rid]
+
+
+async def test_more_than_max_events_waiting_for_a_client_elsewhere_that_vanished_abort_or_reach_it(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): "more than max_events outputs wait for a client:
+    # aborted (consumer_too_slow), once"; a reconnect within the grace period gets
+    # "every event after its id, then the live tail"; and, of a client elsewhere that
+    # vanished, the owner "parks from the end of what it holds (what the client had not
+    # read, the log in Redis keeps)". The client elsewhere read event 1 and lags by 6
+    # (max_events 8: within its bound) when its worker loses Redis for good (its lease
+    # lapses, as if it died). The owner parks at its count (7); 7 more events come (not
+    # more than 8 after the park: not aborted). 13 events now wait for that client, and
+    # neither the owner nor the log in Redis (trimmed to max_events) holds the first of
+    # them: its reconnect, on the owner, is a 404 while the request runs on, unreachable,
+    # for its whole grace period. Either it gets its events, or the request is aborted.
+    admin = Redis.from_url(redis_proc.url)
+    clients = [Redis.from_url(redis_proc.url), await _as_user(admin, redis_proc, "laggard")]
+    aborts: collections.Counter[str] = collections.Counter()
+    registry = tether.Registry(lambda rid: aborts.update([rid]))
+    stores = [RedisStore(client, block=0.1) for client in clients]
+    owner, other = (tether.resume.Resume(grace=30.0, max_events=8, store=store) for store in stores)
+    try:
+        async with asyncio.timeout(30):
+            stream, mirror, channel = await _read_elsewhere(registry, owner, other, stores[0])
+            for n in range(1, 7):  # events 2..7: its client reads none of them
+                registry.deliver(stream.rid, n)
+            await eventually(lambda: channel.count == 7)
+            await admin.execute_command("ACL", "SETUSER", "laggard", "-@all")  # it "dies"
+            await eventually(lambda: not channel.remote)  # its lease lapsed: parked
+            for n in range(7, 14):  # events 8..14
+                registry.deliver(stream.rid, n)
+            await eventually(lambda: channel.count == 14)
+            back = await owner.follow(_point(channel.token, 1))  # its client, back
+            if back is None:  # (a 404: then nothing may run on for it)
+                logged = await admin.xrange(stores[0].key(channel.token, "log"), count=1)
+                assert aborts[stream.rid] == 1, (
+                    f"a 404 for a stream that runs on, unaborted (the owner holds from "
+                    f"event {channel.first}, Redis from {logged[0][0] if logged else None})"
+                )
+            else:
+                registry.deliver(stream.rid, 14, finished=True)
+                assert await _drain(back) == list(range(1, 15))
+            with contextlib.suppress(tether.TetherError):
+                await mirror.aclose()
+    finally:
+        await admin.execute_command("ACL", "SETUSER", "laggard", "+@all")
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
+        for client in [*clients, admin]:
+            await client.aclose()
