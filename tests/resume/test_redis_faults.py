@@ -1216,3 +1216,33 @@ async def test_more_than_max_events_waiting_for_a_client_elsewhere_that_vanished
         await owner.aclose()
         for client in [*clients, admin]:
             await client.aclose()
+
+
+async def test_stop_of_a_live_stream_whose_meta_and_control_stream_redis_lost_is_never_unknown(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): "its log or control stream with no meta that expires
+    # later than the second the keys of a stream that ended linger, is a live stream
+    # whose other keys Redis lost ...: a 503"; Stop of a stream Redis evicted: "503
+    # until its owner has published it again". Redis evicts a live stream's meta and
+    # its control stream (a DEL stands for each; the worker may not run INFO); its log
+    # lives on (its grace period and a minute). A reconnect elsewhere reads the log's
+    # expiry and is a 503, as promised; Stop elsewhere reads only the control stream's,
+    # finds neither, and says the token is unknown: the app tells its user there is
+    # nothing to stop, and the request runs on.
+    async with _without_info(redis_proc, owner_block=2.0) as (admin, registry, aborts, stores):
+        owner, other = stores
+        stream, first = await _first_read(registry, owner, leave=True)
+        await (await _reach(other, first.token, 1)).aclose()  # (it is in Redis)
+        log, ctl, meta = (owner.store.key(first.token, kind) for kind in ("log", "ctl", "meta"))
+        await eventually(lambda: admin.exists(ctl))
+        assert await admin.pttl(log) > 1000
+        await admin.delete(meta, ctl)  # Redis evicts them
+        answer = await other.reconnect({"last-event-id": f"{first.token}.1"}, {})
+        assert getattr(answer, "status", None) == 503, answer  # (held)
+        try:
+            known = await other.cancel(first.token)
+        except ConnectionError:
+            known = True  # (a 503: retry)
+        assert known, "Stop of a live stream: unknown token"
+        assert not aborts[stream.rid]
