@@ -1246,3 +1246,86 @@ async def test_stop_of_a_live_stream_whose_meta_and_control_stream_redis_lost_is
             known = True  # (a 503: retry)
         assert known, "Stop of a live stream: unknown token"
         assert not aborts[stream.rid]
+
+
+class _LateRenewal(Redis):
+    """A client whose owner's key renewals (the pipeline that asks ``EXISTS`` of a
+    lease) wait at the door while ``late`` is set: one sent before a goodbye reaches
+    Redis after it, as one on a connection being (re)made does."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.late = False
+        self.held = asyncio.Event()
+        self.go = asyncio.Event()
+        self.done = asyncio.Event()
+
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        pipe = super().pipeline(*args, **kwargs)
+        execute = pipe.execute
+        client = self
+
+        async def late_execute(*a: Any, **k: Any) -> Any:
+            renewal = any(
+                args[0] == "EXISTS" and str(args[1]).endswith(":lease")
+                for args, _ in pipe.command_stack
+            )
+            if not (renewal and client.late):
+                return await execute(*a, **k)
+            client.late = False
+            client.held.set()
+            await client.go.wait()
+            try:
+                return await execute(*a, **k)
+            finally:
+                client.done.set()
+
+        pipe.execute = late_execute
+        return pipe
+
+
+async def test_a_stopped_stream_is_a_404_and_unknown_to_stop_even_after_a_late_renewal(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): a stream stopped, or whose grace period passed, is a
+    # 404 ("then 404"); a log or control stream is taken for a live stream's only if it
+    # "expires later than the second the keys of a stream that ended linger". The
+    # owner's upkeep renews the stream's keys (PEXPIRE to its grace period and more);
+    # that renewal, sent just before a Stop, reaches Redis after the goodbye that
+    # deleted the meta and gave the keys a second (its connection was being made). The
+    # log and control stream now live a grace period more with no meta: every
+    # reconnect with that token is a 503 ("retry") and every Stop says "known", for a
+    # stream that nobody runs, for the whole grace period (30 s here) instead of a 404.
+    admin = Redis.from_url(redis_proc.url)
+    clients = [_LateRenewal.from_url(redis_proc.url), Redis.from_url(redis_proc.url)]
+    late = clients[0]
+    assert isinstance(late, _LateRenewal)
+    registry = tether.Registry()
+    stores = [RedisStore(client, block=BLOCK, timeout=5.0) for client in clients]
+    owner, other = (tether.resume.Resume(grace=30.0, store=store) for store in stores)
+    try:
+        async with asyncio.timeout(30):
+            stream, first = await _first_read(registry, owner, leave=True)
+            await (await _reach(other, first.token, 1)).aclose()  # (it is in Redis)
+            log, meta = (stores[0].key(first.token, kind) for kind in ("log", "meta"))
+            late.late = True
+            await late.held.wait()  # a renewal is on its way, late
+            assert await owner.cancel(first.token)  # Stop, on the owner
+            await eventually(lambda: _gone(admin, meta, log))  # the goodbye landed
+            late.go.set()
+            await late.done.wait()  # the late renewal landed
+            answer = await other.reconnect({"last-event-id": f"{first.token}.1"}, {})
+            status = getattr(answer, "status", None)
+            assert status == 404, f"{status}: log expires in {await admin.pttl(log)} ms"
+            assert not await other.cancel(first.token), "Stop of a stopped stream: known"
+    finally:
+        late.go.set()
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
+        for client in [*clients, admin]:
+            await client.aclose()
+
+
+async def _gone(admin: Redis, meta: str, log: str) -> bool:
+    return not await admin.exists(meta) and await admin.pttl(log) <= 1000
