@@ -32,6 +32,7 @@ __all__ = [
     "Listener",
     "StoreUnreachable",
     "entry_order",
+    "lives",
     "text",
 ]
 
@@ -43,6 +44,15 @@ GONE_MS: Final = 1000
 """How long the keys of a stream that is resumable no more linger (for clients
 elsewhere to read its end entry): a key that lives longer, its meta lost, is part of
 a live stream."""
+
+
+def lives(*ttls: int) -> bool:
+    """Whether a stream whose meta Redis lost is live by its keys' expiries (the PTTLs
+    of its log and its control stream): one of them outlives the :data:`GONE_MS` the
+    keys of a stream that ended linger. A live stream with no event yet has a control
+    stream but no log; one whose control stream Redis lost has its log."""
+    return any(ttl > GONE_MS for ttl in ttls)
+
 
 logger = logging.getLogger("tether.redis")
 

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 import tether
 from tether.resume import Channel, Follower, new_token, wait_withdrawn
 
-from ._ear import CTL_MAXLEN, GONE_MS, Ear, Fields, StoreUnreachable, entry_order, text
+from ._ear import CTL_MAXLEN, Ear, Fields, StoreUnreachable, entry_order, lives, text
 
 __all__ = ["Host", "Mirror", "end_error"]
 
@@ -146,6 +146,7 @@ class Mirror:
                 pipe.xrange(log, min=f"{min(after, _MAX_ID)}-0")
                 pipe.xrevrange(log, count=1)
                 pipe.pttl(log)
+                pipe.pttl(self._key("ctl"))
                 pipe.exists(store.settling)  # (these two last: store.absent() reads them)
                 pipe.exists(store.epoch)
                 results: list[Any] = await pipe.execute()
@@ -156,10 +157,11 @@ class Mirror:
         if last and (not entries or entries[-1][0] != last[0][0]):
             entries = [*entries, last[0]]  # (the end, past what the client asked for)
         if not meta:
-            # (a log that lives on, not the second a stream that ended lingers, is a
-            # live stream whose meta alone Redis lost: INFO or not, a 503 until its
-            # owner publishes it again)
-            if results[3] > GONE_MS or not await store.absent(results):
+            # (a log or control stream that lives on, not the second a stream that
+            # ended lingers, is a live stream whose meta alone Redis lost (one with no
+            # event yet has no log): INFO or not, a 503 until its owner publishes it
+            # again)
+            if lives(results[3], results[4]) or not await store.absent(results):
                 raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
             return None
         rid = meta[b"rid"].decode()
@@ -378,14 +380,14 @@ class Mirror:
         part of (the keys of an owner that died expire together), whether or not INFO
         may count evictions. Asked only then."""
 
-        async def lives(client: Redis) -> list[int]:
+        async def ttls(client: Redis) -> list[int]:
             async with client.pipeline(transaction=False) as pipe:
                 pipe.pttl(self._key("log"))
                 pipe.pttl(self._key("ctl"))
                 ttls: list[int] = await pipe.execute()
                 return ttls
 
-        return any(ttl > GONE_MS for ttl in await self._store.command(lives, upkeep=True))
+        return lives(*await self._store.command(ttls, upkeep=True))
 
     def silent(self) -> bool:
         """Redis has been silent for a lease period: this client's lease cannot have

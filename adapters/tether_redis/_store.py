@@ -54,7 +54,7 @@ import tether.resume
 from tether.http import error_response
 from tether.resume import Channel, Follower, new_token
 
-from ._ear import CTL_MAXLEN, GONE_MS, Ear, Fields, StoreUnreachable, entry_order, text
+from ._ear import CTL_MAXLEN, GONE_MS, Ear, Fields, StoreUnreachable, entry_order, lives, text
 from ._mirror import Mirror
 
 __all__ = ["RedisStore", "StoreUnreachable"]
@@ -529,20 +529,22 @@ class RedisStore(tether.resume.MemoryStore):
                     nomkstream=True,
                 )
                 pipe.pttl(self.key(token, "ctl"))
+                pipe.pttl(self.key(token, "log"))
                 pipe.exists(self.settling)
                 pipe.exists(self.epoch)
                 results: list[Any] = await pipe.execute()
                 return results
 
         results = await self.command(post)
-        meta, posted, ttl = results[:3]
-        # A meta with no control stream, or a control stream that lives on with no
-        # meta (not the second a stream that ended lingers), is a live stream Redis
+        meta, posted = results[:2]
+        # A meta with no control stream, or a control stream or log that lives on with
+        # no meta (not the second a stream that ended lingers), is a live stream Redis
         # lost part of (the keys of an owner that died expire together): Stop is a 503
         # until its owner publishes it again, or, posted, reaches it; INFO or not.
-        if posted is not None and (meta or ttl > GONE_MS):
+        live = lives(*results[2:4])
+        if posted is not None and (meta or live):
             return True
-        if meta or not await self.absent(results):
+        if meta or live or not await self.absent(results):
             raise StoreUnreachable("Redis lost its state lately; its owner re-publishes it")
         return False
 
