@@ -493,7 +493,9 @@ class EngineClient:
             self._counts["malformed"] += 1
             return
         try:
-            message = decode_at_front(frames[0])
+            # (no session: nothing to end, so a Step's headers are never walked to tell
+            # TooManyEntries; an over-long one fails at its header, one decode a frame)
+            message = decode_at_front(frames[0], measure=self._up)
         except msgspec.DecodeError:  # (a frame for the other direction fails on its tag)
             self._counts["malformed"] += 1
             return

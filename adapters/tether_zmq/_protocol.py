@@ -455,9 +455,13 @@ def decode_at_engine(frame: bytes | memoryview) -> ToEngine:
     return message
 
 
-def decode_at_front(frame: bytes | memoryview) -> ToFront:
+def decode_at_front(frame: bytes | memoryview, *, measure: bool = True) -> ToFront:
     """A message an engine may send; anything else fails on its tag, unread. A
     ``Step``'s lists are measured from their headers before they are built.
+
+    ``measure=False`` (a front with no session, which has none to end) never walks a
+    ``Step``'s headers: a list past :data:`MAX_ENTRIES` fails at its header as a
+    :class:`msgspec.ValidationError`, for one decode, whatever the engine sends.
 
     :raises msgspec.DecodeError: the frame is no engine-to-front message, or one of
         more than :data:`MAX_FIELDS` fields, or a field past its own that is not a
@@ -470,9 +474,10 @@ def decode_at_front(frame: bytes | memoryview) -> ToFront:
     except msgspec.ValidationError as exc:
         # A list past MAX_ENTRIES fails at its header, unread, and msgspec says so, not by
         # how much: only then are the headers walked to tell (the failures' lies past at
-        # most MAX_ENTRIES outputs, a few ms of walking, once, as the session ends). A
-        # frame that failed on anything else is not walked: it costs one decode.
-        if "of length <=" in str(exc):
+        # most MAX_ENTRIES outputs, a few ms of walking, once, as the session ends; a
+        # front with no session asks for no walk). A frame that failed on anything else
+        # is not walked: it costs one decode.
+        if measure and "of length <=" in str(exc):
             count = _step_entries(frame)
             if count > MAX_ENTRIES:
                 raise TooManyEntries(count) from None
