@@ -305,7 +305,10 @@ class Registry:
             self._table.merge_failed(state, exc, finished)
             return True
         except BaseException:  # a sink's KeyboardInterrupt...: it goes on, the end settled
-            if state.unsettled(self._limits):
+            failed = state.fold_failure()
+            if failed is not None:  # (merge raised folding the held outputs: it fails)
+                self._table.merge_failed(state, failed, finished)
+            elif state.unsettled(self._limits):
                 self._table.too_slow(state, finished)
             raise
         if not state.live:

@@ -195,6 +195,7 @@ class RequestState(Mailbox):
         "acc",
         "collecting",
         "error",
+        "failed",
         "finishing",
         "first_at",
         "gen",
@@ -232,6 +233,9 @@ class RequestState(Mailbox):
         # (held, unfolded), the sink set_sink() asked for meanwhile, and whether the
         # producer's last output is among the held ones.
         self.held: list[Any] | None = None
+        # What a fold of the held ones raised when the caller cannot see it (a sink's
+        # BaseException goes on instead, or merge's own): the caller fails the request.
+        self.failed: BaseException | None = None
         self.resume: Callable[[list[Any]], bool] | None = None
         self.finishing = False
         self.timer: asyncio.TimerHandle | None = None
@@ -377,8 +381,13 @@ class RequestState(Mailbox):
                     took = False
                 except BaseException:
                     # KeyboardInterrupt, SystemExit...: it goes on to the producer, the
-                    # state whole again (the caller settles the end: unsettled()).
-                    self.offered(output, sink, False, limits)
+                    # state whole again (the caller settles the end: unsettled()). A merge
+                    # that raises folding the held ones must not replace it: it is kept
+                    # for the caller, which fails the request (fold_failure()).
+                    try:
+                        self.offered(output, sink, False, limits)
+                    except Exception as exc:
+                        self.failed = exc
                     raise
                 if took and self.sink is OFFERING:
                     self.sink = sink
@@ -449,9 +458,15 @@ class RequestState(Mailbox):
             else:
                 try:
                     pending[-1] = merge(pending[-1], later)
-                except Exception:
+                except BaseException as exc:
+                    # Whatever it raises, the state is whole: what was folded waits,
+                    # counted, its reader woken. A KeyboardInterrupt... goes on to the
+                    # producer, and the request fails (fold_failure()): never finished
+                    # without the outputs from this one on.
                     self.npending = npending
                     self.wake()
+                    if not isinstance(exc, Exception):
+                        self.failed = exc
                     raise
                 npending += 1
         self.npending = npending
@@ -487,6 +502,13 @@ class RequestState(Mailbox):
         last output held, or a limit broken), when a sink's ``BaseException`` cut it
         short: the caller settles that end as for a ``False``. Never while offering."""
         return self.live and not self.offering() and (self.finishing or not self.fits(limits))
+
+    def fold_failure(self) -> BaseException | None:
+        """What folding the held outputs raised that the caller did not see (see
+        :meth:`offered`), when a ``BaseException`` cut :meth:`put` short: the caller
+        fails the request with it (``merge_failed``). Once: it forgets it."""
+        failed, self.failed = self.failed, None
+        return failed
 
     def last_was_held(self) -> bool:
         """Whether the producer's last output was held while the sink was offered one
@@ -569,7 +591,7 @@ class Delivers(Protocol):
 class Ends(Protocol):
     """What :func:`route` tells of a request that must end (the table)."""
 
-    def merge_failed(self, state: RequestState, exc: Exception, finished: bool) -> None: ...
+    def merge_failed(self, state: RequestState, exc: BaseException, finished: bool) -> None: ...
 
     def too_slow(self, state: RequestState, finished: bool) -> None: ...
 
@@ -615,7 +637,10 @@ def route(
             table.merge_failed(state, exc, False)
             continue
         except BaseException:  # as in deliver()
-            if state.unsettled(limits):
+            failed = state.fold_failure()
+            if failed is not None:
+                table.merge_failed(state, failed, False)
+            elif state.unsettled(limits):
                 table.too_slow(state, False)
             raise
         if not fits and state.live:

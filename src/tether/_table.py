@@ -292,7 +292,7 @@ class Table:
         error = ConsumerTooSlow(state.rid, limits.max_pending, max_bytes=max_bytes)
         self.end((state,), End(error, WHOLE, tell=not finished), defer=True)
 
-    def merge_failed(self, state: RequestState, exc: Exception, finished: bool) -> None:
+    def merge_failed(self, state: RequestState, exc: BaseException, finished: bool) -> None:
         """``merge()`` raised while delivering to ``state``: fail that request alone;
         unless that was its last output, ``on_abort`` tells the producer to stop."""
         finished = state.last_was_held() or finished  # (see too_slow)

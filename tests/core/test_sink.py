@@ -619,3 +619,95 @@ async def test_a_held_last_output_ends_the_request_when_the_sink_raises_a_base_e
         step()
     assert registry.in_flight == 0, "the producer's last output was delivered; the request lives on"
     assert [output async for output in stream] == ["x", "last"]
+
+
+# A sink's BaseException goes on to the producer (CHANGELOG: "lets it go on to the
+# producer with the request whole"), whatever the fold of the held outputs does.
+
+
+def _merge_refusing_held(acc: Any, new: Any) -> Any:
+    raise ValueError("merge refuses")
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["deliver", "deliver_many"])
+@pytest.mark.parametrize(
+    "exc", [KeyboardInterrupt, SystemExit], ids=["keyboard-interrupt", "system-exit"]
+)
+async def test_a_sinks_keyboard_interrupt_reaches_the_producer_even_when_merge_raises_on_the_held_outputs(  # noqa: E501
+    many: bool, exc: type[BaseException]
+) -> None:
+    """A sink that delivers to its own stream (held behind the offered output) and then
+    raises KeyboardInterrupt: put() folds the held output in its ``except BaseException``
+    block (``offered(output, sink, False)``); a ``merge`` that raises there replaces the
+    KeyboardInterrupt, and deliver()'s ``except Exception`` (merge_failed) swallows it:
+    the producer never sees the interrupt (invariant 10: nothing escapes silently)."""
+    registry = tether.Registry(merge=_merge_refusing_held)
+    stream = registry.open()
+    registry.deliver(stream.rid, "first")
+    assert stream.ready() == ["first"]
+
+    def sink(outputs: list[Any]) -> bool:
+        registry.deliver(stream.rid, "held")  # held behind the offered one, unfolded
+        raise exc()
+
+    assert stream.set_sink(sink)
+    step = (
+        (lambda: registry.deliver_many([(stream.rid, "x", False)]))
+        if many
+        else (lambda: registry.deliver(stream.rid, "x"))
+    )
+    raised: BaseException | None = None
+    try:
+        step()
+    except BaseException as e:
+        raised = e
+    assert isinstance(raised, exc), (
+        f"the sink's {exc.__name__} never reached the producer: deliver returned normally "
+        f"(raised={raised!r}); merge's ValueError replaced it and was handled as a merge failure"
+    )
+    await stream.aclose()
+
+
+# A merge that raises a BaseException (KeyboardInterrupt) while the outputs held behind
+# a sink's offer are folded (RequestState.offered) goes on to the producer, but must
+# leave the request whole: it does not end as a success that lacks the later outputs.
+
+
+def _merge_interrupting_held(acc: list[str], new: list[str]) -> list[str]:
+    if new == ["boom"]:
+        raise KeyboardInterrupt
+    return acc + new
+
+
+async def test_a_merges_keyboard_interrupt_while_folding_held_outputs_drops_no_later_output() -> (
+    None
+):
+    registry = tether.Registry(merge=_merge_interrupting_held)
+    stream = registry.open()
+    registry.deliver(stream.rid, ["first"])
+    assert stream.ready() == [["first"]]
+
+    def sink(outputs: list[Any]) -> bool:
+        registry.deliver(stream.rid, ["boom"])  # held behind the offered one
+        registry.deliver(stream.rid, ["last"], finished=True)  # held: the producer's last
+        return False  # declines: offered() folds ["x"], ["boom"], ["last"]
+
+    assert stream.set_sink(sink)
+    interrupted = False
+    try:
+        registry.deliver(stream.rid, ["x"])
+    except KeyboardInterrupt:
+        interrupted = True
+    assert interrupted  # (it goes on to the producer: documented)
+    read: list[Any] = []
+    error: BaseException | None = None
+    try:
+        async for output in stream:
+            read.append(output)
+    except tether.TetherError as exc:
+        error = exc
+    flat = [item for output in read for item in output]
+    assert error is not None or "last" in flat, (
+        f"the request ended as a success without the producer's last output: read {read!r}; "
+        "the held outputs after the one merge raised on were dropped (invariant 4)"
+    )
