@@ -305,11 +305,7 @@ class Registry:
             self._table.merge_failed(state, exc, finished)
             return True
         except BaseException:  # a sink's KeyboardInterrupt...: it goes on, the end settled
-            failed = state.fold_failure()
-            if failed is not None:  # (merge raised folding the held outputs: it fails)
-                self._table.merge_failed(state, failed, finished)
-            elif state.unsettled(self._limits):
-                self._table.too_slow(state, finished)
+            state.settle_cut(self._limits, self._table, finished)
             raise
         if not state.live:
             return True  # ended inside put (merge or a finaliser re-entered): once is all

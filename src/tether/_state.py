@@ -381,9 +381,9 @@ class RequestState(Mailbox):
                     took = False
                 except BaseException:
                     # KeyboardInterrupt, SystemExit...: it goes on to the producer, the
-                    # state whole again (the caller settles the end: unsettled()). A merge
+                    # state whole again (the caller settles the end: settle_cut()). A merge
                     # that raises folding the held ones must not replace it: it is kept
-                    # for the caller, which fails the request (fold_failure()).
+                    # for the caller, which fails the request (settle_cut()).
                     try:
                         self.offered(output, sink, False, limits)
                     except Exception as exc:
@@ -461,7 +461,7 @@ class RequestState(Mailbox):
                 except BaseException as exc:
                     # Whatever it raises, the state is whole: what was folded waits,
                     # counted, its reader woken. A KeyboardInterrupt... goes on to the
-                    # producer, and the request fails (fold_failure()): never finished
+                    # producer, and the request fails (settle_cut()): never finished
                     # without the outputs from this one on.
                     self.npending = npending
                     self.wake()
@@ -497,18 +497,17 @@ class RequestState(Mailbox):
             return self.nbytes <= limits.max_bytes
         return True
 
-    def unsettled(self, limits: Limits) -> bool:
-        """Whether what :meth:`put` would have answered is ``False`` (the producer's
-        last output held, or a limit broken), when a sink's ``BaseException`` cut it
-        short: the caller settles that end as for a ``False``. Never while offering."""
-        return self.live and not self.offering() and (self.finishing or not self.fits(limits))
-
-    def fold_failure(self) -> BaseException | None:
-        """What folding the held outputs raised that the caller did not see (see
-        :meth:`offered`), when a ``BaseException`` cut :meth:`put` short: the caller
-        fails the request with it (``merge_failed``). Once: it forgets it."""
+    def settle_cut(self, limits: Limits, table: Ends, finished: bool) -> None:
+        """A sink's ``BaseException`` cut :meth:`put` short (it goes on to the producer):
+        the request's end is settled as ``put`` would have. What folding the held
+        outputs raised, unseen (see :meth:`offered`), fails it (``merge_failed``);
+        else a held last output or a broken limit, ``put``'s ``False``, ends it
+        (``too_slow``). Never while offering."""
         failed, self.failed = self.failed, None
-        return failed
+        if failed is not None:
+            table.merge_failed(self, failed, finished)
+        elif self.live and not self.offering() and (self.finishing or not self.fits(limits)):
+            table.too_slow(self, finished)
 
     def last_was_held(self) -> bool:
         """Whether the producer's last output was held while the sink was offered one
@@ -637,11 +636,7 @@ def route(
             table.merge_failed(state, exc, False)
             continue
         except BaseException:  # as in deliver()
-            failed = state.fold_failure()
-            if failed is not None:
-                table.merge_failed(state, failed, False)
-            elif state.unsettled(limits):
-                table.too_slow(state, False)
+            state.settle_cut(limits, table, False)
             raise
         if not fits and state.live:
             table.too_slow(state, False)
