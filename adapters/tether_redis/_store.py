@@ -215,8 +215,8 @@ class RedisStore(tether.resume.MemoryStore):
         for one of the store's slots and completes within ``timeout`` seconds in all.
 
         :param upkeep: take a slot of the copies' and upkeep's half, not the requests'.
-        :param own: take no slot: the store's reader runs it between two reads, on the
-            connection it holds anyway (so that copies in numbers cannot delay it).
+        :param own: take no slot: the store's reader runs it between two reads, in its
+            own turn (so that copies in numbers cannot delay it); never from elsewhere.
         :raises StoreUnreachable: it failed, or the bound passed (the command is
             cancelled; redis-py drops the connection it was on).
         """
@@ -347,8 +347,12 @@ class RedisStore(tether.resume.MemoryStore):
         async def ping(client: Redis) -> None:
             await client.ping()
 
+        # In a slot of the upkeep's, not the reader's own turn: the reader may be blocked
+        # on Redis right now, and one command more would break the bound of commands in
+        # flight (``connections`` + the reader's one). Waiting for a slot counts against
+        # the same ``timeout``, and an answer to a command holding one answers for Redis.
         with contextlib.suppress(StoreUnreachable):
-            await self.command(ping, own=True)
+            await self.command(ping, upkeep=True)
         if self._answered_at <= since and not self._closing:
             self.ear.silent()
 

@@ -1452,3 +1452,71 @@ async def _no_key(admin: Redis, key: str) -> bool:
 
 async def _gone(admin: Redis, meta: str, log: str) -> bool:
     return not await admin.exists(meta) and await admin.pttl(log) <= 1000
+
+
+class _InFlight(Redis):
+    """A client that counts its commands in flight (a pipeline is one), and the most
+    there were at once."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.now = 0
+        self.most = 0
+
+    async def _counted(self, send: Awaitable[Any]) -> Any:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            return await send
+        finally:
+            self.now -= 1
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        return await self._counted(super().execute_command(*args, **options))
+
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        pipe = super().pipeline(*args, **kwargs)
+        execute = pipe.execute
+        client = self
+
+        async def counted_execute(*a: Any, **k: Any) -> Any:
+            return await client._counted(execute(*a, **k))
+
+        pipe.execute = counted_execute
+        return pipe
+
+
+async def test_a_worker_has_at_most_connections_plus_one_commands_in_flight_when_judging_silence(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): "the store never has more than `connections + 1`
+    # commands in flight per worker" (its pool holds more than `connections`: one more
+    # is the blocked read). Redis pauses while the worker's reader is blocked on it, a
+    # copy holds the upkeep half of its slots (connections=2) and a Stop the requests'
+    # half; then a blocking handler holds the loop over the moment its silence is
+    # judged, so the judge asks Redis one fresh PING. That PING is one command more.
+    client = _InFlight.from_url(redis_proc.url)
+    assert isinstance(client, _InFlight)
+    store = RedisStore(client, block=BLOCK, timeout=2.0, connections=2)
+    registry = tether.Registry()
+    owner = tether.resume.Resume(grace=30.0, store=store)
+    try:
+        async with asyncio.timeout(30):
+            stream, _ = await _first_read(registry, owner, leave=True)
+            redis_proc.pause()
+            registry.deliver(stream.rid, 1)  # its copy: the upkeep half
+            stop = asyncio.ensure_future(owner.cancel(tether.resume.new_token()))  # requests'
+            await eventually(lambda: client.now == 3)  # (and the reader's XREAD)
+            loop = asyncio.get_running_loop()
+            held = loop.time()
+            time.sleep(2 * store.lease_ms / 1000)  # noqa: ASYNC251 (the fault: a blocking handler)
+            with contextlib.suppress(ConnectionError):
+                await stop  # (Redis paused: it fails after its timeout)
+            assert loop.time() - held < store.timeout + 1.0
+            await eventually(lambda: client.now <= 1)  # (the judge's verdict is in)
+            assert client.most <= 2 + 1, f"{client.most} commands in flight at once"
+    finally:
+        redis_proc.resume()
+        await registry.close(drain_timeout=0)
+        await owner.aclose()
+        await client.aclose()
