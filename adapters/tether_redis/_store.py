@@ -94,7 +94,8 @@ class RedisStore(tether.resume.MemoryStore):
         connections (one more is the store's blocked read); the store does not close it.
     :param prefix: the prefix of every key the store writes.
     :param block: seconds one ``XREAD BLOCK`` waits; also how often leases and
-        expiries are renewed and lost state is re-published.
+        expiries are renewed and lost state is re-published (the same on every worker:
+        one's settling period covers the others' upkeep only then).
     :param timeout: the most seconds one command may take, waiting for its turn
         included, before Redis counts as unreachable (a 503 for a reconnect or a Stop;
         a new stream is served resumable here only until Redis answers again).
@@ -399,13 +400,15 @@ class RedisStore(tether.resume.MemoryStore):
             if held:
                 self._known = True
                 return False
-            lost = self._known  # (no epoch at first is a new Redis)
-            # Settling before the epoch: a reader sees one or the other, never neither.
+            # Settling whoever finds it so, and before the epoch (a reader sees one or
+            # the other, never neither): a store that never saw the epoch cannot tell a
+            # new Redis from one that came back empty under owners that have not
+            # noticed yet (their streams would be 404s until they do).
             async with client.pipeline(transaction=True) as pipe:
-                if lost:
-                    pipe.set(self.settling, "1", px=self.settle_ms)
+                pipe.set(self.settling, "1", px=self.settle_ms)
                 pipe.set(self.epoch, "1", nx=True, px=_EPOCH_MS)
                 await pipe.execute()
+            lost = self._known  # (only then can streams of this worker's be gone)
             self._known = True
             return lost
 
