@@ -80,7 +80,7 @@ while i <= #ARGV do
 end
 return answers
 """
-"""An owner's writes, refused once its stream's goodbye landed (see :meth:`_Writer.fenced`)."""
+"""An owner's writes, refused once its stream's goodbye landed (see ``_Writer._fenced``)."""
 _EPOCH_MS: Final = 86_400_000
 """The life of the key that says Redis holds this prefix's state (renewed by every
 store's upkeep): its absence is a Redis that lost everything."""
@@ -988,9 +988,9 @@ class _Writer:
         clients elsewhere), then its keys go soon, its meta at once."""
         if not self.dirty:
             await self._flush(client, last=True)
-        async with client.pipeline(transaction=True) as pipe:
-            # Marked for as long as any write of this writer's keeps the keys: one still
-            # on its way (sent before, received after) changes nothing (see _fenced).
+        async with client.pipeline(transaction=False) as pipe:
+            # Marked first, for as long as any write of this writer's keeps the keys: one
+            # still on its way (sent before, received after) changes nothing (_fenced).
             pipe.set(self._mark, "1", px=max(_keep_ms(self._channel), self._keep()))
             self._expire(pipe, GONE_MS)
             pipe.delete(self._keys[2])  # resumable nowhere from now on
