@@ -66,6 +66,21 @@ T = TypeVar("T")
 _DUMPS: Final = tether.SSE().dumps
 _CLOSE_TIMEOUT: Final = 2.0
 """Seconds :meth:`RedisStore.aclose` gives the writers to put their end entries."""
+_FENCE: Final = """
+-- The commands in ARGV (each its number of words, then its words), run only while
+-- KEYS[1], the stream's end mark, is absent; each one's answer, an error included.
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return false
+end
+local answers, i = {}, 1
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  answers[#answers + 1] = redis.pcall(unpack(ARGV, i + 1, i + n))
+  i = i + n + 1
+end
+return answers
+"""
+"""An owner's writes, refused once its stream's goodbye landed (see ``_Writer._fenced``)."""
 _EPOCH_MS: Final = 86_400_000
 """The life of the key that says Redis holds this prefix's state (renewed by every
 store's upkeep): its absence is a Redis that lost everything."""
@@ -79,7 +94,8 @@ class RedisStore(tether.resume.MemoryStore):
         connections (one more is the store's blocked read); the store does not close it.
     :param prefix: the prefix of every key the store writes.
     :param block: seconds one ``XREAD BLOCK`` waits; also how often leases and
-        expiries are renewed and lost state is re-published.
+        expiries are renewed and lost state is re-published (the same on every worker:
+        one's settling period covers the others' upkeep only then).
     :param timeout: the most seconds one command may take, waiting for its turn
         included, before Redis counts as unreachable (a 503 for a reconnect or a Stop;
         a new stream is served resumable here only until Redis answers again).
@@ -105,6 +121,7 @@ class RedisStore(tether.resume.MemoryStore):
         "client",
         "ear",
         "epoch",
+        "fence",
         "lease_ms",
         "prefix",
         "request_slots",
@@ -151,6 +168,8 @@ class RedisStore(tether.resume.MemoryStore):
         self.worker = new_token()
         """This store's id in control messages."""
         self.epoch = f"{prefix}epoch"
+        self.fence = client.register_script(_FENCE)
+        """Runs an owner's writes unless its stream's goodbye landed (one ``EVALSHA``)."""
         self.settling = f"{prefix}settling"
         self._known = False  # whether this store saw Redis hold the epoch
         self._answered_at = -float("inf")  # when Redis last answered this store
@@ -187,7 +206,7 @@ class RedisStore(tether.resume.MemoryStore):
         self.ear.poke = self._poke
 
     def key(self, token: str, kind: str) -> str:
-        """The Redis key of ``token``'s ``log``, ``ctl``, ``meta`` or ``lease``."""
+        """The Redis key of ``token``'s ``log``, ``ctl``, ``meta``, ``lease`` or ``end``."""
         return f"{self.prefix}{token}:{kind}"
 
     async def command(
@@ -197,8 +216,8 @@ class RedisStore(tether.resume.MemoryStore):
         for one of the store's slots and completes within ``timeout`` seconds in all.
 
         :param upkeep: take a slot of the copies' and upkeep's half, not the requests'.
-        :param own: take no slot: the store's reader runs it between two reads, on the
-            connection it holds anyway (so that copies in numbers cannot delay it).
+        :param own: take no slot: the store's reader runs it between two reads, in its
+            own turn (so that copies in numbers cannot delay it); never from elsewhere.
         :raises StoreUnreachable: it failed, or the bound passed (the command is
             cancelled; redis-py drops the connection it was on).
         """
@@ -329,8 +348,12 @@ class RedisStore(tether.resume.MemoryStore):
         async def ping(client: Redis) -> None:
             await client.ping()
 
+        # In a slot of the upkeep's, not the reader's own turn: the reader may be blocked
+        # on Redis right now, and one command more would break the bound of commands in
+        # flight (``connections`` + the reader's one). Waiting for a slot counts against
+        # the same ``timeout``, and an answer to a command holding one answers for Redis.
         with contextlib.suppress(StoreUnreachable):
-            await self.command(ping, own=True)
+            await self.command(ping, upkeep=True)
         if self._answered_at <= since and not self._closing:
             self.ear.silent()
 
@@ -377,13 +400,15 @@ class RedisStore(tether.resume.MemoryStore):
             if held:
                 self._known = True
                 return False
-            lost = self._known  # (no epoch at first is a new Redis)
-            # Settling before the epoch: a reader sees one or the other, never neither.
+            # Settling whoever finds it so, and before the epoch (a reader sees one or
+            # the other, never neither): a store that never saw the epoch cannot tell a
+            # new Redis from one that came back empty under owners that have not
+            # noticed yet (their streams would be 404s until they do).
             async with client.pipeline(transaction=True) as pipe:
-                if lost:
-                    pipe.set(self.settling, "1", px=self.settle_ms)
+                pipe.set(self.settling, "1", px=self.settle_ms)
                 pipe.set(self.epoch, "1", nx=True, px=_EPOCH_MS)
                 await pipe.execute()
+            lost = self._known  # (only then can streams of this worker's be gone)
             self._known = True
             return lost
 
@@ -603,6 +628,7 @@ class _Writer:
         "_latest",
         "_lease_seen",
         "_logged",
+        "_mark",
         "_outbox",
         "_pending",
         "_remote",
@@ -621,6 +647,8 @@ class _Writer:
         self._store = store
         self._channel = channel
         self._keys = tuple(store.key(channel.token, kind) for kind in ("log", "ctl", "meta"))
+        self._mark = store.key(channel.token, "end")
+        """Set by the goodbye: from then on no write of this writer's changes anything."""
         self._outbox: list[tuple[str, dict[str, str]]] = []
         self._wake = asyncio.Event()
         self._ended = False
@@ -830,7 +858,8 @@ class _Writer:
         store, channel = self._store, self._channel
         log, ctl, meta = self._keys
         self._outbox = []
-        async with client.pipeline(transaction=True) as pipe:
+
+        def meta_first(pipe: Any) -> None:
             pipe.hset(
                 meta,
                 mapping={
@@ -844,23 +873,28 @@ class _Writer:
             pipe.xadd(ctl, {"op": "open", "w": store.worker}, maxlen=CTL_MAXLEN)
             claim = self._standing_claim()
             if claim is not None:
-                pipe.xadd(ctl, claim, maxlen=CTL_MAXLEN)  # type: ignore[arg-type]
+                pipe.xadd(ctl, claim, maxlen=CTL_MAXLEN)
             self._expire(pipe, self._keep())
-            await pipe.execute()
+
+        if await self._fenced(client, meta_first) is None:
+            return  # (its goodbye came first: nothing to publish)
         # The log as it stands now, end included or not (no await until it is queued).
         upto, ended = channel.count, channel.ended
         entries = [
             self._log_entry(n, output) for n, output in enumerate(channel.events, channel.first)
         ]
         self._sizes.clear()
-        async with client.pipeline(transaction=True) as pipe:
+
+        def whole_log(pipe: Any) -> None:
             pipe.delete(log)
             self._add(pipe, entries)
             if ended:
                 entry_id, fields = self._end_entry()
-                pipe.xadd(log, fields, id=entry_id)  # type: ignore[arg-type]
+                pipe.xadd(log, fields, id=entry_id)
             pipe.pexpire(log, self._keep())
-            await pipe.execute()
+
+        if await self._fenced(client, whole_log) is None:
+            return
         self._logged = bool(entries) or ended
         self.dirty = False
         # What came while that transaction was in flight (put() ignored it: dirty).
@@ -923,23 +957,27 @@ class _Writer:
         # 404 for as long as the stream lives (the upkeep sees a log, and publishes
         # nothing). Added only to a log that exists, they tell of the loss instead.
         held = self._logged and not last
-        async with client.pipeline(transaction=False) as pipe:
+
+        def copies(pipe: Any) -> None:
             events: list[tuple[str, dict[str, str]]] = []
             for entry_id, fields in outbox:
                 if entry_id == "ctl":  # (the claim of the client here: sent from now on)
                     self._unsent = False
-                    pipe.xadd(ctl, fields, maxlen=CTL_MAXLEN)  # type: ignore[arg-type]
+                    pipe.xadd(ctl, fields, maxlen=CTL_MAXLEN)
                 elif "end" in fields:
                     self._add(pipe, events, held=held)
                     events = []
-                    pipe.xadd(log, fields, id=entry_id, nomkstream=held)  # type: ignore[arg-type]
+                    pipe.xadd(log, fields, id=entry_id, nomkstream=held)
                 else:
                     events.append((entry_id, fields))
             self._add(pipe, events, held=held)
             # A key that XADD just made has no expiry: set it in the same round trip, so
             # that an owner killed before its first upkeep leaves nothing for ever.
             self._expire(pipe, self._keep())
-            results = await pipe.execute()
+
+        results = await self._fenced(client, copies)
+        if results is None:
+            return  # (its goodbye came first)
         if any(entry_id != "ctl" for entry_id, _ in outbox):
             self._logged = True
         if held and None in results:  # (only an entry added to no log answers None)
@@ -951,9 +989,35 @@ class _Writer:
         if not self.dirty:
             await self._flush(client, last=True)
         async with client.pipeline(transaction=False) as pipe:
+            # Marked first, for as long as any write of this writer's keeps the keys: one
+            # still on its way (sent before, received after) changes nothing (_fenced).
+            pipe.set(self._mark, "1", px=max(_keep_ms(self._channel), self._keep()))
             self._expire(pipe, GONE_MS)
             pipe.delete(self._keys[2])  # resumable nowhere from now on
             await pipe.execute()
+
+    async def _fenced(self, client: Redis, fill: Callable[[Any], None]) -> list[Any] | None:
+        """Run the commands ``fill`` queues (on a pipeline never sent) as one script, at
+        once, unless this stream's goodbye has landed. A write of this writer's that
+        Redis receives after its goodbye (a renewal, a copy or a publication sent before
+        it, slow to arrive, or given up on here on a timeout and read by Redis after all)
+        must not make the keys of a stream that ended live again.
+
+        :returns: each command's answer; ``None`` if the goodbye landed first.
+        :raises ResponseError: a command failed (the others ran).
+        """
+        pipe = client.pipeline(transaction=False)
+        fill(pipe)
+        words: list[Any] = []
+        for args, _ in pipe.command_stack:
+            words += [len(args), *args]
+        answers = await self._store.fence(keys=[self._mark], args=words, client=client)
+        if answers is None:
+            return None
+        for answer in answers:
+            if isinstance(answer, ResponseError):
+                raise answer
+        return list(answers)
 
     def heard(self, key: str, entry_id: Any, fields: Fields) -> bool:
         """The owner's ear: clients attaching and leaving elsewhere, Stop."""
@@ -1013,17 +1077,20 @@ class _Writer:
 
         logged, published = self._logged, not self.dirty  # (before the renewal is sent)
 
-        async def renew(client: Redis) -> list[Any]:
-            async with client.pipeline(transaction=False) as pipe:
-                pipe.exists(lease)
-                self._expire(pipe, self._keep())
-                results: list[Any] = await pipe.execute()
-                return results
+        def renewal(pipe: Any) -> None:
+            pipe.exists(lease)
+            self._expire(pipe, self._keep())
+
+        async def renew(client: Redis) -> list[Any] | None:
+            return await self._fenced(client, renewal)
 
         try:
             results = await store.command(renew, upkeep=True)
         except StoreUnreachable:
             results = None
+        else:
+            if results is None:  # (its goodbye came first: the stream is over)
+                return True
         # (the renewal's answers: its log, control stream and meta still exist; a log
         # exists once an event or the end was written, before the renewal was sent)
         if results is not None and published and not self.dirty:

@@ -1,7 +1,8 @@
 """A ``redis-server`` of the test's own on a free loopback port, stopped by its pid,
 that a test may also break on purpose: paused (SIGSTOP: it accepts connections and
 answers nothing), restarted empty on the same port (no persistence), killed, or capped
-with ``maxclients``. The ``redis_url`` and ``redis_proc`` fixtures run one per test."""
+with ``maxclients``. The ``redis_url`` and ``redis_proc`` fixtures run one per test,
+each started as a Redis that already serves tether (see ``_established``)."""
 
 from __future__ import annotations
 
@@ -97,6 +98,24 @@ async def _answers(port: int) -> bool:
             await writer.wait_closed()
 
 
+async def _established(port: int) -> None:
+    """Make it a Redis that already serves tether: its stores' epoch key (default
+    prefix) is set, as a deployment's running workers keep it. A store that finds no
+    epoch cannot tell a new Redis from one restarted empty, and marks it settling (a
+    wrong token is a 503 for a settling period); tests of that call ``restart()``."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"SET tether:resume:epoch 1 PX 86400000\r\n")
+        await writer.drain()
+        async with asyncio.timeout(5):
+            answer = await reader.readline()
+        assert answer.startswith(b"+OK"), answer
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
 @contextlib.asynccontextmanager
 async def redis_process(
     *, maxclients: int | None = None, start_timeout: float = 10.0
@@ -114,6 +133,7 @@ async def redis_process(
     server = RedisProcess(binary, port, maxclients, start_timeout)
     try:
         await server.start()
+        await _established(port)
         yield server
     finally:
         await server.kill()

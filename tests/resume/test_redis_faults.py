@@ -11,8 +11,9 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -1253,17 +1254,64 @@ async def test_stop_of_a_live_stream_whose_meta_and_control_stream_redis_lost_is
         assert not aborts[stream.rid]
 
 
-class _LateRenewal(Redis):
-    """A client whose owner's key renewals (the pipeline that asks ``EXISTS`` of a
-    lease) wait at the door while ``late`` is set: one sent before a goodbye reaches
-    Redis after it, as one on a connection being (re)made does."""
+def _words(args: Any) -> list[str]:
+    return [word.decode() if isinstance(word, bytes) else str(word) for word in args]
+
+
+def _renewal(words: list[str]) -> bool:
+    """An owner's key renewal: it asks ``EXISTS`` of a lease, then renews expiries."""
+    return any(one == "EXISTS" and two.endswith(":lease") for one, two in itertools.pairwise(words))
+
+
+def _copy(words: list[str]) -> bool:
+    """An owner's copy of an event to its log (an ``XADD`` with an ``n`` field)."""
+    return "XADD" in words and "n" in words and "HSET" not in words
+
+
+def _publication(words: list[str]) -> bool:
+    """An owner's publication of a stream's meta (an ``HSET``)."""
+    return "HSET" in words
+
+
+class _Late(Redis):
+    """A client whose next command (or pipeline) that ``matches`` is sent but lands
+    late: it waits at the door until ``go`` is set, then lands, even if its sender gave
+    up on it meanwhile (its bound passed), as one read by a Redis that was slow to read
+    its socket, or on a connection being (re)made, does."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.late = False
+        self.matches: Callable[[list[str]], bool] | None = None
         self.held = asyncio.Event()
         self.go = asyncio.Event()
         self.done = asyncio.Event()
+        self._landing: asyncio.Task[Any] | None = None
+
+    def _late(self, words: list[str]) -> bool:
+        matches = self.matches
+        if matches is None or not matches(words):
+            return False
+        self.matches = None
+        return True
+
+    async def _land(self, send: Callable[[], Awaitable[Any]]) -> Any:
+        self.held.set()
+
+        async def land() -> Any:
+            await self.go.wait()
+            try:
+                return await send()
+            finally:
+                self.done.set()
+
+        self._landing = asyncio.ensure_future(land())
+        return await asyncio.shield(self._landing)
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        send = super().execute_command
+        if not self._late(_words(args)):
+            return await send(*args, **options)
+        return await self._land(lambda: send(*args, **options))
 
     def pipeline(self, *args: Any, **kwargs: Any) -> Any:
         pipe = super().pipeline(*args, **kwargs)
@@ -1271,62 +1319,35 @@ class _LateRenewal(Redis):
         client = self
 
         async def late_execute(*a: Any, **k: Any) -> Any:
-            renewal = any(
-                args[0] == "EXISTS" and str(args[1]).endswith(":lease")
-                for args, _ in pipe.command_stack
-            )
-            if not (renewal and client.late):
+            words = [word for command, _ in pipe.command_stack for word in _words(command)]
+            if not client._late(words):
                 return await execute(*a, **k)
-            client.late = False
-            client.held.set()
-            await client.go.wait()
-            try:
-                return await execute(*a, **k)
-            finally:
-                client.done.set()
+            # (a copy: the pipeline given up on is reset by its sender meanwhile)
+            copy = Redis.pipeline(client, *args, **kwargs)
+            copy.command_stack = list(pipe.command_stack)
+            return await client._land(lambda: copy.execute(*a, **k))
 
         pipe.execute = late_execute
         return pipe
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review-3, left for the next plan: a late key renewal keeps a stopped stream live 90 s",
-)
-async def test_a_stopped_stream_is_a_404_and_unknown_to_stop_even_after_a_late_renewal(
-    redis_proc: RedisProcess,
-) -> None:
-    # Promised (docs/resume.md): a stream stopped, or whose grace period passed, is a
-    # 404 ("then 404"); a log or control stream is taken for a live stream's only if it
-    # "expires later than the second the keys of a stream that ended linger". The
-    # owner's upkeep renews the stream's keys (PEXPIRE to its grace period and more);
-    # that renewal, sent just before a Stop, reaches Redis after the goodbye that
-    # deleted the meta and gave the keys a second (its connection was being made). The
-    # log and control stream now live a grace period more with no meta: every
-    # reconnect with that token is a 503 ("retry") and every Stop says "known", for a
-    # stream that nobody runs, for the whole grace period (30 s here) instead of a 404.
+@contextlib.asynccontextmanager
+async def _late_owner(
+    redis_proc: RedisProcess, *, timeout: float
+) -> AsyncIterator[
+    tuple[tether.Registry, _Late, Redis, list[RedisStore], list[tether.resume.Resume]]
+]:
+    """An owner whose commands may land late, another worker, and an admin client."""
     admin = Redis.from_url(redis_proc.url)
-    clients = [_LateRenewal.from_url(redis_proc.url), Redis.from_url(redis_proc.url)]
-    late = clients[0]
-    assert isinstance(late, _LateRenewal)
+    late = _Late.from_url(redis_proc.url)
+    assert isinstance(late, _Late)
+    clients = [late, Redis.from_url(redis_proc.url)]
     registry = tether.Registry()
-    stores = [RedisStore(client, block=BLOCK, timeout=5.0) for client in clients]
+    stores = [RedisStore(client, block=BLOCK, timeout=timeout) for client in clients]
     owner, other = (tether.resume.Resume(grace=30.0, store=store) for store in stores)
     try:
         async with asyncio.timeout(30):
-            _stream, first = await _first_read(registry, owner, leave=True)
-            await (await _reach(other, first.token, 1)).aclose()  # (it is in Redis)
-            log, meta = (stores[0].key(first.token, kind) for kind in ("log", "meta"))
-            late.late = True
-            await late.held.wait()  # a renewal is on its way, late
-            assert await owner.cancel(first.token)  # Stop, on the owner
-            await eventually(lambda: _gone(admin, meta, log))  # the goodbye landed
-            late.go.set()
-            await late.done.wait()  # the late renewal landed
-            answer = await other.reconnect({"last-event-id": f"{first.token}.1"}, {})
-            status = getattr(answer, "status", None)
-            assert status == 404, f"{status}: log expires in {await admin.pttl(log)} ms"
-            assert not await other.cancel(first.token), "Stop of a stopped stream: known"
+            yield registry, late, admin, stores, [owner, other]
     finally:
         late.go.set()
         await registry.close(drain_timeout=0)
@@ -1336,5 +1357,166 @@ async def test_a_stopped_stream_is_a_404_and_unknown_to_stop_even_after_a_late_r
             await client.aclose()
 
 
+async def _is_over_elsewhere(other: tether.resume.Resume, token: str, last: int) -> None:
+    """A reconnect on ``other`` with ``token`` is a 404, and a Stop there says unknown."""
+    point = {"last-event-id": f"{token}.{last}"} if last else {"tether-resume-token": token}
+    answer = await other.reconnect(point, {})
+    if isinstance(answer, Follower):
+        await answer.aclose()
+    status = getattr(answer, "status", None)
+    assert status == 404, f"{status!r} for a stream that ended"
+    assert not await other.cancel(token), "Stop of a stopped stream: known"
+
+
+async def test_a_stopped_stream_is_a_404_and_unknown_to_stop_even_after_a_late_renewal(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): a stream stopped, or whose grace period passed, is a
+    # 404 ("then 404"); a log or control stream is taken for a live stream's only if it
+    # "expires later than the second the keys of a stream that ended linger". The
+    # owner's upkeep renews the stream's keys (to its grace period and more); that
+    # renewal, sent just before a Stop, reaches Redis after the goodbye that deleted
+    # the meta and gave the keys a second. It must not give them a grace period more.
+    await _stopped_with_a_write_on_its_way(redis_proc, _renewal, timeout=5.0)
+
+
+async def test_a_copy_that_lands_after_a_stop_does_not_make_the_stream_live_again(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): Stop aborts "at once", then a reconnect is a 404. Redis
+    # is slow to read one copy of an event (the owner gives up on it after its
+    # timeout, and the client was Stopped meanwhile): the goodbye lands, then the copy,
+    # whose expiries would give the log and control stream the grace period and a
+    # minute again, with no meta (a live stream whose meta Redis lost, to every worker).
+    await _stopped_with_a_write_on_its_way(redis_proc, _copy, timeout=0.3, event=True)
+
+
+async def _stopped_with_a_write_on_its_way(
+    redis_proc: RedisProcess,
+    matches: Callable[[list[str]], bool],
+    *,
+    timeout: float,
+    event: bool = False,
+) -> None:
+    """A stream in Redis whose client left is Stopped on its owner while a write of
+    the owner's that ``matches`` is on its way (one for an ``event`` delivered then):
+    its goodbye lands, then that write; the stream is over everywhere."""
+    async with _late_owner(redis_proc, timeout=timeout) as (registry, late, admin, stores, resumes):
+        owner, other = resumes
+        stream, first = await _first_read(registry, owner, leave=True)
+        await (await _reach(other, first.token, 1)).aclose()  # (it is in Redis)
+        log, meta = (stores[0].key(first.token, kind) for kind in ("log", "meta"))
+        late.matches = matches
+        if event:
+            registry.deliver(stream.rid, 1)
+        await late.held.wait()  # the write is on its way, late
+        assert await owner.cancel(first.token)  # Stop, on the owner
+        await eventually(lambda: not stores[0]._writers)  # noqa: SLF001 (its goodbye went out)
+        assert await _gone(admin, meta, log)
+        late.go.set()
+        await late.done.wait()  # the late write landed
+        assert await admin.pttl(log) <= 1000
+        await _is_over_elsewhere(other, first.token, 1)
+
+
+async def test_a_publication_that_lands_after_a_stop_does_not_make_the_stream_live_again(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): Stop aborts "at once", then a reconnect is a 404. Redis
+    # is slow to read a stream's first publication (the owner serves it after its
+    # timeout, resumable here); its client presses Stop; the goodbye lands, then the
+    # publication: a meta and a control stream for the grace period and a minute, so
+    # that a reconnect elsewhere attaches to a stream nobody runs (its client waits on
+    # pings) and a Stop elsewhere says "known".
+    async with _late_owner(redis_proc, timeout=0.3) as (registry, late, admin, stores, resumes):
+        owner, other = resumes
+        late.matches = _publication
+        stream = registry.open()
+        here = await owner.open(stream)  # (served after the timeout)
+        await late.held.wait()
+        assert await owner.cancel(here.token)  # Stop, on the owner
+        await eventually(lambda: not stores[0]._writers)  # noqa: SLF001 (its goodbye went out)
+        late.go.set()
+        await late.done.wait()  # the late publication landed
+        meta = stores[0].key(here.token, "meta")
+        assert not await admin.exists(meta)
+        # (Redis is "settling" while the owner's stream was not in it: 503s, as promised)
+        await eventually(lambda: _no_key(admin, stores[0].settling))
+        await _is_over_elsewhere(other, here.token, 0)
+        await here.aclose()
+
+
+async def _no_key(admin: Redis, key: str) -> bool:
+    return not await admin.exists(key)
+
+
 async def _gone(admin: Redis, meta: str, log: str) -> bool:
     return not await admin.exists(meta) and await admin.pttl(log) <= 1000
+
+
+class _InFlight(Redis):
+    """A client that counts its commands in flight (a pipeline is one), and the most
+    there were at once."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.now = 0
+        self.most = 0
+
+    async def _counted(self, send: Awaitable[Any]) -> Any:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            return await send
+        finally:
+            self.now -= 1
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        return await self._counted(super().execute_command(*args, **options))
+
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        pipe = super().pipeline(*args, **kwargs)
+        execute = pipe.execute
+        client = self
+
+        async def counted_execute(*a: Any, **k: Any) -> Any:
+            return await client._counted(execute(*a, **k))
+
+        pipe.execute = counted_execute
+        return pipe
+
+
+async def test_a_worker_has_at_most_connections_plus_one_commands_in_flight_when_judging_silence(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): "the store never has more than `connections + 1`
+    # commands in flight per worker" (its pool holds more than `connections`: one more
+    # is the blocked read). Redis pauses while the worker's reader is blocked on it, a
+    # copy holds the upkeep half of its slots (connections=2) and a Stop the requests'
+    # half; then a blocking handler holds the loop over the moment its silence is
+    # judged, so the judge asks Redis one fresh PING. That PING is one command more.
+    client = _InFlight.from_url(redis_proc.url)
+    assert isinstance(client, _InFlight)
+    store = RedisStore(client, block=BLOCK, timeout=2.0, connections=2)
+    registry = tether.Registry()
+    owner = tether.resume.Resume(grace=30.0, store=store)
+    try:
+        async with asyncio.timeout(30):
+            stream, _ = await _first_read(registry, owner, leave=True)
+            redis_proc.pause()
+            registry.deliver(stream.rid, 1)  # its copy: the upkeep half
+            stop = asyncio.ensure_future(owner.cancel(tether.resume.new_token()))  # requests'
+            await eventually(lambda: client.now == 3)  # (and the reader's XREAD)
+            loop = asyncio.get_running_loop()
+            held = loop.time()
+            time.sleep(2 * store.lease_ms / 1000)  # noqa: ASYNC251 (the fault: a blocking handler)
+            with contextlib.suppress(ConnectionError):
+                await stop  # (Redis paused: it fails after its timeout)
+            assert loop.time() - held < store.timeout + 1.0
+            await eventually(lambda: client.now <= 1)  # (the judge's verdict is in)
+            assert client.most <= 2 + 1, f"{client.most} commands in flight at once"
+    finally:
+        redis_proc.resume()
+        await registry.close(drain_timeout=0)
+        await owner.aclose()
+        await client.aclose()

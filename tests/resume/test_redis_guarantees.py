@@ -192,14 +192,6 @@ async def test_making_one_stream_resumable_twice_is_refused_and_loses_no_output(
     assert refused, "a second Resume.open of one stream was accepted"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a store that never saw the epoch key takes an emptied Redis for a new one and "
-        "marks nothing settling: reconnects for live streams are 404s until the owners' "
-        "next upkeep"
-    ),
-)
 async def test_a_worker_started_after_redis_restarted_empty_calls_no_live_stream_unknown(
     redis_proc: RedisProcess,
 ) -> None:
@@ -208,16 +200,14 @@ async def test_a_worker_started_after_redis_restarted_empty_calls_no_live_stream
     503s for streams not published again yet; then every live stream resumable"; a
     reconnect gets 404 only when its token is wrong or expired.
 
-    What happens: a store marks Redis *settling* when it finds the epoch key missing
-    only if it had seen the epoch before (``_known``). A worker that starts after
-    Redis came back empty (a deploy that restarts both, a worker scaled up, one
-    restarted by its supervisor) finds no epoch at its first upkeep, takes Redis for
-    a new one and sets the epoch without marking it settling. From then on the owners
-    find the epoch held, so none marks Redis settling either, and until the owner of a
-    live stream notices at its next upkeep that its keys are gone and publishes them
-    again (up to one block period, 1 s by default), every reconnect for that stream on
-    the new worker, and on any worker that is not wary, is a 404: an EventSource gives
-    up on a 404, and the stream is aborted when its grace period ends."""
+    A store that finds the epoch key missing cannot tell a new Redis from one that
+    came back empty: a worker that starts then (a deploy that restarts both, a worker
+    scaled up, one restarted by its supervisor) must mark Redis *settling* as an owner
+    that knew the epoch would, or, once it set the epoch, the owners find it held and
+    mark nothing: until the owner of a live stream notices at its next upkeep that its
+    keys are gone and publishes them again (up to a block period), every reconnect for
+    that stream on the new worker, and on any worker that is not wary, is a 404 (an
+    EventSource gives up on it, and the stream is aborted when its grace period ends)."""
     url = redis_proc.url
     registry = tether.Registry()
     owner_client, client = Redis.from_url(url), Redis.from_url(url)
@@ -238,8 +228,10 @@ async def test_a_worker_started_after_redis_restarted_empty_calls_no_live_stream
             # A worker that starts now, and opens a stream of its own (its reader's
             # first upkeep finds no epoch).
             newcomer_client = Redis.from_url(url)
+            # (the workers of one deployment share their settings: each one's settling
+            # period covers the others' upkeep)
             newcomer = tether.resume.Resume(
-                grace=30.0, store=RedisStore(newcomer_client, block=0.1)
+                grace=30.0, store=RedisStore(newcomer_client, block=3.0)
             )
             own = await newcomer.open(registry.open())
             await eventually(lambda: client.exists(f"{PREFIX}epoch"))
@@ -269,6 +261,43 @@ async def test_a_worker_started_after_redis_restarted_empty_calls_no_live_stream
                 await one.aclose()
     assert answers
     assert "404" not in answers, collections.Counter(answers)
+
+
+async def test_a_wrong_token_on_a_redis_new_to_tether_is_a_503_for_a_settling_period_then_a_404(
+    redis_proc: RedisProcess,
+) -> None:
+    """Promised (docs/resume.md): "on a new Redis too a wrong token is a 503 for the
+    first 3 x block + timeout", then a 404 (the cost of telling no live stream
+    unknown on a Redis restarted empty under owners that have not noticed yet)."""
+    await redis_proc.restart()  # (empty: no store has set its epoch yet)
+    client = Redis.from_url(redis_proc.url)
+    store = RedisStore(client, block=0.1, timeout=0.2)
+    resume = tether.resume.Resume(grace=30.0, store=store)
+    registry = tether.Registry()
+    point = tether.resume.resume_point(f"{tether.resume.new_token()}.1", None)
+    assert point is not None
+    try:
+        async with asyncio.timeout(BOUND):
+            own = await resume.open(registry.open())  # (its reader's first upkeep)
+            await eventually(lambda: client.exists(store.settling))
+            loop = asyncio.get_running_loop()
+            settled_by = loop.time() + store.settle_ms / 1000
+            with pytest.raises(ConnectionError):
+                await resume.follow(point)
+
+            async def unknown() -> bool:
+                try:
+                    return await resume.follow(point) is None
+                except ConnectionError:
+                    return False
+
+            await eventually(unknown)
+            assert loop.time() <= settled_by + 0.5
+            await own.aclose()
+    finally:
+        await registry.close(drain_timeout=0)
+        await resume.aclose()
+        await client.aclose()
 
 
 @contextlib.asynccontextmanager
