@@ -115,6 +115,57 @@ async def test_a_front_never_opens_a_session_with_an_engine_of_another_version(
             client.open({"n": 1})
 
 
+async def refuse_every_hello(fake: zmq.asyncio.Socket, version: int) -> None:
+    """A fake engine of protocol ``version`` refusing every hello, as a real one of
+    another version does."""
+    while True:
+        identity, frame = await fake.recv_multipart()
+        if isinstance(wire.decode(frame), wire.Hello):
+            reason = f"protocol version {PROTOCOL_VERSION} is not {version}"
+            refuse = wire.Refuse(0, version, reason)
+            await fake.send_multipart([identity, wire.encode(refuse)])
+
+
+@pytest.mark.parametrize("answer_with", ["welcome", "refuse"])
+async def test_a_front_of_another_version_logs_it_once_however_often_it_says_hello(
+    address: str, answer_with: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with raw_peer(zmq.ROUTER, address) as fake:
+        if answer_with == "welcome":
+            answering = welcome_every_hello(fake, version=PROTOCOL_VERSION + 1)
+        else:
+            answering = refuse_every_hello(fake, PROTOCOL_VERSION + 1)
+        task = asyncio.create_task(answering)
+        try:
+            bound = fake.getsockopt_string(zmq.LAST_ENDPOINT)
+            async with front(bound, ready=False) as client:
+                await eventually(lambda: client.stats().refused >= 10)  # (a hello per 0.1 s)
+                with pytest.raises(tether_zmq.EngineUnavailable, match="protocol"):
+                    client.open({"n": 1})
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, [r.getMessage() for r in errors]
+    assert "protocol" in errors[0].getMessage()
+
+
+async def test_an_engine_logs_hellos_of_another_version_once_a_period_not_once_each(
+    address: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
+        for attempt in range(1, 51):
+            hello = wire.Hello(0, PROTOCOL_VERSION + 1, "future\nforged line", attempt, 1 << 20)
+            await peer.send(wire.encode(hello))
+            assert isinstance(await answer(peer), wire.Refuse)
+        assert engine.server.stats().refused == 50
+        await assert_still_serves(engine.server)
+    lines = [r.getMessage() for r in caplog.records if "speaks protocol" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "\n" not in lines[0]  # (a peer's name is quoted, never a line of its own)
+
+
 async def test_a_front_whose_hello_is_too_large_stays_down_and_says_why(address: str) -> None:
     async with greeted_engine(address) as (client, send, _):
         reason = f"{wire.HELLO_TOO_LARGE}: 20000 bytes (at most 16384)"
