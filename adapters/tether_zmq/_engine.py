@@ -95,6 +95,8 @@ _NO_SESSION_FRAME = 1024
 not read: such a peer may only say hello. (Decoding a string costs up to 3-4 ms per MiB
 and four times its bytes in memory: a 32 MiB frame of one string would hold the loop as
 long as a padded frame did.)"""
+_MISMATCH_LOG_PERIOD = 60.0
+"""Seconds between two log lines for hellos of another protocol version."""
 _MAX_HELLO = 16 * 1024
 """Bytes of a hello, from any peer, beyond which it is refused unread, saying why: ours
 take under 200 bytes, and the rest leaves a newer front room for its own scalar fields
@@ -252,6 +254,8 @@ class EngineServer:
             ),
             0,
         )
+        self._mismatch_logged_at: float | None = None  # (a refused version, see _on_hello)
+        self._mismatches_unlogged = 0
 
     # -- lifetime --------------------------------------------------------------------
 
@@ -586,15 +590,30 @@ class EngineServer:
         elif isinstance(message, Ping):
             self._send(front, Pong(front.seq_out, message.sent))
 
+    def _log_mismatch(self, hello: Hello) -> None:
+        """One line per :data:`_MISMATCH_LOG_PERIOD` for hellos of another protocol
+        version, saying how many went unsaid: a front of another version says hello
+        every ``hello_interval`` for as long as both run, and any peer can say one."""
+        now = time.monotonic()
+        logged_at = self._mismatch_logged_at
+        if logged_at is not None and now - logged_at < _MISMATCH_LOG_PERIOD:
+            self._mismatches_unlogged += 1
+            return
+        unlogged, self._mismatches_unlogged = self._mismatches_unlogged, 0
+        self._mismatch_logged_at = now
+        logger.warning(
+            "front %.64r speaks protocol v%d, this engine v%d: refused "
+            "(and %d more such hellos since the last line)",
+            hello.front,
+            hello.version,
+            PROTOCOL_VERSION,
+            unlogged,
+        )
+
     def _on_hello(self, identity: bytes, hello: Hello) -> None:
         if hello.version != PROTOCOL_VERSION:
             self._counts["refused"] += 1
-            logger.warning(
-                "front %.64r speaks protocol v%d, this engine v%d: refused",
-                hello.front,
-                hello.version,
-                PROTOCOL_VERSION,
-            )
+            self._log_mismatch(hello)
             reason = f"protocol version {hello.version} is not {PROTOCOL_VERSION}"
             self._reply(identity, Refuse(0, PROTOCOL_VERSION, reason))
             return

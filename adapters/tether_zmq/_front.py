@@ -526,28 +526,18 @@ class EngineClient:
         """No session: only the answer to our latest hello counts; the rest is stale."""
         if isinstance(message, Refuse):
             if message.version != PROTOCOL_VERSION:
-                self._counts["refused"] += 1
-                self._why_down = (
-                    f"the engine speaks protocol v{message.version}, not v{PROTOCOL_VERSION}"
-                )
-                logger.error("engine refused the hello: %.200r", message.reason)
+                why = f"the engine speaks protocol v{message.version}, not v{PROTOCOL_VERSION}"
+                self._refused(why, f"engine refused the hello: {message.reason!r:.200}")
             elif message.reason.startswith(HELLO_TOO_LARGE):
-                # (this front's own hello: saying it again cannot help, so say why, once;
-                # hellos go on, for an engine restarted with a larger cap)
-                self._counts["refused"] += 1
+                # (hellos go on, for an engine restarted with a larger cap)
                 why = f"the engine refused this front's {clip(message.reason, 200)}"
-                if why != self._why_down:
-                    logger.error("engine refused the hello: %.200r", message.reason)
-                self._why_down = why
+                self._refused(why, f"engine refused the hello: {message.reason!r:.200}")
             else:
                 self._why_down = f"the engine refused a session: {clip(message.reason, 200)}"
         elif isinstance(message, Welcome) and message.attempt == self._attempt:
             if message.version != PROTOCOL_VERSION:
-                self._counts["refused"] += 1
-                self._why_down = (
-                    f"the engine speaks protocol v{message.version}, not v{PROTOCOL_VERSION}"
-                )
-                logger.error("engine welcome with protocol v%d: ignored", message.version)
+                why = f"the engine speaks protocol v{message.version}, not v{PROTOCOL_VERSION}"
+                self._refused(why, f"engine welcome with protocol v{message.version}: ignored")
                 return
             if message.max_message < MIN_MESSAGE:
                 self._counts["malformed"] += 1
@@ -560,6 +550,15 @@ class EngineClient:
             self._engine = clip(message.engine, MAX_NAME)  # (kept for the whole session)
             self._counts["sessions"] += 1
             self._ready.set()
+
+    def _refused(self, why: str, line: str) -> None:
+        """A hello refused for a reason saying it again cannot change: counted each time,
+        logged once per reason (a hello goes every ``hello_interval`` while down: an
+        error line each time would flood the log for as long as the mismatch lasts)."""
+        self._counts["refused"] += 1
+        if why != self._why_down:
+            logger.error("%s", line)
+        self._why_down = why
 
     def _on_step(self, step: Step) -> None:
         registry = self._registry
