@@ -323,8 +323,9 @@ class Consumer:
         in ``deliver()``); a last output (``finished=True``) delivered there ends the
         request only then. All of it counts against ``max_pending`` and the byte
         budget (over them, the request ends with :class:`~tether.ConsumerTooSlow`).
-        A sink that aborts its own request leaves nothing to read, as any abort does,
-        and ``on_abort`` runs soon after the producer's step, never inside it.
+        A sink that aborts its own request leaves nothing to read, as any abort does;
+        whatever a sink ends (its request, another stream, its scope, a batch),
+        ``on_abort`` runs soon after the producer's step, never inside it.
 
         :returns: whether the sink is set; only a single request's stream that is
             live, with nothing ready, takes one (``False`` for a batch read whole).

@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import reprlib
 import threading
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 from ._batch import Batch
 from ._end import FINISHED, SIBLINGS, End
@@ -44,6 +44,9 @@ from .types import Merge, OnAbort, SizeOf
 
 __all__ = ["Registry"]
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
 
 class Registry:
     """The table of in-flight requests, shared by the HTTP handlers and the producer.
@@ -51,8 +54,13 @@ class Registry:
     :param on_abort: called with the rid of every request closed before it finished
         (client gone, consumer closed early, timeout, server abort, shutdown), exactly
         once, never for a request that finished or that the producer failed. A plain
-        function is called at once; a coroutine function runs as a task owned by the
-        registry, bounded by ``abort_timeout``. Its exceptions are logged, never raised.
+        function is called at once, unless the request ended inside one of the
+        producer's calls (``deliver``, ``deliver_many``, ``fail``, ``fail_all``, or a
+        sink, ``merge`` or observer they run, whatever that ends): then soon after,
+        on the loop, once the producer's step returned (or raised), in the order the
+        requests ended; it never re-enters the producer in the middle of its step. A
+        coroutine function runs as a task owned by the registry, bounded by
+        ``abort_timeout``. Its exceptions are logged, never raised.
     :param max_in_flight: admission limit; ``open()`` beyond it raises
         :class:`~tether.Overloaded`. ``None`` admits everything.
     :param max_pending: how many outputs may wait for a consumer that falls behind
@@ -276,44 +284,51 @@ class Registry:
             or another loop).
         """
         state = self._entries.get(rid)
+        table = self._table
         if state is None:
-            self._table.late += 1
+            table.late += 1
             return False
-        if not state.first_at:
-            try:  # (the usual case without a call: the registry's own loop runs this)
-                own = asyncio.get_running_loop() is self._table.loop
-            except RuntimeError:
-                own = False
-            if not own:
-                self._require_own_loop(rid)
-            waited = state.first_output(now())
-            self._table.ttfo.append(waited)
-            if self._table.observers:
-                announce_first_output(self._table.observers, rid, waited)
-                if not state.live:  # an observer ended it: the output has nobody to reach
-                    return True
-        if finished and state.sink is not None:
-            if state.offering():  # (delivered from inside the sink: the end waits for its answer)
-                if not state.hold(output, self._limits, last=True):
-                    self._table.too_slow(state, finished)
-                return True
-            # (a sink would write it alone: it goes out with the end, in one write)
-            state.set_sink(None)
+        # Whatever this ends (a sink, its scope, merge, an observer), on_abort waits
+        # for the producer's step to return: Table.end.
+        outer, table.producing = table.producing, True
         try:
-            fits = state.put(output, self._limits)
-        except Exception as exc:  # merge() raised: that request fails, the producer goes on
-            self._table.merge_failed(state, exc, finished)
+            if not state.first_at:
+                try:  # (the usual case without a call: the registry's own loop runs this)
+                    own = asyncio.get_running_loop() is table.loop
+                except RuntimeError:
+                    own = False
+                if not own:
+                    self._require_own_loop(rid)
+                waited = state.first_output(now())
+                table.ttfo.append(waited)
+                if table.observers:
+                    announce_first_output(table.observers, rid, waited)
+                    if not state.live:  # an observer ended it: the output has nobody to reach
+                        return True
+            if finished and state.sink is not None:
+                if state.offering():  # (delivered from inside the sink: the end waits for it)
+                    if not state.hold(output, self._limits, last=True):
+                        table.too_slow(state, finished)
+                    return True
+                # (a sink would write it alone: it goes out with the end, in one write)
+                state.set_sink(None)
+            try:
+                fits = state.put(output, self._limits)
+            except Exception as exc:  # merge() raised: that request fails, the producer goes on
+                table.merge_failed(state, exc, finished)
+                return True
+            except BaseException:  # a sink's KeyboardInterrupt...: it goes on, the end settled
+                state.settle_cut(self._limits, table, finished)
+                raise
+            if not state.live:
+                return True  # ended inside put (merge or a finaliser re-entered): once is all
+            if not fits:
+                table.too_slow(state, finished)
+            elif finished:
+                table.end((state,), FINISHED)
             return True
-        except BaseException:  # a sink's KeyboardInterrupt...: it goes on, the end settled
-            state.settle_cut(self._limits, self._table, finished)
-            raise
-        if not state.live:
-            return True  # ended inside put (merge or a finaliser re-entered): once is all
-        if not fits:
-            self._table.too_slow(state, finished)
-        elif finished:
-            self._table.end((state,), FINISHED)
-        return True
+        finally:
+            table.producing = outer
 
     def _require_own_loop(self, rid: str) -> None:
         try:
@@ -332,7 +347,7 @@ class Registry:
         """Deliver ``(rid, output, finished)`` triples in order; returns how many were live."""
         # deliver()'s usual case is inline in the mailbox's route(), the rest comes back
         # here: an engine step calls this once for every live request.
-        return route(self._entries, items, self._limits, self, self._table)
+        return self._producing(route, self._entries, items, self._limits, self, self._table)
 
     def fail(self, rid: str, exc: BaseException) -> bool:
         """End a request with an error: its consumer gets :class:`~tether.ProducerError`.
@@ -346,20 +361,23 @@ class Registry:
         """
         self._table.check_thread("Registry.fail()")
         failure = End(ProducerError(rid, exc), SIBLINGS, tell=False)
-        return self._table.end_rid(rid, failure, defer=True)
+        return self._producing(self._table.end_rid, rid, failure)
 
     def abort(self, rid: str, reason: AbortReason = AbortReason.SERVER) -> bool:
         """Abort a request from the server side: its consumer gets :class:`~tether.Aborted`.
 
-        ``on_abort(rid)`` is called, as for every request closed before it finished.
-        In a batch, the other sub-requests are aborted unless it keeps going.
+        ``on_abort(rid)`` is called, as for every request closed before it finished:
+        before this returns, or, called inside one of the producer's calls (from a
+        sink, ``merge`` or an observer), soon after that call returned (until then
+        ``rid`` cannot be opened again). In a batch, the other sub-requests are
+        aborted unless it keeps going.
 
         :returns: ``True`` if the request was in flight, ``False`` (counted) otherwise.
         :raises WrongLoop: called from another thread (use :meth:`abort_threadsafe`).
         """
         self._table.check_thread("Registry.abort()")
         # (on_abort runs after the entry is freed: it may re-enter the registry)
-        return self._table.end_rid(rid, End(Aborted(rid, reason), SIBLINGS), defer=False)
+        return self._table.end_rid(rid, End(Aborted(rid, reason), SIBLINGS))
 
     def fail_all(self, exc: BaseException) -> int:
         """Fail every request in flight (the producer crashed); returns how many.
@@ -370,7 +388,17 @@ class Registry:
         :raises WrongLoop: called from another thread.
         """
         self._table.check_thread("Registry.fail_all()")
-        return self._table.fail_all(exc)
+        return self._producing(self._table.fail_all, exc)
+
+    def _producing(self, call: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """``call(*args, **kwargs)`` as the producer's call: whatever it ends has its
+        ``on_abort`` told once the producer's step returned (``Table.end``)."""
+        table = self._table
+        outer, table.producing = table.producing, True
+        try:
+            return call(*args, **kwargs)
+        finally:
+            table.producing = outer
 
     # -- producers on other threads ------------------------------------------------------
 

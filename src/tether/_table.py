@@ -11,10 +11,12 @@ through ``on_abort``. Everything else that ends requests (the producer's last
 output, a failure, a deadline, a slow consumer, a raising ``merge``, a finaliser,
 shutdown) is a caller of it that says which :class:`End`.
 
-``on_abort`` is called at once, except when the table is entered from the
-producer's own call (``deliver``/``fail``, or a sink it runs that ends its own
-request) or from a garbage collector's finaliser: then it runs soon after on the
-loop (``defer``), so that it never re-enters the producer in the middle of its step.
+``on_abort`` is called at once, except while a producer's call is under way
+(:attr:`Table.producing`: ``deliver``, ``deliver_many``, ``fail``, ``fail_all``, and
+whatever they run, sinks, ``merge``, observers, whatever those end) or from a garbage
+collector's finaliser (``defer``): then it runs soon after on the loop, once the
+producer's step has returned, so that it never re-enters the producer in the middle
+of its step.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class Table:
         "loop",
         "max_in_flight",
         "observers",
+        "producing",
         "thread",
         "ttfo",
     )
@@ -115,6 +118,10 @@ class Table:
         """Times from open to first output (the registry samples them in deliver)."""
         self._total = sample_buffer()
         self.observers: tuple[Observer, ...] = ()  # attached by Registry.add_observer
+        self.producing = False
+        """Whether a producer's call is under way (the registry sets it, and restores
+        it when that call returns or raises): meanwhile ``on_abort`` waits for the loop
+        (:meth:`end`)."""
 
     # -- admission ------------------------------------------------------------------
 
@@ -221,8 +228,8 @@ class Table:
         abort (``WHOLE``) ends a batch read whole (or not yet read) with it; ``ALONE``
         ends only ``states``. Last, ``on_abort`` is called for every rid ended that the
         producer does not know of (``how.tell``; the requests an end pulls in always
-        are), at once or, with ``defer`` (entered from the producer's own call or a
-        finaliser), soon on the loop.
+        are): at once, or soon on the loop while a producer's call is under way
+        (:attr:`producing`) or with ``defer`` (entered from a finaliser).
 
         :returns: whether any of ``states`` was live.
         """
@@ -253,9 +260,6 @@ class Table:
                     del entries[state.rid]
                 if how.tell or pulled_in:
                     told.append(state.rid)
-                    # Ended by its own sink (it found the client gone): that is inside
-                    # the producer's deliver(), which on_abort must not re-enter.
-                    defer = defer or state.offering()
                 state.close(error, drop=reason is not None)
                 total.append(observe_end(observers, state, error, reason, now() - state.opened_at))
         if how.reach is SIBLINGS and group is not None and not group.keep_going:
@@ -265,23 +269,26 @@ class Table:
                 self.end((sibling,), End(failed_sibling(sibling.rid, failed, error)), defer=defer)
         if self._idle is not None and not entries:
             self._idle.set()
-        # Told only once the table is consistent again: on_abort may re-enter it.
+        # Told only once the table is consistent again: on_abort may re-enter it. Not
+        # inside a producer's call, whoever ended them there (its sink, a sink's scope,
+        # merge, an observer): the producer is mid-step, and must not be re-entered.
         if told:
-            self._notifier.tell(told, self.loop if defer else None)
+            self._notifier.tell(told, self.loop if defer or self.producing else None)
         return True
 
-    def end_rid(self, rid: str, how: End, *, defer: bool) -> bool:
+    def end_rid(self, rid: str, how: End) -> bool:
         """:meth:`end` the request ``rid`` if it is live; else count a late call."""
         state = self.entries.get(rid)
         if state is None:
             self.late += 1
             return False
-        return self.end((state,), how, defer=defer)
+        return self.end((state,), how)
 
     def too_slow(self, state: RequestState, finished: bool) -> None:
-        """``state``'s backlog went over a limit (called from inside ``deliver``): it
-        ends, or its whole batch if read whole; a finished request's producer has
-        forgotten it, so only the others are reported to ``on_abort``."""
+        """``state``'s backlog went over a limit (called from inside ``deliver``, so
+        ``on_abort`` waits for the step to return): it ends, or its whole batch if read
+        whole; a finished request's producer has forgotten it, so only the others are
+        reported to ``on_abort``."""
         limits = self.limits
         if not state.offering() and state.last_was_held():
             finished = True  # (the end waited for its sink's answer: RequestState.offered)
@@ -290,11 +297,12 @@ class Table:
                 return
         max_bytes = limits.max_bytes if state.over_bytes(limits) else None
         error = ConsumerTooSlow(state.rid, limits.max_pending, max_bytes=max_bytes)
-        self.end((state,), End(error, WHOLE, tell=not finished), defer=True)
+        self.end((state,), End(error, WHOLE, tell=not finished))
 
     def merge_failed(self, state: RequestState, exc: BaseException, finished: bool) -> None:
         """``merge()`` raised while delivering to ``state``: fail that request alone;
-        unless that was its last output, ``on_abort`` tells the producer to stop."""
+        unless that was its last output, ``on_abort`` tells the producer to stop, once
+        its step returned."""
         finished = state.last_was_held() or finished  # (see too_slow)
         if state.live:
             logger.error(
@@ -309,7 +317,7 @@ class Table:
                 exc_info=exc,
             )
         failure = End(ProducerError(state.rid, exc), SIBLINGS, tell=not finished)
-        self.end((state,), failure, defer=True)
+        self.end((state,), failure)
 
     def fail_all(self, exc: BaseException) -> int:
         """Fail every live request with its own :class:`~tether.ProducerError`."""
