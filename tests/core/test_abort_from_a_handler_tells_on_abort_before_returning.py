@@ -14,7 +14,7 @@ from typing import Any
 import tether
 
 
-async def test_a_handlers_abort_calls_on_abort_before_returning_after_a_deliver_from_another_thread() -> (
+async def test_a_handlers_abort_tells_on_abort_before_returning_after_a_deliver_off_the_loop() -> (
     None
 ):
     told: list[str] = []

@@ -7,8 +7,8 @@ chain began inside the producer's step or in a handler's ``abort()``."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import Counter
-from typing import Any
 
 import pytest
 
@@ -33,7 +33,7 @@ async def test_an_on_abort_that_aborts_the_next_request_tells_each_request_of_a_
 
     registry = tether.Registry(on_abort)
     chain = [registry.open() for _ in range(LENGTH)]
-    after = {a.rid: b.rid for a, b in zip(chain, chain[1:])}
+    after = {a.rid: b.rid for a, b in itertools.pairwise(chain)}
     if where == "handler":
         assert registry.abort(chain[0].rid)
     else:

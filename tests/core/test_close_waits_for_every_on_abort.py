@@ -47,7 +47,9 @@ async def test_close_returns_after_on_abort_of_a_request_a_sink_ended_in_the_las
     assert told == [other.rid], "close() returned before the producer was told of the abort"
 
 
-def test_an_asynchronous_on_abort_for_a_request_ended_in_the_last_step_runs_before_asyncio_run_returns() -> None:
+def test_an_async_on_abort_of_a_request_ended_in_the_last_step_runs_before_asyncio_run_ends() -> (
+    None
+):
     told: list[str] = []
 
     async def on_abort(rid: str) -> None:

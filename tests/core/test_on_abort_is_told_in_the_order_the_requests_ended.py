@@ -10,7 +10,7 @@ from typing import Any
 import tether
 
 
-async def test_a_request_ended_inside_the_step_is_told_before_one_a_handler_aborts_after_it() -> None:
+async def test_a_request_ended_in_the_step_is_told_before_one_a_handler_aborts_after_it() -> None:
     told: list[str] = []
     registry = tether.Registry(told.append)
     streaming, ended_in_step, aborted_after = registry.open(), registry.open(), registry.open()
