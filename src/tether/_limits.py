@@ -7,12 +7,19 @@ own ``sizeof``.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Any, Final
 
 from .types import Merge, SizeOf
 
-__all__ = ["DEFAULT_MAX_PENDING_BYTES", "TOO_LARGE", "Limits", "approximate_size"]
+__all__ = [
+    "DEFAULT_MAX_PENDING_BYTES",
+    "TOO_LARGE",
+    "Limits",
+    "approximate_size",
+    "require_synchronous",
+]
 
 DEFAULT_MAX_PENDING_BYTES: Final = 16 * 1024 * 1024
 """The default byte budget of one request's backlog (``Registry(max_pending_bytes=)``)."""
@@ -119,6 +126,21 @@ def _object_size(value: Any, todo: list[Any]) -> int:
         todo.extend(getattr(value, name, None) for name in slots)
         return 64
     return sys.getsizeof(value)
+
+
+def require_synchronous(function: object, what: str) -> None:
+    """Refuse a coroutine function where a plain one must answer at once (a sink, a
+    ``merge``): its call would return a coroutine nobody awaits, taken for an answer.
+
+    :raises TypeError: ``function`` (or, for an object, its ``__call__``) is a
+        coroutine function.
+    """
+    call = type(function).__dict__.get("__call__")  # (an object with an async __call__)
+    if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call):
+        raise TypeError(
+            f"{what} must be a plain function that answers at once, not a coroutine "
+            f"function ({function!r}): its call would return a coroutine nobody awaits"
+        )
 
 
 class Limits:

@@ -33,7 +33,7 @@ from ._errors import (
     WrongLoop,
     check_rid,
 )
-from ._limits import DEFAULT_MAX_PENDING_BYTES, Limits, approximate_size
+from ._limits import DEFAULT_MAX_PENDING_BYTES, Limits, approximate_size, require_synchronous
 from ._observe import Observer, announce_first_output, opened
 from ._scope import current_scope
 from ._state import Group, RequestState, route
@@ -55,12 +55,15 @@ class Registry:
         (client gone, consumer closed early, timeout, server abort, shutdown), exactly
         once, never for a request that finished or that the producer failed. A plain
         function is called at once, unless the request ended inside one of the
-        producer's calls (``deliver``, ``deliver_many``, ``fail``, ``fail_all``, or a
-        sink, ``merge`` or observer they run, whatever that ends): then soon after,
-        on the loop, once the producer's step returned (or raised), in the order the
-        requests ended; it never re-enters the producer in the middle of its step. A
-        coroutine function runs as a task owned by the registry, bounded by
-        ``abort_timeout``. Its exceptions are logged, never raised.
+        producer's calls to any registry on the loop (``deliver``, ``deliver_many``,
+        ``fail``, ``fail_all``, or a sink, ``merge`` or observer they run, whatever
+        that ends): then soon after, on the loop, once the producer's step returned
+        (or raised); it never re-enters the producer in the middle of its step. Calls
+        come in the order the requests ended, one at a time: the requests an
+        ``on_abort`` ends are told after it returns, never from inside it. A rid
+        freed but not told yet cannot be opened again. A coroutine function runs as a
+        task owned by the registry, bounded by ``abort_timeout``; :meth:`close` waits
+        for every call. Its exceptions are logged, never raised.
     :param max_in_flight: admission limit; ``open()`` beyond it raises
         :class:`~tether.Overloaded`. ``None`` admits everything.
     :param max_pending: how many outputs may wait for a consumer that falls behind
@@ -78,7 +81,8 @@ class Registry:
         :func:`~tether.approximate_size` (string and bytes lengths and a word per
         value, through dicts, lists, tuples and objects: never less than a sixth of
         the output's JSON size, whatever its shape).
-    :param merge: ``merge(older, newer) -> combined``: folds waiting outputs together
+    :param merge: ``merge(older, newer) -> combined``, a plain function (a coroutine
+        function is refused with :class:`TypeError`): folds waiting outputs together
         so that at most one waits per request, and folds deltas into the result of
         ``result()``. Without it, ``result()`` returns the last output.
     :param abort_timeout: bound, in seconds, on an asynchronous ``on_abort``.
@@ -105,6 +109,8 @@ class Registry:
             raise ValueError(
                 f"max_pending_bytes must be at least 1 or None, got {max_pending_bytes}"
             )
+        if merge is not None:
+            require_synchronous(merge, "merge")
         limits = Limits(merge, max_pending, max_pending_bytes, sizeof or approximate_size)
         self._limits = limits
         self._table = Table(
@@ -288,17 +294,19 @@ class Registry:
         if state is None:
             table.late += 1
             return False
+        if not state.first_at:  # (refused before anything changes, the steps too)
+            try:  # (the usual case without a call: the registry's own loop runs this)
+                own = asyncio.get_running_loop() is table.loop
+            except RuntimeError:
+                own = False
+            if not own:
+                self._require_own_loop(rid)
         # Whatever this ends (a sink, its scope, merge, an observer), on_abort waits
         # for the producer's step to return: Table.end.
-        outer, table.producing = table.producing, True
+        steps = table.steps
+        steps.depth += 1
         try:
             if not state.first_at:
-                try:  # (the usual case without a call: the registry's own loop runs this)
-                    own = asyncio.get_running_loop() is table.loop
-                except RuntimeError:
-                    own = False
-                if not own:
-                    self._require_own_loop(rid)
                 waited = state.first_output(now())
                 table.ttfo.append(waited)
                 if table.observers:
@@ -328,7 +336,7 @@ class Registry:
                 table.end((state,), FINISHED)
             return True
         finally:
-            table.producing = outer
+            steps.depth -= 1
 
     def _require_own_loop(self, rid: str) -> None:
         try:
@@ -367,10 +375,10 @@ class Registry:
         """Abort a request from the server side: its consumer gets :class:`~tether.Aborted`.
 
         ``on_abort(rid)`` is called, as for every request closed before it finished:
-        before this returns, or, called inside one of the producer's calls (from a
-        sink, ``merge`` or an observer), soon after that call returned (until then
-        ``rid`` cannot be opened again). In a batch, the other sub-requests are
-        aborted unless it keeps going.
+        before this returns; or, called inside one of the producer's calls (from a
+        sink, ``merge`` or an observer), soon after that call returned, and called
+        from an ``on_abort``, once that returned (until then ``rid`` cannot be opened
+        again). In a batch, the other sub-requests are aborted unless it keeps going.
 
         :returns: ``True`` if the request was in flight, ``False`` (counted) otherwise.
         :raises WrongLoop: called from another thread (use :meth:`abort_threadsafe`).
@@ -393,12 +401,12 @@ class Registry:
     def _producing(self, call: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """``call(*args, **kwargs)`` as the producer's call: whatever it ends has its
         ``on_abort`` told once the producer's step returned (``Table.end``)."""
-        table = self._table
-        outer, table.producing = table.producing, True
+        steps = self._table.steps
+        steps.depth += 1
         try:
             return call(*args, **kwargs)
         finally:
-            table.producing = outer
+            steps.depth -= 1
 
     # -- producers on other threads ------------------------------------------------------
 

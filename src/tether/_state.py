@@ -20,6 +20,7 @@ refer to each other until its last sub-request ends.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final, Protocol, TypeVar
@@ -29,6 +30,11 @@ from ._limits import Limits
 from ._mailbox import NOTHING, Mailbox
 
 logger = logging.getLogger("tether")
+
+Sink = Callable[[list[Any]], object]
+"""A sink as the state holds it: typed ``bool`` for its user, trusted for nothing more
+(an answer that is no ``bool`` is read by ``_answer_of``)."""
+
 __all__ = ["NOTHING", "Group", "Mailbox", "RequestState", "route"]
 
 T = TypeVar("T")
@@ -228,7 +234,7 @@ class RequestState(Mailbox):
         self.error: TetherError | None = None
         # Called instead of waking the waiter when an output arrives (Consumer.set_sink);
         # OFFERING or MEANWHILE while it is being offered one (see offered()).
-        self.sink: Callable[[list[Any]], bool] | None = None
+        self.sink: Sink | None = None
         # While the sink is offered an output: what a deliver() from inside it left
         # (held, unfolded), the sink set_sink() asked for meanwhile, and whether the
         # producer's last output is among the held ones.
@@ -236,7 +242,7 @@ class RequestState(Mailbox):
         # What a fold of the held ones raised when the caller cannot see it (a sink's
         # BaseException goes on instead, or merge's own): the caller fails the request.
         self.failed: BaseException | None = None
-        self.resume: Callable[[list[Any]], bool] | None = None
+        self.resume: Sink | None = None
         self.finishing = False
         self.timer: asyncio.TimerHandle | None = None
         # In a group: where this state's newest output sits in group.pending
@@ -270,7 +276,7 @@ class RequestState(Mailbox):
         self.first_at = at
         return at - self.opened_at
 
-    def set_sink(self, sink: Callable[[list[Any]], bool] | None) -> None:
+    def set_sink(self, sink: Sink | None) -> None:
         """Hand outputs to ``sink`` instead of waking the consumer (see ``set_sink``);
         asked while the sink is offered an output, it applies once the sink answers."""
         if self.sink is OFFERING or self.sink is MEANWHILE:
@@ -389,9 +395,11 @@ class RequestState(Mailbox):
                     except Exception as exc:
                         self.failed = exc
                     raise
-                if took and self.sink is OFFERING:
+                if took is True and self.sink is OFFERING:
                     self.sink = sink
                     return True
+                if type(took) is not bool:
+                    took = _answer_of(self.rid, took)
                 return self.offered(output, sink, took, limits)
         elif limits.merge is not None:
             pending[-1] = limits.merge(pending[-1], output)
@@ -415,9 +423,7 @@ class RequestState(Mailbox):
             group.wake()
         return True
 
-    def offered(
-        self, output: Any, sink: Callable[[list[Any]], bool], took: bool, limits: Limits
-    ) -> bool:
+    def offered(self, output: Any, sink: Sink, took: bool, limits: Limits) -> bool:
         """``sink`` answered the offer of ``output`` (``took``), and that is not all:
         it declined (or raised), or meanwhile something was delivered from inside it,
         it was removed or replaced, or the request ended. Whether everything waiting
@@ -593,6 +599,25 @@ class Ends(Protocol):
     def merge_failed(self, state: RequestState, exc: BaseException, finished: bool) -> None: ...
 
     def too_slow(self, state: RequestState, finished: bool) -> None: ...
+
+
+def _answer_of(rid: str, took: object) -> bool:
+    """What a sink's answer that is no ``bool`` means: a truthy one took the outputs,
+    as before; an awaitable (a coroutine function given as a sink) took nothing, and is
+    closed, never awaited: said loudly, the outputs wait for the reader."""
+    if inspect.isawaitable(took):
+        close = getattr(took, "close", None)
+        if close is not None:
+            close()
+        logger.error(
+            "the sink of %r returned %r: a sink answers at once, True (it took the "
+            "outputs) or False; a coroutine function cannot be one (its consumer reads "
+            "instead)",
+            rid,
+            type(took).__name__,
+        )
+        return False
+    return bool(took)
 
 
 def route(

@@ -11,9 +11,10 @@ through ``on_abort``. Everything else that ends requests (the producer's last
 output, a failure, a deadline, a slow consumer, a raising ``merge``, a finaliser,
 shutdown) is a caller of it that says which :class:`End`.
 
-``on_abort`` is called at once, except while a producer's call is under way
-(:attr:`Table.producing`: ``deliver``, ``deliver_many``, ``fail``, ``fail_all``, and
-whatever they run, sinks, ``merge``, observers, whatever those end) or from a garbage
+``on_abort`` is called at once, except while a producer's call is under way on the
+loop (:attr:`Table.steps`, shared by every registry on that loop: ``deliver``,
+``deliver_many``, ``fail``, ``fail_all``, and whatever they run, sinks, ``merge``,
+observers, whatever those end) or from a garbage
 collector's finaliser (``defer``): then it runs soon after on the loop, once the
 producer's step has returned, so that it never re-enters the producer in the middle
 of its step.
@@ -46,7 +47,7 @@ from ._errors import (
     WrongLoop,
 )
 from ._limits import Limits
-from ._notify import Notifier
+from ._notify import Notifier, Steps, steps_of
 from ._observe import Observer, observe_end
 from ._state import RequestState
 from ._stats import RegistryStats, Summary, sample_buffer
@@ -85,7 +86,7 @@ class Table:
         "loop",
         "max_in_flight",
         "observers",
-        "producing",
+        "steps",
         "thread",
         "ttfo",
     )
@@ -118,10 +119,10 @@ class Table:
         """Times from open to first output (the registry samples them in deliver)."""
         self._total = sample_buffer()
         self.observers: tuple[Observer, ...] = ()  # attached by Registry.add_observer
-        self.producing = False
-        """Whether a producer's call is under way (the registry sets it, and restores
-        it when that call returns or raises): meanwhile ``on_abort`` waits for the loop
-        (:meth:`end`)."""
+        self.steps = Steps()
+        """How many producer's calls are under way on the table's loop, to any of its
+        registries (the registry counts its own; shared once the loop is known):
+        meanwhile ``on_abort`` waits for the loop (:meth:`end`)."""
 
     # -- admission ------------------------------------------------------------------
 
@@ -154,6 +155,7 @@ class Table:
                 )
             self.loop = loop
             self.thread = threading.get_ident()
+            self.steps = steps_of(loop)
         if self.closed:
             raise RegistryClosed()
         limit = self.max_in_flight
@@ -229,7 +231,7 @@ class Table:
         ends only ``states``. Last, ``on_abort`` is called for every rid ended that the
         producer does not know of (``how.tell``; the requests an end pulls in always
         are): at once, or soon on the loop while a producer's call is under way
-        (:attr:`producing`) or with ``defer`` (entered from a finaliser).
+        (:attr:`steps`) or with ``defer`` (entered from a finaliser).
 
         :returns: whether any of ``states`` was live.
         """
@@ -273,7 +275,7 @@ class Table:
         # inside a producer's call, whoever ended them there (its sink, a sink's scope,
         # merge, an observer): the producer is mid-step, and must not be re-entered.
         if told:
-            self._notifier.tell(told, self.loop if defer or self.producing else None)
+            self._notifier.tell(told, self.loop if defer or self.steps.depth else None)
         return True
 
     def end_rid(self, rid: str, how: End) -> bool:

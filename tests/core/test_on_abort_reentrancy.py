@@ -73,28 +73,31 @@ async def test_cancelling_a_batch_survives_an_on_abort_that_finishes_a_sibling()
 
 
 async def test_a_request_opened_from_on_abort_keeps_its_table_entry() -> None:
-    reopened: list[tether.Stream] = []
+    opened: list[tether.Stream] = []
+    refused: list[str] = []
 
     def on_abort(rid: str) -> None:
-        if rid == "a" and not reopened:
-            registry.abort("b")  # ends b (reported once, below) ...
-            reopened.append(registry.open("b"))  # ... and a retry takes the freed id
-            return
+        if rid == "a" and not opened:
+            registry.abort("b")  # (already ended with its batch: late)
+            opened.append(registry.open("c"))  # a new request, opened from on_abort ...
+            try:
+                registry.open("b")  # ... but not the sibling's id, whose abort is untold
+            except tether.DuplicateRequest:
+                refused.append("b")
 
     registry = tether.Registry(on_abort)
     batch = registry.open_batch(["a", "b"])
+    batch.cancel()
+    assert refused == ["b"], "a rid was reopened before its producer was told of its abort"
+    (new,) = opened
+    retry = registry.open("b")  # (told now: a retry takes the freed id)
     try:
-        batch.cancel()
-    except KeyError:
-        pass  # (the same bug seen from the other side; the assertion below is the point)
-    (retry,) = reopened
-    try:
-        assert "b" in registry, "the live retry lost its entry: deliver() drops its outputs"
-        assert registry.deliver("b", 1, finished=True)
+        assert "c" in registry, "the request opened from on_abort lost its entry"
+        assert registry.deliver("c", 1, finished=True)
+        assert registry.deliver("b", 2, finished=True)
         async with asyncio.timeout(10):
-            assert await retry.result() == 1
+            assert await new.result() == 1
+            assert await retry.result() == 2
     finally:
-        try:
-            await retry.aclose()
-        except KeyError:
-            pass  # the orphan's entry is gone: its release fails (and it is no longer live)
+        await new.aclose()
+        await retry.aclose()
