@@ -203,13 +203,15 @@ class Consumer:
         if self._reading:  # (another task owns what woke it, even before it resumes)
             raise ConcurrentRead(self)
         box = self._box or self._first_read()
+        woken = False  # (a task woken here runs in the thread its wait was checked in)
         while True:
             if self._closed:
                 raise StopAsyncIteration
             if box.pending:
-                table = self._table
-                if table.thread != _thread_id():  # (before anything is taken)
-                    table.check_thread("async for")
+                if not woken:
+                    table = self._table
+                    if table.thread != _thread_id():  # (before anything is taken)
+                        table.check_thread("async for")
                 items = box.take()
                 if not items:
                     continue  # only an aborted sub-request's outputs waited
@@ -241,6 +243,7 @@ class Consumer:
                 raise
             finally:
                 self._reading = False
+            woken = True
 
     def ready(self) -> list[Any] | None:
         """Every output (or pair) that is ready now, oldest first, without waiting.
