@@ -409,8 +409,11 @@ class RequestState(Mailbox):
         waiter = self.waiter
         if waiter is not None:
             self.waiter = None
-            if not waiter.done():
+            # (cancelled meanwhile, rarely: a done() per output costs a call; try is free)
+            try:
                 waiter.set_result(None)
+            except asyncio.InvalidStateError:
+                pass
         if group is not None:
             group.wake()
         return True
