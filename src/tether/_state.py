@@ -393,18 +393,20 @@ class RequestState(Mailbox):
                     self.sink = sink
                     return True
                 return self.offered(output, sink, took, limits)
-        elif limits.merge is not None:
-            pending[-1] = limits.merge(pending[-1], output)
-            self.npending += 1
-            if not self.weigh(output, limits):
+        else:  # a backlog: folded or appended, and weighed
+            merge = limits.merge
+            if merge is not None:
+                pending[-1] = merge(pending[-1], output)
+            elif len(pending) < limits.max_pending:
+                pending.append(output)
+            else:
                 return False
-        elif len(pending) < limits.max_pending:
-            pending.append(output)
             self.npending += 1
-            if not self.weigh(output, limits):
-                return False
-        else:
-            return False
+            budget = limits.max_bytes  # (weigh(), inlined: per output of every backlog)
+            if budget is not None:
+                self.nbytes += limits.sizeof(output)
+                if self.nbytes > budget:
+                    return False
         # self.wake() (and the group's), inlined: this is the producer's per-output path.
         waiter = self.waiter
         if waiter is not None:
