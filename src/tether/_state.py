@@ -401,24 +401,29 @@ class RequestState(Mailbox):
                 if type(took) is not bool:
                     took = _answer_of(self.rid, took)
                 return self.offered(output, sink, took, limits)
-        elif limits.merge is not None:
-            pending[-1] = limits.merge(pending[-1], output)
-            self.npending += 1
-            if not self.weigh(output, limits):
+        else:  # a backlog: folded or appended, and weighed
+            merge = limits.merge
+            if merge is not None:
+                pending[-1] = merge(pending[-1], output)
+            elif len(pending) < limits.max_pending:
+                pending.append(output)
+            else:
                 return False
-        elif len(pending) < limits.max_pending:
-            pending.append(output)
             self.npending += 1
-            if not self.weigh(output, limits):
-                return False
-        else:
-            return False
+            budget = limits.max_bytes  # (weigh(), inlined: per output of every backlog)
+            if budget is not None:
+                self.nbytes += limits.sizeof(output)
+                if self.nbytes > budget:
+                    return False
         # self.wake() (and the group's), inlined: this is the producer's per-output path.
         waiter = self.waiter
         if waiter is not None:
             self.waiter = None
-            if not waiter.done():
+            # (cancelled meanwhile, rarely: a done() per output costs a call; try is free)
+            try:
                 waiter.set_result(None)
+            except asyncio.InvalidStateError:
+                pass
         if group is not None:
             group.wake()
         return True
