@@ -422,7 +422,9 @@ class Exchange:
             guard.end()
             started = True
             self._direct = writer.direct()
-            if await self._pump(writer, first, framed=True, in_place=WOKEN_IN_PLACE):
+            pump = self._pump(writer, first, framed=True, in_place=WOKEN_IN_PLACE)
+            del first  # (the pump's to write and let go: an idle stream holds no chunk)
+            if await pump:
                 loop = asyncio.get_running_loop()
                 pumping = loop.create_task(self._pump(writer, None, framed=False, in_place=-1))
                 await pumping
@@ -484,6 +486,7 @@ class Exchange:
                     framed = False
                 if last:
                     return False
+                body = None  # (written: not kept alive while the stream idles)
             if direct is None and framer.carry is None and not self._done:
                 # Woken for each output: wait first (a wait with something ready
                 # returns at once), so one poll per chunk, not two.
