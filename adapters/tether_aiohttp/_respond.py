@@ -38,7 +38,9 @@ class _Aiohttp:  # what tether.http.Responder needs of aiohttp
         if exchange.done:  # HEAD: the headers alone
             return self.whole(head)
         response = _Streamed(status=head.status, headers=head.headers)
-        await exchange.run(_Writer(request, response), head.body)
+        run = exchange.run(_Writer(request, response), head.body)
+        del head  # (copied into the response: an idle stream's frames keep none of it)
+        await run
         return response
 
 

@@ -367,6 +367,12 @@ class NDJSON(Encoder):
         return b"\n"
 
 
+# The default serialiser's frames, each in its one call: built once, shared by every
+# stream (a closure per stream would live as long as the stream, idle or not).
+_SSE_FRAMED: Final = None if _framing is None else _framing(b"data: ", b"\n\n")
+_NDJSON_FRAMED: Final = None if _framing is None else _framing(b"", b"\n")
+
+
 def one_frame(encoder: Encoder) -> Callable[[Any], bytes]:
     """``encoder.encode``, with fewer calls per output where its framing is tether's
     own (SSE's, NDJSON's, not overridden): the same bytes, for the write of one output."""
@@ -374,14 +380,14 @@ def one_frame(encoder: Encoder) -> Callable[[Any], bytes]:
     if cls.encode is not Encoder.encode:
         return encoder.encode
     dumps = encoder.dumps
-    framed = _framing if dumps is default_dumps else None  # (its frame in its one call)
+    default = dumps is default_dumps
     if cls.frame is SSE.frame:
-        if framed is not None:
-            return framed(b"data: ", b"\n\n")
+        if default and _SSE_FRAMED is not None:
+            return _SSE_FRAMED
         return lambda output: b"data: " + dumps(output) + b"\n\n"
     if cls.frame is NDJSON.frame:
-        if framed is not None:
-            return framed(b"", b"\n")
+        if default and _NDJSON_FRAMED is not None:
+            return _NDJSON_FRAMED
         return lambda output: dumps(output) + b"\n"
     return encoder.encode
 

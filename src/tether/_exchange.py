@@ -422,7 +422,9 @@ class Exchange:
             guard.end()
             started = True
             self._direct = writer.direct()
-            if await self._pump(writer, first, framed=True, in_place=WOKEN_IN_PLACE):
+            pump = self._pump(writer, first, framed=True, in_place=WOKEN_IN_PLACE)
+            del first  # (the pump's to write and let go: an idle stream holds no chunk)
+            if await pump:
                 loop = asyncio.get_running_loop()
                 pumping = loop.create_task(self._pump(writer, None, framed=False, in_place=-1))
                 await pumping
@@ -460,30 +462,32 @@ class Exchange:
         through the framework's write (it may hold the head)."""
         guard = self._guard
         assert guard is not None
-        begin, end = guard.begin, guard.end
         direct = self._direct
         framer = self._framer
+        source = self.source
         # (a batch read whole, or a resumable stream's follower: no sink)
-        stream = self.source if direct is not None and type(self.source) is Stream else None
+        stream = source if direct is not None and type(source) is Stream else None
         # The hot loop: per chunk, one write and (only when nothing is ready) one
         # wait; the send timeout is bookkeeping around the write, not a coroutine.
-        write, ready_chunk = writer.write, self._ready_chunk
-        wait, ping_interval = self.source.wait_ready, self.ping_interval
+        # (Methods are called, not held as bound methods in locals: a frame that
+        # lives as long as its stream would keep one object per method, idle or not.)
+        ping_interval = self.ping_interval
         while True:
             if body is not None:
                 last = self._done
                 written = False if framed or last or direct is None else direct.write(body)
                 if written is not True:
-                    begin()
+                    guard.begin()
                     try:
-                        await (write(body, last) if written is False else written)
+                        await (writer.write(body, last) if written is False else written)
                     except BaseException:  # (for run(): the chunk it cut; no cost otherwise)
                         self._body, self._last = body, last
                         raise
-                    end()
+                    guard.end()
                     framed = False
                 if last:
                     return False
+                body = None  # (written: not kept alive while the stream idles)
             if direct is None and framer.carry is None and not self._done:
                 # Woken for each output: wait first (a wait with something ready
                 # returns at once), so one poll per chunk, not two.
@@ -491,13 +495,13 @@ class Exchange:
                     return True
                 in_place -= 1
                 try:
-                    await wait(timeout=ping_interval)
+                    await source.wait_ready(timeout=ping_interval)
                 except TetherError as exc:  # (another task reads: as ready() would say)
                     body = self._failed(exc)
                     continue
-                chunk = ready_chunk()
+                chunk = self._ready_chunk()
             else:
-                chunk = ready_chunk()
+                chunk = self._ready_chunk()
                 if chunk is None:
                     if stream is not None and direct is not None and direct.writable():
                         chunk = await self._parked(stream, guard)
@@ -505,9 +509,9 @@ class Exchange:
                         if in_place == 0:
                             return True
                         in_place -= 1
-                        await wait(timeout=ping_interval)
+                        await source.wait_ready(timeout=ping_interval)
                     if chunk is None:
-                        chunk = ready_chunk()
+                        chunk = self._ready_chunk()
             if chunk is None:  # (the wait timed out: silence)
                 chunk = self.encoder.ping()
             body = chunk

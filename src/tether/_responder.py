@@ -157,7 +157,9 @@ class Responder(Generic[Req, Resp]):
         if exchange.done and not head_only:
             await exchange.aclose()
             return framework.whole(head)
-        return await framework.streamed(request, exchange, head)
+        streamed = framework.streamed(request, exchange, head)
+        del head  # (the adapter's to keep or drop: an idle stream's frames need none of it)
+        return await streamed
 
     async def resume(
         self,

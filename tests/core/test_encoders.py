@@ -270,6 +270,14 @@ def test_the_one_output_write_frames_it_as_encode_does(encoder: tether.Encoder) 
             encoder.encode(unwritable)
 
 
+@pytest.mark.parametrize("encoder_type", [tether.SSE, tether.NDJSON], ids=["sse", "ndjson"])
+def test_streams_of_the_default_serialiser_share_one_write_function(
+    encoder_type: type[tether.Encoder],
+) -> None:
+    # A function built per stream would live as long as the stream, idle or not.
+    assert one_frame(encoder_type()) is one_frame(encoder_type())
+
+
 def test_a_transform_shapes_outputs_but_not_errors() -> None:
     sse = tether.SSE(transform=lambda output: output * 2)
     assert sse.encode_many([1, 2]) == b"data: 2\n\ndata: 4\n\n"
