@@ -1,0 +1,194 @@
+"""What a peer can make the other end write to its log: a bounded number of lines,
+whatever it sends, and never a line of the peer's own making."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import msgspec
+import pytest
+import zmq
+import zmq.asyncio
+
+import tether_zmq
+import tether_zmq._protocol as wire  # the wire format itself is what these tests poke at
+from tether_zmq import PROTOCOL_VERSION
+
+from .conftest import eventually
+from .linked import echo_engine, front
+from .test_protocol import answer, assert_still_serves, raw_peer, say_hello
+
+pytestmark = pytest.mark.timeout(60)
+
+_LINES = 10
+"""More log lines than any one of these scenes may make: each makes hundreds of
+refusals, losses or sessions; an end that logs each one writes hundreds of lines."""
+
+
+def _lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= level]
+
+
+@contextlib.asynccontextmanager
+async def hostile_engine(
+    address: str,
+    answer_hello: Callable[[zmq.asyncio.Socket, bytes, wire.Hello], Awaitable[None]],
+) -> AsyncIterator[str]:
+    """A fake engine calling ``answer_hello(fake, identity, hello)`` for every hello."""
+    async with raw_peer(zmq.ROUTER, address) as fake:
+
+        async def serve() -> None:
+            while True:
+                identity, frame = await fake.recv_multipart()
+                message = wire.decode(frame)
+                if isinstance(message, wire.Hello):
+                    await answer_hello(fake, identity, message)
+
+        task = asyncio.create_task(serve())
+        try:
+            yield fake.getsockopt_string(zmq.LAST_ENDPOINT)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+@pytest.mark.parametrize(
+    "then",
+    [f"{wire.HELLO_TOO_LARGE}: 200 bytes (at most 100)", "no session: say hello"],
+    ids=["too-large", "no-session"],
+)
+async def test_a_front_refused_for_two_reasons_in_turn_logs_each_reason_once(
+    address: str, then: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Two refusals in turn (A, B, A, B, ...): a version mismatch, then a hello too large
+    # (logged too) or "no session" (not logged, but it resets what was said): "one
+    # ERROR per reason", not one per change of reason. Refusals carry no attempt, so
+    # any engine can send as many as it likes for one hello.
+    other = wire.Refuse(0, PROTOCOL_VERSION + 1, "protocol version is not ours")
+    large = wire.Refuse(0, PROTOCOL_VERSION, then)
+
+    async def refuse(fake: zmq.asyncio.Socket, identity: bytes, hello: wire.Hello) -> None:
+        for _ in range(100):
+            await fake.send_multipart([identity, wire.encode(other)])
+            await fake.send_multipart([identity, wire.encode(large)])
+
+    async with hostile_engine(address, refuse) as bound, front(bound, ready=False) as client:
+        await eventually(lambda: client.stats().refused >= 200)
+        with pytest.raises(tether_zmq.EngineUnavailable):
+            client.open({"n": 1})
+    errors = _lines(caplog, logging.ERROR)
+    assert len(errors) <= 2, f"{len(errors)} ERROR lines for 2 reasons: {errors[:4]}"
+
+
+async def test_a_front_logs_a_bounded_number_of_lines_whatever_reasons_an_engine_refuses_with(
+    address: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each refusal names another size: each is "another reason" to a front that logs
+    # once per reason, so each is a line.
+    async def refuse(fake: zmq.asyncio.Socket, identity: bytes, hello: wire.Hello) -> None:
+        for size in range(200):
+            reason = f"{wire.HELLO_TOO_LARGE}: {100 + size} bytes (at most 100)"
+            await fake.send_multipart(
+                [identity, wire.encode(wire.Refuse(0, PROTOCOL_VERSION, reason))]
+            )
+
+    async with hostile_engine(address, refuse) as bound, front(bound, ready=False) as client:
+        await eventually(lambda: client.stats().refused >= 200)
+    errors = _lines(caplog, logging.ERROR)
+    assert len(errors) <= _LINES, f"{len(errors)} ERROR lines: {errors[:3]}"
+
+
+async def test_an_engine_ending_every_session_at_once_makes_a_front_log_a_bounded_number_of_lines(
+    address: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Welcome, then a frame out of sequence: the session ends, the front says hello at
+    # once (no hello_interval), and the next session ends the same way.
+    async def cycle(fake: zmq.asyncio.Socket, identity: bytes, hello: wire.Hello) -> None:
+        welcome = wire.Welcome(0, PROTOCOL_VERSION, "cycling", hello.attempt, 1 << 20)
+        await fake.send_multipart([identity, wire.encode(welcome)])
+        await fake.send_multipart([identity, wire.encode(wire.Ping(7, 0.0))])
+
+    async with hostile_engine(address, cycle) as bound, front(bound, ready=False) as client:
+        await eventually(lambda: client.stats().links_lost >= 300)
+    warnings = _lines(caplog, logging.WARNING)
+    assert len(warnings) <= _LINES, f"{len(warnings)} lines for 300 sessions: {warnings[:2]}"
+
+
+@pytest.mark.parametrize("in_sequence", [True, False])
+async def test_an_engines_refusal_text_never_forges_a_front_log_line(
+    address: str, in_sequence: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    forged = "bye\n2026-12-05 23:00:00 CRITICAL tether_zmq: forged by the engine\r"
+
+    async def end(fake: zmq.asyncio.Socket, identity: bytes, hello: wire.Hello) -> None:
+        if hello.attempt > 1:
+            return
+        welcome = wire.Welcome(0, PROTOCOL_VERSION, "engine\nforged", hello.attempt, 1 << 20)
+        await fake.send_multipart([identity, wire.encode(welcome)])
+        seq = 1 if in_sequence else 9
+        await fake.send_multipart(
+            [identity, wire.encode(wire.Refuse(seq, PROTOCOL_VERSION, forged))]
+        )
+
+    async with hostile_engine(address, end) as bound, front(bound, ready=False) as client:
+        await eventually(lambda: client.stats().links_lost >= 1)
+    lines = _lines(caplog, logging.DEBUG)
+    assert lines
+    assert not [line for line in lines if "\n" in line or "\r" in line], lines
+
+
+async def test_an_engine_logs_a_bounded_number_of_lines_for_a_front_that_says_hello_again_and_again(
+    address: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tether.zmq")
+    async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
+        for attempt in range(1, 301):
+            await say_hello(peer, attempt)
+        assert engine.server.stats().fronts_lost == 299
+        await assert_still_serves(engine.server)
+    lines = [line for line in _lines(caplog, logging.INFO) if "lost" in line]
+    assert len(lines) <= _LINES, f"{len(lines)} lines for 300 hellos: {lines[:2]}"
+
+
+async def test_an_engine_logs_a_bounded_number_of_warnings_for_a_front_that_ends_its_sessions(
+    address: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Hello, one request, then a frame out of sequence: each session ends with a live
+    # request, a WARNING each time.
+    async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
+        for attempt in range(1, 301):
+            await say_hello(peer, attempt)
+            submit = wire.Submit(1, [(attempt, "r", msgspec.msgpack.encode({"n": 0}))])
+            await peer.send(wire.encode(submit))
+            await peer.send(wire.encode(wire.Ping(9, 0.0)))
+            assert isinstance(await answer(peer), wire.Refuse)  # ("sequence gap: say hello")
+        assert engine.server.stats().fronts_lost == 300
+        await assert_still_serves(engine.server)
+    warnings = _lines(caplog, logging.WARNING)
+    assert len(warnings) <= _LINES, f"{len(warnings)} WARNING lines: {warnings[:2]}"
+
+
+async def test_an_engines_line_for_refused_versions_counts_the_hellos_it_left_unsaid(
+    address: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
+
+        async def hellos(count: int) -> None:
+            for attempt in range(count):
+                hello = wire.Hello(0, PROTOCOL_VERSION + 1, "future", attempt, 1 << 20)
+                await peer.send(wire.encode(hello))
+                assert isinstance(await answer(peer), wire.Refuse)
+
+        await hellos(1)
+        await hellos(9)
+        engine.server._mismatch_logged_at -= 61.0  # noqa: SLF001  (a minute on)
+        await hellos(1)
+        assert engine.server.stats().refused == 11
+    lines = [r.getMessage() for r in caplog.records if "speaks protocol" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "and 0 more" in lines[0], lines
+    assert "and 9 more" in lines[1], lines
