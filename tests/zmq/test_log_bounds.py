@@ -192,3 +192,20 @@ async def test_an_engines_line_for_refused_versions_counts_the_hellos_it_left_un
     assert len(lines) == 2, lines
     assert "and 0 more" in lines[0], lines
     assert "and 9 more" in lines[1], lines
+
+
+async def test_a_front_logs_an_engines_version_once_across_that_engines_restarts(
+    ipc_dir: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An engine of another version restarted again and again (a supervisor's crash
+    # loop, or a peer cycling its connection on purpose) says the same thing each time.
+    address = f"ipc://{ipc_dir}/engine"
+    refuse = wire.encode(wire.Refuse(0, PROTOCOL_VERSION + 1, "protocol version is not ours"))
+    async with front(address, ready=False) as client:
+        for restart in range(1, 21):
+            async with raw_peer(zmq.ROUTER, address) as engine:
+                identity, _ = await engine.recv_multipart()
+                await engine.send_multipart([identity, refuse])
+                await eventually(lambda restart=restart: client.stats().refused >= restart)
+    errors = _lines(caplog, logging.ERROR)
+    assert len(errors) <= 2, f"{len(errors)} ERROR lines for one reason: {errors[:2]}"
