@@ -468,7 +468,13 @@ class EngineClient:
             for rid in live.values():
                 fail(rid, EngineLost(f"the link to the engine was lost: {why}"))
         if hello and self._socket is not None:
-            self._hello()
+            # Not again before ``hello_interval``: an engine that ends each session as
+            # soon as it opens (a gap, a refusal) would spin this front otherwise. The
+            # tick says the next hello; a welcome to the last one opens nothing now.
+            if time.monotonic() - self._last_hello >= self._hello_interval:
+                self._hello()
+            else:
+                self._attempt += 1
 
     def _on_fault(self, exc: Exception) -> None:
         # A message this end could not handle may have been half-applied: no request

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import msgspec
@@ -121,9 +123,13 @@ async def _cycle(fake: zmq.asyncio.Socket, identity: bytes, hello: wire.Hello) -
 async def test_an_engine_ending_every_session_at_once_makes_a_front_log_a_bounded_number_of_lines(
     address: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Welcome, then a frame out of sequence: the session ends, the front says hello at
-    # once (no hello_interval), and the next session ends the same way.
-    async with hostile_engine(address, _cycle) as bound, front(bound, ready=False) as client:
+    # Welcome, then a frame out of sequence: the session ends, the front says hello
+    # again (after hello_interval: a millisecond here, for hundreds of sessions), and
+    # the next session ends the same way.
+    async with (
+        hostile_engine(address, _cycle) as bound,
+        front(bound, ready=False, hello_interval=0.001, ping_interval=0.001) as client,
+    ):
         await eventually(lambda: client.stats().links_lost >= 300)
     warnings = _lines(caplog, logging.WARNING)
     assert len(warnings) <= _LINES, f"{len(warnings)} lines for 300 sessions: {warnings[:2]}"
@@ -220,3 +226,25 @@ async def test_a_front_logs_an_engines_version_once_across_that_engines_restarts
                 await eventually(lambda restart=restart: client.stats().refused >= restart)
     errors = _lines(caplog, logging.ERROR)
     assert len(errors) <= 2, f"{len(errors)} ERROR lines for one reason: {errors[:2]}"
+
+
+async def test_an_engine_ending_every_session_at_once_hears_a_hello_once_per_hello_interval(
+    address: str,
+) -> None:
+    # Without a pause, such an engine spins its front (and itself): a hello, a session,
+    # its end, a hello at once, thousands of times a second.
+    interval = 0.05
+    hellos: list[float] = []
+
+    async def cycle(fake: zmq.asyncio.Socket, identity: bytes, hello: wire.Hello) -> None:
+        hellos.append(time.monotonic())
+        await _cycle(fake, identity, hello)
+
+    async with (
+        hostile_engine(address, cycle) as bound,
+        front(bound, ready=False, hello_interval=interval, ping_interval=0.005) as client,
+    ):
+        await eventually(lambda: client.stats().links_lost >= 5)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(hellos)]
+    # (the front spaces its hellos by its clock; their arrivals here may bunch a little)
+    assert min(gaps) > interval / 2, gaps
