@@ -116,7 +116,9 @@ class EngineClient:
         measured late by up to 0.26 s): a false alarm fails every request in flight. A
         killed engine is noticed in milliseconds whatever this is (the socket monitor).
         0.03 with ``ping_interval=0.005`` detects a hang within 50 ms on dedicated cores.
-    :param hello_interval: seconds between two hellos while no session is up.
+    :param hello_interval: seconds between two hellos while no session is up, and
+        the least between two hellos: a session that ends sooner is not followed by a
+        hello at once.
     :param retry_after: the ``Retry-After`` that refusals carry, in seconds.
     :param max_message: bytes per frame, both ways.
     :param hwm: messages queued to the engine before submissions are refused.
