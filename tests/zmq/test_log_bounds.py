@@ -3,12 +3,9 @@ whatever it sends, and never a line of the peer's own making."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 import msgspec
 import pytest
@@ -22,7 +19,7 @@ from tether_zmq._throttle import BURST
 
 from .conftest import LogClock, eventually
 from .linked import echo_engine, front
-from .test_protocol import answer, assert_still_serves, raw_peer, say_hello
+from .test_protocol import answer, assert_still_serves, fake_engine, raw_peer, say_hello
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,30 +38,6 @@ def _still(log_clock: LogClock) -> LogClock:
 
 def _lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= level]
-
-
-@contextlib.asynccontextmanager
-async def hostile_engine(
-    address: str,
-    answer_hello: Callable[[zmq.asyncio.Socket, bytes, wire.Hello], Awaitable[None]],
-) -> AsyncIterator[str]:
-    """A fake engine calling ``answer_hello(fake, identity, hello)`` for every hello."""
-    async with raw_peer(zmq.ROUTER, address) as fake:
-
-        async def serve() -> None:
-            while True:
-                identity, frame = await fake.recv_multipart()
-                message = wire.decode(frame)
-                if isinstance(message, wire.Hello):
-                    await answer_hello(fake, identity, message)
-
-        task = asyncio.create_task(serve())
-        try:
-            yield fake.getsockopt_string(zmq.LAST_ENDPOINT)
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 @pytest.mark.parametrize(
@@ -87,7 +60,7 @@ async def test_a_front_refused_for_two_reasons_in_turn_logs_each_reason_once(
             await fake.send_multipart([identity, wire.encode(other)])
             await fake.send_multipart([identity, wire.encode(large)])
 
-    async with hostile_engine(address, refuse) as bound, front(bound, ready=False) as client:
+    async with fake_engine(address, refuse) as bound, front(bound, ready=False) as client:
         await eventually(lambda: client.stats().refused >= 200)
         with pytest.raises(tether_zmq.EngineUnavailable):
             client.open({"n": 1})
@@ -107,7 +80,7 @@ async def test_a_front_logs_a_bounded_number_of_lines_whatever_reasons_an_engine
                 [identity, wire.encode(wire.Refuse(0, PROTOCOL_VERSION, reason))]
             )
 
-    async with hostile_engine(address, refuse) as bound, front(bound, ready=False) as client:
+    async with fake_engine(address, refuse) as bound, front(bound, ready=False) as client:
         await eventually(lambda: client.stats().refused >= 200)
     errors = _lines(caplog, logging.ERROR)
     assert len(errors) <= _LINES, f"{len(errors)} ERROR lines: {errors[:3]}"
@@ -127,7 +100,7 @@ async def test_an_engine_ending_every_session_at_once_makes_a_front_log_a_bounde
     # again (after hello_interval: a millisecond here, for hundreds of sessions), and
     # the next session ends the same way.
     async with (
-        hostile_engine(address, _cycle) as bound,
+        fake_engine(address, _cycle) as bound,
         front(bound, ready=False, hello_interval=0.001, ping_interval=0.001) as client,
     ):
         await eventually(lambda: client.stats().links_lost >= 300)
@@ -151,7 +124,7 @@ async def test_an_engines_refusal_text_never_forges_a_front_log_line(
             [identity, wire.encode(wire.Refuse(seq, PROTOCOL_VERSION, forged))]
         )
 
-    async with hostile_engine(address, end) as bound, front(bound, ready=False) as client:
+    async with fake_engine(address, end) as bound, front(bound, ready=False) as client:
         await eventually(lambda: client.stats().links_lost >= 1)
     lines = _lines(caplog, logging.DEBUG)
     assert lines
@@ -241,7 +214,7 @@ async def test_an_engine_ending_every_session_at_once_hears_a_hello_once_per_hel
         await _cycle(fake, identity, hello)
 
     async with (
-        hostile_engine(address, cycle) as bound,
+        fake_engine(address, cycle) as bound,
         front(bound, ready=False, hello_interval=interval, ping_interval=0.005) as client,
     ):
         await eventually(lambda: client.stats().links_lost >= 5)
