@@ -144,19 +144,31 @@ async def test_an_engine_logs_a_bounded_number_of_lines_for_a_front_that_says_he
     assert len(lines) <= _LINES, f"{len(lines)} lines for 300 hellos: {lines[:2]}"
 
 
+_ENDINGS = {
+    "gap": wire.Ping(9, 0.0),
+    "too-many-entries": wire.Submit(2, [(sid, "r", b"") for sid in range(wire.MAX_ENTRIES + 1)]),
+    "hello-again": None,
+}
+
+
+@pytest.mark.parametrize("ending", _ENDINGS)
 async def test_an_engine_logs_a_bounded_number_of_warnings_for_a_front_that_ends_its_sessions(
-    address: str, caplog: pytest.LogCaptureFixture
+    address: str, ending: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Hello, one request, then a frame out of sequence: each session ends with a live
-    # request, a WARNING each time.
+    # Hello, one request (it waits: {"n": 0}), then the session's end: a frame out of
+    # sequence, a message of too many entries, or the next hello. Each session ends
+    # with a live request, a WARNING each time.
+    end = _ENDINGS[ending]
     async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
         for attempt in range(1, 301):
             await say_hello(peer, attempt)
             submit = wire.Submit(1, [(attempt, "r", msgspec.msgpack.encode({"n": 0}))])
             await peer.send(wire.encode(submit))
-            await peer.send(wire.encode(wire.Ping(9, 0.0)))
-            assert isinstance(await answer(peer), wire.Refuse)  # ("sequence gap: say hello")
-        assert engine.server.stats().fronts_lost == 300
+            if end is not None:
+                await peer.send(wire.encode(end))
+                assert isinstance(await answer(peer), wire.Refuse)  # ("... say hello")
+        # (a hello ends the session before it; the last one is still open)
+        assert engine.server.stats().fronts_lost == (299 if end is None else 300)
         await assert_still_serves(engine.server)
     warnings = _lines(caplog, logging.WARNING)
     assert len(warnings) <= _LINES, f"{len(warnings)} WARNING lines: {warnings[:2]}"
