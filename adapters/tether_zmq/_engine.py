@@ -81,6 +81,7 @@ from ._socket import (
     supervise,
     watch_monitor,
 )
+from ._throttle import Throttle
 
 __all__ = ["EngineServer"]
 
@@ -254,8 +255,12 @@ class EngineServer:
             ),
             0,
         )
-        self._mismatch_logged_at: float | None = None  # (a refused version, see _on_hello)
-        self._mismatches_unlogged = 0
+        # What a peer can make this engine log (see _throttle): a line of each kind
+        # goes through its own throttle, whatever the peers send.
+        self._mismatch_lines = Throttle(burst=1, period=_MISMATCH_LOG_PERIOD)
+        self._loss_lines = Throttle()  # (a front lost with requests: a WARNING)
+        self._leave_lines = Throttle()  # (a front lost with none: an INFO)
+        self._fault_lines = Throttle()
 
     # -- lifetime --------------------------------------------------------------------
 
@@ -542,7 +547,12 @@ class EngineServer:
             self._waiter.set_result(None)
 
     def _on_fault(self, exc: Exception) -> None:
-        logger.error("tether_zmq: a message could not be handled; dropped", exc_info=exc)
+        self._fault_lines.log(
+            logger,
+            logging.ERROR,
+            "tether_zmq: a message could not be handled; dropped",
+            exc_info=exc,
+        )
         self._counts["malformed"] += 1
 
     def _on_frames(self, frames: list[bytes]) -> None:
@@ -594,13 +604,11 @@ class EngineServer:
         """One line per :data:`_MISMATCH_LOG_PERIOD` for hellos of another protocol
         version, saying how many went unsaid: a front of another version says hello
         every ``hello_interval`` for as long as both run, and any peer can say one."""
-        now = time.monotonic()
-        logged_at = self._mismatch_logged_at
-        if logged_at is not None and now - logged_at < _MISMATCH_LOG_PERIOD:
-            self._mismatches_unlogged += 1
+        if not logger.isEnabledFor(logging.WARNING):
             return
-        unlogged, self._mismatches_unlogged = self._mismatches_unlogged, 0
-        self._mismatch_logged_at = now
+        unlogged = self._mismatch_lines.allow()
+        if unlogged is None:
+            return
         logger.warning(
             "front %.64r speaks protocol v%d, this engine v%d: refused "
             "(and %d more such hellos since the last line)",
@@ -728,8 +736,18 @@ class EngineServer:
             return
         del self._fronts[front.identity]
         self._counts["fronts_lost"] += 1
-        log = logger.warning if front.live else logger.info
-        log("front %s lost (%s): cancelling its %d requests", front.label, why, len(front.live))
+        # (any peer can open and end sessions at will: the lines are throttled)
+        lines, level = (
+            (self._loss_lines, logging.WARNING) if front.live else (self._leave_lines, logging.INFO)
+        )
+        lines.log(
+            logger,
+            level,
+            "front %s lost (%s): cancelling its %d requests",
+            front.label,
+            why,
+            len(front.live),
+        )
         for request in list(front.live.values()):
             self._end(request)
             self._cancel(request.key, "front_lost")

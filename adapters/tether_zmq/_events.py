@@ -97,7 +97,9 @@ class EngineClientStats:
     :param links_lost: sessions that ended under this front (kill, hang, gap).
     :param failed_on_loss: requests failed because their session ended.
     :param malformed: frames that were no message of the protocol, dropped.
-    :param refused: hellos the engine refused (protocol version mismatch).
+    :param refused: refusals of this front's hello received from the engine (another
+        protocol version, a hello too large; a welcome of another version), each one
+        counted, however many one hello draws.
     :param late_outputs: outputs or failures for a submission no longer live here
         (aborted, or superseded by a new submission of its rid), dropped.
     :param too_large: submissions refused here for exceeding the engine's cap (413).

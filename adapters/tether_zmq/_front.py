@@ -91,10 +91,16 @@ from ._socket import (
     supervise,
     watch_monitor,
 )
+from ._throttle import Throttle, quoted
 
 __all__ = ["EngineClient"]
 
 logger = logging.getLogger("tether.zmq.front")
+
+_REMEMBERED_REFUSALS = 16
+"""Reasons for a refused hello remembered as said (until a session comes up): the
+oldest is forgotten first, so an engine that names a new reason each time costs a
+bounded memory (and its lines a bounded rate: the throttle)."""
 
 
 class EngineClient:
@@ -110,7 +116,9 @@ class EngineClient:
         measured late by up to 0.26 s): a false alarm fails every request in flight. A
         killed engine is noticed in milliseconds whatever this is (the socket monitor).
         0.03 with ``ping_interval=0.005`` detects a hang within 50 ms on dedicated cores.
-    :param hello_interval: seconds between two hellos while no session is up.
+    :param hello_interval: seconds between two hellos while no session is up, and
+        the least between two hellos: a session that ends sooner is not followed by a
+        hello at once.
     :param retry_after: the ``Retry-After`` that refusals carry, in seconds.
     :param max_message: bytes per frame, both ways.
     :param hwm: messages queued to the engine before submissions are refused.
@@ -168,6 +176,12 @@ class EngineClient:
         self._submission_of: dict[str, int] = {}  # rid -> its live submission
         self._aborts: list[int] = []
         self._flush_scheduled = False
+        # What an engine can make this front log (see _throttle): a line of each kind
+        # goes through its own throttle, whatever the engine sends.
+        self._refusal_lines = Throttle()
+        self._said: dict[str, None] = {}  # refusals logged since the last welcome
+        self._loss_lines = Throttle()
+        self._fault_lines = Throttle()
         self._counts = dict.fromkeys(
             (
                 "submitted",
@@ -439,7 +453,13 @@ class EngineClient:
         self._ready.clear()
         if was_up and hello:
             self._counts["links_lost"] += 1
-            logger.warning("engine link lost (%s): failing %d requests", why, len(self._live))
+            self._loss_lines.log(
+                logger,
+                logging.WARNING,
+                "engine link lost (%s): failing %d requests",
+                why,
+                len(self._live),
+            )
         live = self._live
         self._live = {}
         self._submission_of.clear()
@@ -450,12 +470,23 @@ class EngineClient:
             for rid in live.values():
                 fail(rid, EngineLost(f"the link to the engine was lost: {why}"))
         if hello and self._socket is not None:
-            self._hello()
+            # Not again before ``hello_interval``: an engine that ends each session as
+            # soon as it opens (a gap, a refusal) would spin this front otherwise. The
+            # tick says the next hello; a welcome to the last one opens nothing now.
+            if time.monotonic() - self._last_hello >= self._hello_interval:
+                self._hello()
+            else:
+                self._attempt += 1
 
     def _on_fault(self, exc: Exception) -> None:
         # A message this end could not handle may have been half-applied: no request
         # may be left waiting on it, so the session ends (its requests fail, 503).
-        logger.error("tether_zmq: a message from the engine could not be handled", exc_info=exc)
+        self._fault_lines.log(
+            logger,
+            logging.ERROR,
+            "tether_zmq: a message from the engine could not be handled",
+            exc_info=exc,
+        )
         self._counts["malformed"] += 1
         self._go_down(f"a message from the engine could not be handled: {exc!r}")
 
@@ -509,7 +540,7 @@ class EngineClient:
             return
         if message.seq != self._seq_in:
             if isinstance(message, Refuse):
-                self._go_down(f"the engine ended the session: {clip(message.reason, 200)}")
+                self._go_down(f"the engine ended the session: {quoted(message.reason)}")
             else:
                 self._go_down(f"sequence gap: expected {self._seq_in}, got {message.seq}")
             return
@@ -520,20 +551,20 @@ class EngineClient:
         elif isinstance(message, Ping):
             self._send(Pong(self._seq_out, message.sent))
         elif isinstance(message, Refuse):
-            self._go_down(f"the engine ended the session: {clip(message.reason, 200)}")
+            self._go_down(f"the engine ended the session: {quoted(message.reason)}")
 
     def _on_handshake(self, message: Message) -> None:
         """No session: only the answer to our latest hello counts; the rest is stale."""
         if isinstance(message, Refuse):
             if message.version != PROTOCOL_VERSION:
                 why = f"the engine speaks protocol v{message.version}, not v{PROTOCOL_VERSION}"
-                self._refused(why, f"engine refused the hello: {message.reason!r:.200}")
+                self._refused(why, f"engine refused the hello: {quoted(message.reason)}")
             elif message.reason.startswith(HELLO_TOO_LARGE):
                 # (hellos go on, for an engine restarted with a larger cap)
-                why = f"the engine refused this front's {clip(message.reason, 200)}"
-                self._refused(why, f"engine refused the hello: {message.reason!r:.200}")
+                why = f"the engine refused this front's hello: {quoted(message.reason)}"
+                self._refused(why, f"engine refused the hello: {quoted(message.reason)}")
             else:
-                self._why_down = f"the engine refused a session: {clip(message.reason, 200)}"
+                self._why_down = f"the engine refused a session: {quoted(message.reason)}"
         elif isinstance(message, Welcome) and message.attempt == self._attempt:
             if message.version != PROTOCOL_VERSION:
                 why = f"the engine speaks protocol v{message.version}, not v{PROTOCOL_VERSION}"
@@ -549,16 +580,23 @@ class EngineClient:
             self._limit = min(self._max_message, message.max_message)
             self._engine = clip(message.engine, MAX_NAME)  # (kept for the whole session)
             self._counts["sessions"] += 1
+            self._said.clear()  # (a refusal after this session is news again)
             self._ready.set()
 
     def _refused(self, why: str, line: str) -> None:
-        """A hello refused for a reason saying it again cannot change: counted each time,
-        logged once per reason (a hello goes every ``hello_interval`` while down: an
-        error line each time would flood the log for as long as the mismatch lasts)."""
+        """A hello refused for a reason saying it again cannot change: counted at each
+        refusal, logged once per reason until a session comes up (a hello goes every
+        ``hello_interval`` while down, and the engine reconnects after each restart:
+        a line each time would flood the log for as long as the mismatch lasts), and
+        new reasons no faster than the throttle lets them (an engine picks its text)."""
         self._counts["refused"] += 1
-        if why != self._why_down:
-            logger.error("%s", line)
         self._why_down = why
+        said = self._said
+        if why in said or not self._refusal_lines.log(logger, logging.ERROR, "%s", line):
+            return
+        if len(said) >= _REMEMBERED_REFUSALS:
+            del said[next(iter(said))]
+        said[why] = None
 
     def _on_step(self, step: Step) -> None:
         registry = self._registry

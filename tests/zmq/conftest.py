@@ -35,6 +35,30 @@ def ipc_dir() -> Iterator[str]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+class LogClock:
+    """The clock of every log throttle built while a test runs: still until moved."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def log_clock(monkeypatch: pytest.MonkeyPatch) -> LogClock:
+    """Stops the log throttles' clock (for ends built after it): a test sees exactly a
+    throttle's burst, however long it runs, and moves time on with ``advance``."""
+    import tether_zmq._throttle as throttle  # (the clock is the module's own)
+
+    clock = LogClock()
+    monkeypatch.setattr(throttle, "_clock", clock)
+    return clock
+
+
 @pytest.fixture(params=["ipc", "tcp"])
 def address(request: pytest.FixtureRequest, ipc_dir: str) -> str:
     """Where an engine binds: an ipc:// path, or loopback TCP on a port the OS picks

@@ -58,32 +58,53 @@ async def say_hello(peer: zmq.asyncio.Socket, attempt: int = 1) -> wire.Welcome:
     return welcome
 
 
-async def welcome_every_hello(
-    fake: zmq.asyncio.Socket, *, version: int = PROTOCOL_VERSION, before: list[bytes] = ()
-) -> None:
-    """A fake engine: answers every hello (a front says hello again until answered),
-    sending the frames ``before`` first."""
-    while True:
-        identity, frame = await fake.recv_multipart()
-        hello = wire.decode(frame)
-        if isinstance(hello, wire.Hello):
-            for junk in before:
-                await fake.send_multipart([identity, junk])
-            welcome = wire.Welcome(0, version, "fake", hello.attempt, 1 << 20)
-            await fake.send_multipart([identity, wire.encode(welcome)])
+AnswerHello = Callable[[zmq.asyncio.Socket, bytes, wire.Hello], Awaitable[None]]
+"""How a fake engine answers a hello: ``answer(fake, identity, hello)``."""
 
 
 @contextlib.asynccontextmanager
-async def fake_engine(address: str, **options: object) -> AsyncIterator[str]:
-    """A fake engine bound to ``address``; yields the bound endpoint."""
+async def fake_engine(address: str, answer_hello: AnswerHello) -> AsyncIterator[str]:
+    """A fake engine bound to ``address`` calling ``answer_hello`` for every hello (a
+    front says hello again until answered); yields the bound endpoint."""
     async with raw_peer(zmq.ROUTER, address) as fake:
-        task = asyncio.create_task(welcome_every_hello(fake, **options))  # type: ignore[arg-type]
+
+        async def serve() -> None:
+            while True:
+                identity, frame = await fake.recv_multipart()
+                message = wire.decode(frame)
+                if isinstance(message, wire.Hello):
+                    await answer_hello(fake, identity, message)
+
+        task = asyncio.create_task(serve())
         try:
             yield fake.getsockopt_string(zmq.LAST_ENDPOINT)
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def welcome_with(*, version: int = PROTOCOL_VERSION, before: list[bytes] = ()) -> AnswerHello:
+    """Welcome every hello with ``version``, sending the frames ``before`` first."""
+
+    async def welcome(fake: zmq.asyncio.Socket, identity: bytes, hello: wire.Hello) -> None:
+        for junk in before:
+            await fake.send_multipart([identity, junk])
+        welcome = wire.Welcome(0, version, "fake", hello.attempt, 1 << 20)
+        await fake.send_multipart([identity, wire.encode(welcome)])
+
+    return welcome
+
+
+def refuse_with(version: int) -> AnswerHello:
+    """Refuse every hello as a real engine of protocol ``version`` does."""
+    reason = f"protocol version {PROTOCOL_VERSION} is not {version}"
+    refuse = wire.encode(wire.Refuse(0, version, reason))
+
+    async def refuse_hello(fake: zmq.asyncio.Socket, identity: bytes, hello: wire.Hello) -> None:
+        await fake.send_multipart([identity, refuse])
+
+    return refuse_hello
 
 
 async def assert_still_serves(server: EngineServer) -> None:
@@ -106,7 +127,7 @@ async def test_a_front_never_opens_a_session_with_an_engine_of_another_version(
     address: str,
 ) -> None:
     async with (
-        fake_engine(address, version=PROTOCOL_VERSION + 1) as bound,
+        fake_engine(address, welcome_with(version=PROTOCOL_VERSION + 1)) as bound,
         front(bound, ready=False) as client,
     ):
         await eventually(lambda: client.stats().refused >= 1)
@@ -115,37 +136,16 @@ async def test_a_front_never_opens_a_session_with_an_engine_of_another_version(
             client.open({"n": 1})
 
 
-async def refuse_every_hello(fake: zmq.asyncio.Socket, version: int) -> None:
-    """A fake engine of protocol ``version`` refusing every hello, as a real one of
-    another version does."""
-    while True:
-        identity, frame = await fake.recv_multipart()
-        if isinstance(wire.decode(frame), wire.Hello):
-            reason = f"protocol version {PROTOCOL_VERSION} is not {version}"
-            refuse = wire.Refuse(0, version, reason)
-            await fake.send_multipart([identity, wire.encode(refuse)])
-
-
 @pytest.mark.parametrize("answer_with", ["welcome", "refuse"])
 async def test_a_front_of_another_version_logs_it_once_however_often_it_says_hello(
     address: str, answer_with: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with raw_peer(zmq.ROUTER, address) as fake:
-        if answer_with == "welcome":
-            answering = welcome_every_hello(fake, version=PROTOCOL_VERSION + 1)
-        else:
-            answering = refuse_every_hello(fake, PROTOCOL_VERSION + 1)
-        task = asyncio.create_task(answering)
-        try:
-            bound = fake.getsockopt_string(zmq.LAST_ENDPOINT)
-            async with front(bound, ready=False) as client:
-                await eventually(lambda: client.stats().refused >= 10)  # (a hello per 0.1 s)
-                with pytest.raises(tether_zmq.EngineUnavailable, match="protocol"):
-                    client.open({"n": 1})
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    other = PROTOCOL_VERSION + 1
+    answering = welcome_with(version=other) if answer_with == "welcome" else refuse_with(other)
+    async with fake_engine(address, answering) as bound, front(bound, ready=False) as client:
+        await eventually(lambda: client.stats().refused >= 10)  # (a hello per 0.1 s)
+        with pytest.raises(tether_zmq.EngineUnavailable, match="protocol"):
+            client.open({"n": 1})
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1, [r.getMessage() for r in errors]
     assert "protocol" in errors[0].getMessage()
@@ -464,7 +464,10 @@ async def test_an_undecodable_request_fails_alone_with_400(address: str) -> None
 
 async def test_a_front_drops_malformed_frames_from_the_engine(address: str) -> None:
     junk = [b"\xc1", b"\x93\x63\x00\x00", _padded_ping(1 << 20)]
-    async with fake_engine(address, before=junk) as bound, front(bound, ready=False) as client:
+    async with (
+        fake_engine(address, welcome_with(before=junk)) as bound,
+        front(bound, ready=False) as client,
+    ):
         async with asyncio.timeout(10):
             await client.wait_ready()
         assert client.stats().malformed >= 3  # (three times per hello it had to send)
