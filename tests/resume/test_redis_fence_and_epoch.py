@@ -1,0 +1,118 @@
+"""RedisStore's fence (every owner write one script that does nothing once the
+goodbye's ``<token>:end`` mark is set), the judge's PING in an upkeep slot, and the
+settling mark a store sets when it finds no epoch: each scene one promise of
+docs/resume.md, against a real ``redis-server`` the test starts."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from typing import Any, Final
+
+import pytest
+from redis.asyncio import Redis
+from tether_redis import RedisStore
+
+import tether
+import tether.resume
+from tests._support.redis_server import RedisProcess
+from tests._support.redis_server import redis_proc as redis_proc
+from tether.resume import Follower, ResumePoint, resume_point
+
+from .conftest import eventually
+
+pytestmark = pytest.mark.timeout(60)
+
+BOUND: Final = 15.0
+BLOCK: Final = 0.1
+
+
+def _point(token: str, last: int) -> ResumePoint:
+    point = resume_point(f"{token}.{last}", None)
+    assert point is not None
+    return point
+
+
+async def _unknown(resume: tether.resume.Resume, point: ResumePoint) -> bool:
+    """A reconnect with ``point`` is a 404 (not a 503 to retry)."""
+    try:
+        follower = await resume.follow(point)
+    except ConnectionError:
+        return False
+    if isinstance(follower, Follower):
+        await follower.aclose()
+        return False
+    return True
+
+
+async def test_a_wrong_token_on_a_redis_new_to_tether_is_a_404_after_a_settling_period_though_no_stream_ran_yet(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): "on a new Redis too a wrong token is a 503 for the
+    # first 3 x block + timeout", then a 404. A first deploy: workers start on a Redis
+    # new to tether, and the first request one gets is a reconnect with a token that
+    # is wrong (an old bookmark, a client of a previous deployment) before any stream
+    # was opened anywhere. No store sets the epoch until a stream runs (the reader and
+    # its upkeep start with the first stream), so every such reconnect is a 503 for
+    # as long as no stream runs, not for a settling period.
+    await redis_proc.restart()  # (empty: new to tether)
+    client = Redis.from_url(redis_proc.url)
+    store = RedisStore(client, block=BLOCK, timeout=0.2)
+    resume = tether.resume.Resume(grace=30.0, store=store)
+    point = _point(tether.resume.new_token(), 1)
+    try:
+        async with asyncio.timeout(BOUND):
+            with contextlib.suppress(ConnectionError):
+                await resume.follow(point)  # (the first: a 503 is fair)
+            settle = store.settle_ms / 1000
+            await eventually(lambda: _unknown(resume, point), timeout=settle + 3.0)
+    finally:
+        await resume.aclose()
+        await client.aclose()
+
+
+async def _as_user(admin: Redis, redis_proc: RedisProcess, user: str, *rules: str) -> Redis:
+    """A client that reaches Redis as ACL user ``user``: everything but ``rules``."""
+    await admin.execute_command(
+        "ACL", "SETUSER", user, "on", ">secret", "~*", "&*", "+@all", *rules
+    )
+    host = redis_proc.url.split("://", 1)[1]
+    return Redis.from_url(f"redis://{user}:secret@{host}")
+
+
+async def test_a_worker_whose_redis_user_may_not_run_scripts_leaves_other_workers_free_to_say_404(
+    redis_proc: RedisProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Promised (docs/resume.md): an ACL user needs `+@scripting` (managed Redis often
+    # grants less), and a wrong token is a 404 once Redis is not settling. A worker
+    # deployed with a user that may not run scripts: Redis answers it (PING, the
+    # reader, the upkeep), but every write of its owners (EVALSHA) is refused. Nothing
+    # says so at start; each stream logs "writing to Redis failed ... until Redis
+    # answers again" (it does answer), and its upkeep marks Redis *settling* every
+    # block period for as long as any such stream runs: on every other worker, correctly
+    # configured, every wrong token is a 503 for ever, never a 404.
+    admin = Redis.from_url(redis_proc.url)
+    owner_client = await _as_user(admin, redis_proc, "noscript", "-@scripting")
+    other_client = Redis.from_url(redis_proc.url)
+    stores = [RedisStore(c, block=BLOCK, timeout=0.2) for c in (owner_client, other_client)]
+    owner, other = (tether.resume.Resume(grace=30.0, store=store) for store in stores)
+    registry = tether.Registry()
+    point = _point(tether.resume.new_token(), 1)
+    try:
+        async with asyncio.timeout(BOUND):
+            with caplog.at_level(logging.WARNING, logger="tether.redis"):
+                stream = registry.open()
+                here = await owner.open(stream)
+                registry.deliver(stream.rid, 0)
+                settle = stores[1].settle_ms / 1000
+                await eventually(lambda: _unknown(other, point), timeout=settle + 3.0)
+                await here.aclose()
+    finally:
+        print("\n".join(r.getMessage() for r in caplog.records))
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
+        for c in (owner_client, other_client, admin):
+            await c.aclose()
