@@ -116,3 +116,27 @@ async def test_a_worker_whose_redis_user_may_not_run_scripts_leaves_other_worker
         await owner.aclose()
         for c in (owner_client, other_client, admin):
             await c.aclose()
+
+
+
+async def test_a_live_stream_survives_a_script_flush(redis_proc: RedisProcess) -> None:
+    # Promised (docs/resume.md): a reconnect elsewhere follows the live stream, every
+    # event in order, exactly once; Redis is never trusted to keep what it was told
+    # (its script cache included: SCRIPT FLUSH, a restart, a failover to a replica).
+    from .test_redis_faults import _drain, _first_read, _reach, _workers
+
+    admin = Redis.from_url(redis_proc.url)
+    try:
+        async with _workers(redis_proc.url) as (registry, aborts, owner, other), asyncio.timeout(
+            BOUND
+        ):
+            stream, _first = await _first_read(registry, owner, leave=True)
+            mirror = await _reach(other, _first.token, 1)
+            for n in range(1, 30):
+                await admin.script_flush()
+                registry.deliver(stream.rid, n, finished=n == 29)
+            assert await _drain(mirror) == list(range(1, 30))
+            await mirror.aclose()
+            assert aborts == {}
+    finally:
+        await admin.aclose()
