@@ -67,7 +67,14 @@ async def test_a_wrong_token_on_a_redis_new_to_tether_is_a_404_after_a_settling_
             with contextlib.suppress(ConnectionError):
                 await resume.follow(point)  # (the first: a 503 is fair)
             settle = store.settle_ms / 1000
-            await eventually(lambda: _unknown(resume, point), timeout=settle + 3.0)
+            try:
+                await eventually(lambda: _unknown(resume, point), timeout=settle + 3.0)
+            except TimeoutError:
+                epoch = await client.exists(store.epoch)
+                pytest.fail(
+                    f"a wrong token on a new Redis is still a 503 after {settle + 3.0:g} s "
+                    f"(a settling period is {settle:g} s; epoch key set: {bool(epoch)})"
+                )
     finally:
         await resume.aclose()
         await client.aclose()
@@ -107,10 +114,17 @@ async def test_a_worker_whose_redis_user_may_not_run_scripts_leaves_other_worker
                 here = await owner.open(stream)
                 registry.deliver(stream.rid, 0)
                 settle = stores[1].settle_ms / 1000
-                await eventually(lambda: _unknown(other, point), timeout=settle + 3.0)
+                try:
+                    await eventually(lambda: _unknown(other, point), timeout=settle + 3.0)
+                except TimeoutError:
+                    settling = await admin.pttl(stores[1].settling)
+                    logged = [record.getMessage() for record in caplog.records]
+                    pytest.fail(
+                        f"a wrong token elsewhere is still a 503 after {settle + 3.0:g} s "
+                        f"(Redis marked settling, {settling} ms left); logged: {logged}"
+                    )
                 await here.aclose()
     finally:
-        print("\n".join(r.getMessage() for r in caplog.records))
         await registry.close(drain_timeout=0)
         await other.aclose()
         await owner.aclose()
