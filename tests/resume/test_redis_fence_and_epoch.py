@@ -154,3 +154,36 @@ async def test_a_live_stream_survives_a_script_flush(redis_proc: RedisProcess) -
             assert aborts == {}
     finally:
         await admin.aclose()
+
+
+async def test_a_wrong_token_is_a_404_on_a_deployment_that_ran_no_stream_for_a_day(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): a wrong token is a 404 (a 503 only while Redis may
+    # lack live streams). The epoch key lives a day and is renewed only by a store's
+    # upkeep, which runs only while the store follows some stream: on a deployment
+    # that ran no stream for a day (a quiet night and weekend, a staging site) it
+    # expires, and from then on every wrong token, on every worker, is a 503 (an
+    # EventSource retries it for ever) until some stream is opened somewhere. Its
+    # natural expiry is played here by giving it a millisecond left.
+    client = Redis.from_url(redis_proc.url)
+    store = RedisStore(client, block=BLOCK, timeout=0.2)
+    resume = tether.resume.Resume(grace=30.0, store=store)
+    point = _point(tether.resume.new_token(), 1)
+    try:
+        async with asyncio.timeout(BOUND):
+            assert await _unknown(resume, point)  # (a day's idle starts: a 404)
+            assert await client.pexpire(store.epoch, 1)  # ... a day later
+            await eventually(lambda: _no_epoch(client, store))
+            settle = store.settle_ms / 1000
+            try:
+                await eventually(lambda: _unknown(resume, point), timeout=settle + 3.0)
+            except TimeoutError:
+                pytest.fail(f"a wrong token is still a 503 after {settle + 3.0:g} s")
+    finally:
+        await resume.aclose()
+        await client.aclose()
+
+
+async def _no_epoch(client: Redis, store: RedisStore) -> bool:
+    return not await client.exists(store.epoch)
