@@ -187,3 +187,52 @@ async def test_a_wrong_token_is_a_404_on_a_deployment_that_ran_no_stream_for_a_d
 
 async def _no_epoch(client: Redis, store: RedisStore) -> bool:
     return not await client.exists(store.epoch)
+
+
+async def test_the_silence_verdict_after_a_held_loop_comes_within_timeout_though_every_upkeep_slot_is_stuck(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): after the loop was held, the verdict waits for one
+    # fresh PING to go unanswered, "at most `timeout` more, once, its wait for one of
+    # the upkeep's slots included". Redis pauses; the owner's one upkeep slot
+    # (connections=2) is held by copies and renewals stuck on it; a blocking handler
+    # holds the loop over the moment the silence is judged. The owner must park the
+    # stream whose client is elsewhere within `timeout` (and a margin) of the loop's
+    # release, not behind the stuck commands.
+    import time
+
+    from .test_redis_faults import _first_read, _InFlight, _reach
+
+    owner_client = _InFlight.from_url(redis_proc.url)
+    assert isinstance(owner_client, _InFlight)
+    other_client = Redis.from_url(redis_proc.url)
+    owner_store = RedisStore(owner_client, block=BLOCK, timeout=1.0, connections=2)
+    other_store = RedisStore(other_client, block=BLOCK)
+    owner = tether.resume.Resume(grace=30.0, store=owner_store)
+    other = tether.resume.Resume(grace=30.0, store=other_store)
+    registry = tether.Registry()
+    try:
+        async with asyncio.timeout(30):
+            stream, first = await _first_read(registry, owner, leave=True)
+            mirror = await _reach(other, first.token, 1)
+            channel = owner_store.channel(first.token)
+            assert channel is not None
+            await eventually(lambda: channel.remote)
+            redis_proc.pause()
+            for n in range(1, 4):
+                registry.deliver(stream.rid, n)  # (copies: the upkeep's one slot)
+            await eventually(lambda: owner_store.upkeep_slots.locked())
+            time.sleep(2 * owner_store.lease_ms / 1000)  # noqa: ASYNC251 (the fault)
+            loop = asyncio.get_running_loop()
+            released = loop.time()
+            await eventually(lambda: not channel.remote, timeout=10.0)
+            took = loop.time() - released
+            assert took <= owner_store.timeout + 0.5, f"parked {took:.2f} s after the loop"
+            await mirror.aclose()
+    finally:
+        redis_proc.resume()
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
+        await owner_client.aclose()
+        await other_client.aclose()
