@@ -236,3 +236,48 @@ async def test_the_silence_verdict_after_a_held_loop_comes_within_timeout_though
         await owner.aclose()
         await owner_client.aclose()
         await other_client.aclose()
+
+
+async def test_a_renewal_that_lands_after_a_stop_does_not_make_the_stream_live_again_on_a_redis_that_evicts(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): the goodbye's mark fences every late write of the
+    # owner's; "a write that Redis holds on to for longer than the grace period and a
+    # minute finds no mark; it is the one case left". It is not: the mark is a key that
+    # nothing reads (a late write's EXISTS touches nothing), the first one a Redis that
+    # evicts by use (`allkeys-lfu`, as a cache is run) picks, before the stream's own
+    # keys that were written to all along. A renewal sent before a Stop lands after the
+    # goodbye and a burst of memory pressure that evicted the mark: the log and control
+    # stream live the grace period and a minute again with no meta (a live stream whose
+    # meta Redis lost, to every worker: 503s and Stop "known" for ~90 s).
+    from .test_redis_faults import _first_read, _gone, _late_owner, _reach, _renewal
+
+    async with _late_owner(redis_proc, timeout=5.0) as (registry, late, admin, stores, resumes):
+        owner, other = resumes
+        await admin.config_set("maxmemory-policy", "allkeys-lfu")  # (from the start)
+        stream, first = await _first_read(registry, owner, leave=True)
+        for n in range(1, 41):  # (the stream's keys, used all along)
+            registry.deliver(stream.rid, n)
+        await (await _reach(other, first.token, 40)).aclose()  # (it is in Redis)
+        log, meta, mark = (stores[0].key(first.token, kind) for kind in ("log", "meta", "end"))
+        late.matches = _renewal
+        await late.held.wait()  # the renewal is on its way, late
+        assert await owner.cancel(first.token)  # Stop, on the owner
+        await eventually(lambda: not stores[0]._writers)  # noqa: SLF001 (its goodbye went out)
+        assert await _gone(admin, meta, log)
+        # A burst of memory pressure (other data, as a shared Redis holds).
+        used = (await admin.info("memory"))["used_memory"]
+        await admin.config_set("maxmemory", str(used + 1_000_000))
+        batches = 0
+        while await admin.exists(mark) and batches < 60:  # (within the second keys linger)
+            async with admin.pipeline(transaction=False) as pipe:
+                for one in range(8):
+                    pipe.set(f"cache:{batches}:{one}", b"x" * 65_536)
+                await pipe.execute()
+            batches += 1
+        await admin.config_set("maxmemory", "0")  # the pressure passes
+        assert not await admin.exists(mark), "Redis evicted no mark: the test tested nothing"
+        late.go.set()
+        await late.done.wait()  # the late renewal landed
+        assert await admin.exists(log), "Redis evicted the log too: the test tested nothing"
+        assert await admin.pttl(log) <= 1000, "the stopped stream's log lives on"
