@@ -6,10 +6,9 @@ docs/resume.md, against a real ``redis-server`` the test starts."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
-from typing import Any, Final
+from typing import Final
 
 import pytest
 from redis.asyncio import Redis
@@ -47,7 +46,7 @@ async def _unknown(resume: tether.resume.Resume, point: ResumePoint) -> bool:
     return True
 
 
-async def test_a_wrong_token_on_a_redis_new_to_tether_is_a_404_after_a_settling_period_though_no_stream_ran_yet(
+async def test_a_wrong_token_on_a_new_redis_is_a_404_after_settling_though_no_stream_ran(
     redis_proc: RedisProcess,
 ) -> None:
     # Promised (docs/resume.md): "on a new Redis too a wrong token is a 503 for the
@@ -132,7 +131,6 @@ async def test_a_worker_whose_redis_user_may_not_run_scripts_leaves_other_worker
             await c.aclose()
 
 
-
 async def test_a_live_stream_survives_a_script_flush(redis_proc: RedisProcess) -> None:
     # Promised (docs/resume.md): a reconnect elsewhere follows the live stream, every
     # event in order, exactly once; Redis is never trusted to keep what it was told
@@ -141,8 +139,9 @@ async def test_a_live_stream_survives_a_script_flush(redis_proc: RedisProcess) -
 
     admin = Redis.from_url(redis_proc.url)
     try:
-        async with _workers(redis_proc.url) as (registry, aborts, owner, other), asyncio.timeout(
-            BOUND
+        async with (
+            _workers(redis_proc.url) as (registry, aborts, owner, other),
+            asyncio.timeout(BOUND),
         ):
             stream, _first = await _first_read(registry, owner, leave=True)
             mirror = await _reach(other, _first.token, 1)
@@ -189,7 +188,7 @@ async def _no_epoch(client: Redis, store: RedisStore) -> bool:
     return not await client.exists(store.epoch)
 
 
-async def test_the_silence_verdict_after_a_held_loop_comes_within_timeout_though_every_upkeep_slot_is_stuck(
+async def test_the_silence_verdict_comes_within_timeout_though_every_upkeep_slot_is_stuck(
     redis_proc: RedisProcess,
 ) -> None:
     # Promised (docs/resume.md): after the loop was held, the verdict waits for one
@@ -238,7 +237,7 @@ async def test_the_silence_verdict_after_a_held_loop_comes_within_timeout_though
         await other_client.aclose()
 
 
-async def test_a_renewal_that_lands_after_a_stop_does_not_make_the_stream_live_again_on_a_redis_that_evicts(
+async def test_a_late_renewal_does_not_make_a_stopped_stream_live_again_on_a_redis_that_evicts(
     redis_proc: RedisProcess,
 ) -> None:
     # Promised (docs/resume.md): the goodbye's mark fences every late write of the
