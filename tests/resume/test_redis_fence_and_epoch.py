@@ -79,15 +79,6 @@ async def test_a_wrong_token_on_a_new_redis_is_a_404_after_settling_though_no_st
         await client.aclose()
 
 
-async def _as_user(admin: Redis, redis_proc: RedisProcess, user: str, *rules: str) -> Redis:
-    """A client that reaches Redis as ACL user ``user``: everything but ``rules``."""
-    await admin.execute_command(
-        "ACL", "SETUSER", user, "on", ">secret", "~*", "&*", "+@all", *rules
-    )
-    host = redis_proc.url.split("://", 1)[1]
-    return Redis.from_url(f"redis://{user}:secret@{host}")
-
-
 async def test_a_worker_whose_redis_user_may_not_run_scripts_leaves_other_workers_free_to_say_404(
     redis_proc: RedisProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -99,6 +90,8 @@ async def test_a_worker_whose_redis_user_may_not_run_scripts_leaves_other_worker
     # answers again" (it does answer), and its upkeep marks Redis *settling* every
     # block period for as long as any such stream runs: on every other worker, correctly
     # configured, every wrong token is a 503 for ever, never a 404.
+    from .test_redis_faults import _as_user
+
     admin = Redis.from_url(redis_proc.url)
     owner_client = await _as_user(admin, redis_proc, "noscript", "-@scripting")
     other_client = Redis.from_url(redis_proc.url)
