@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Final
 
 import pytest
@@ -90,38 +91,20 @@ async def test_a_worker_whose_redis_user_may_not_run_scripts_leaves_other_worker
     # answers again" (it does answer), and its upkeep marks Redis *settling* every
     # block period for as long as any such stream runs: on every other worker, correctly
     # configured, every wrong token is a 503 for ever, never a 404.
-    from .test_redis_faults import _as_user
-
-    admin = Redis.from_url(redis_proc.url)
-    owner_client = await _as_user(admin, redis_proc, "noscript", "-@scripting")
-    other_client = Redis.from_url(redis_proc.url)
-    stores = [RedisStore(c, block=BLOCK, timeout=0.2) for c in (owner_client, other_client)]
-    owner, other = (tether.resume.Resume(grace=30.0, store=store) for store in stores)
-    registry = tether.Registry()
     point = _point(tether.resume.new_token(), 1)
-    try:
-        async with asyncio.timeout(BOUND):
-            with caplog.at_level(logging.WARNING, logger="tether.redis"):
-                stream = registry.open()
-                here = await owner.open(stream)
-                registry.deliver(stream.rid, 0)
-                settle = stores[1].settle_ms / 1000
-                try:
-                    await eventually(lambda: _unknown(other, point), timeout=settle + 3.0)
-                except TimeoutError:
-                    settling = await admin.pttl(stores[1].settling)
-                    logged = [record.getMessage() for record in caplog.records]
-                    pytest.fail(
-                        f"a wrong token elsewhere is still a 503 after {settle + 3.0:g} s "
-                        f"(Redis marked settling, {settling} ms left); logged: {logged}"
-                    )
-                await here.aclose()
-    finally:
-        await registry.close(drain_timeout=0)
-        await other.aclose()
-        await owner.aclose()
-        for c in (owner_client, other_client, admin):
-            await c.aclose()
+    async with _denied(redis_proc, "noscript", "-@scripting") as (
+        admin,
+        registry,
+        stores,
+        owner,
+        other,
+    ):
+        with caplog.at_level(logging.WARNING, logger="tether.redis"):
+            stream = registry.open()
+            here = await owner.open(stream)
+            registry.deliver(stream.rid, 0)
+            await _a_404_after_settling(admin, stores[1], other, point, caplog)
+            await here.aclose()
 
 
 async def test_a_live_stream_survives_a_script_flush(redis_proc: RedisProcess) -> None:
@@ -273,3 +256,119 @@ async def test_a_late_renewal_does_not_make_a_stopped_stream_live_again_on_a_red
         await late.done.wait()  # the late renewal landed
         assert await admin.exists(log), "Redis evicted the log too: the test tested nothing"
         assert await admin.pttl(log) <= 1000, "the stopped stream's log lives on"
+
+
+async def test_a_worker_whose_redis_user_may_not_run_scripts_serves_its_streams_on_every_worker(
+    redis_proc: RedisProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Promised (docs/resume.md): without `+@scripting` the owner's writes are fenced by a
+    # transaction watching the mark (a WARNING names the permission, once): its streams
+    # resume on every worker, every event in order, and are over everywhere once stopped.
+    from .test_redis_faults import _drain, _gone, _reach
+
+    async with _denied(redis_proc, "noscript2", "-@scripting", timeout=1.0) as denied:
+        admin, registry, stores, owner, other = denied
+        with caplog.at_level(logging.WARNING, logger="tether.redis"):
+            stream = registry.open()
+            here = await owner.open(stream)
+            registry.deliver(stream.rid, 0)
+            assert [output for _, output in await here.next_ready() or ()] == [0]
+            await here.aclose()
+            mirror = await _reach(other, here.token, 1)
+            for n in range(1, 20):
+                registry.deliver(stream.rid, n, finished=n == 19)
+            assert await _drain(mirror) == list(range(1, 20))
+            await mirror.aclose()
+            log, meta = (stores[0].key(here.token, kind) for kind in ("log", "meta"))
+            assert await owner.cancel(here.token)  # (forgotten: its goodbye goes out)
+            await eventually(lambda: _gone(admin, meta, log))
+        warned = [r.getMessage() for r in caplog.records if "+@scripting" in r.getMessage()]
+        assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert not errors, [r.getMessage() for r in errors]
+
+
+async def test_a_worker_whose_redis_user_may_not_write_leaves_other_workers_free_to_say_404(
+    redis_proc: RedisProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Promised (docs/resume.md): a command Redis refuses to a store's ACL user (NOPERM)
+    # is a misconfiguration, not an outage: the owner logs it (naming what was refused),
+    # serves its stream resumable on its own worker only, and never marks Redis
+    # settling for it; every other worker's wrong token is a 404 after a settling period.
+    point = _point(tether.resume.new_token(), 1)
+    rules = ("-@scripting", "-@transaction")
+    async with _denied(redis_proc, "nowrite", *rules) as (admin, registry, stores, owner, other):
+        upkeeps = _count_upkeeps(stores[0])
+        with caplog.at_level(logging.WARNING, logger="tether.redis"):
+            stream = registry.open()
+            here = await owner.open(stream)
+            registry.deliver(stream.rid, 0)
+            await _a_404_after_settling(admin, stores[1], other, point, caplog)
+            # ... and stays one (the owner keeps trying, and is refused, each period)
+            for seen in range(upkeeps[0], upkeeps[0] + 5):
+                await eventually(lambda seen=seen: upkeeps[0] > seen)
+                assert await _unknown(other, point)
+            refused = [r.getMessage() for r in caplog.records if "'watch'" in r.getMessage()]
+            assert refused, [r.getMessage() for r in caplog.records]
+            await here.aclose()
+
+
+async def _a_404_after_settling(
+    admin: Redis,
+    store: RedisStore,
+    resume: tether.resume.Resume,
+    point: ResumePoint,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A reconnect with ``point`` through ``resume`` is a 404 within a settling period
+    (and a margin)."""
+    settle = store.settle_ms / 1000
+    try:
+        await eventually(lambda: _unknown(resume, point), timeout=settle + 3.0)
+    except TimeoutError:
+        settling = await admin.pttl(store.settling)
+        logged = [record.getMessage() for record in caplog.records]
+        pytest.fail(
+            f"a wrong token elsewhere is still a 503 after {settle + 3.0:g} s "
+            f"(Redis marked settling, {settling} ms left); logged: {logged}"
+        )
+
+
+@contextlib.asynccontextmanager
+async def _denied(
+    redis_proc: RedisProcess, user: str, *rules: str, timeout: float = 0.2
+) -> AsyncIterator[
+    tuple[Redis, tether.Registry, list[RedisStore], tether.resume.Resume, tether.resume.Resume]
+]:
+    """An admin client, a registry, and two workers' stores and resumptions: the first
+    reaches Redis as ACL ``user``, denied what ``rules`` take away; the second with
+    every right."""
+    from .test_redis_faults import _as_user
+
+    admin = Redis.from_url(redis_proc.url)
+    clients = [await _as_user(admin, redis_proc, user, *rules), Redis.from_url(redis_proc.url)]
+    stores = [RedisStore(c, block=BLOCK, timeout=timeout) for c in clients]
+    owner, other = (tether.resume.Resume(grace=30.0, store=store) for store in stores)
+    registry = tether.Registry()
+    try:
+        async with asyncio.timeout(BOUND):
+            yield admin, registry, stores, owner, other
+    finally:
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
+        for c in (*clients, admin):
+            await c.aclose()
+
+
+def _count_upkeeps(store: RedisStore) -> list[int]:
+    """How many upkeeps ``store``'s reader ran (from now on)."""
+    count = [0]
+    upkeep = store.ear._upkeep_store  # noqa: SLF001 (the count is the test's clock)
+
+    async def counted() -> None:
+        count[0] += 1
+        await upkeep()
+
+    store.ear._upkeep_store = counted  # noqa: SLF001
+    return count
