@@ -100,7 +100,8 @@ _MISSING: Final = 0
 """What a fenced write answers when the stream's meta is gone (it ran nothing)."""
 _EPOCH_MS: Final = 86_400_000
 """The life of the key that says Redis holds this prefix's state (renewed by every
-store's upkeep): its absence is a Redis that lost everything."""
+store's upkeep, and by every miss that finds it): its absence is a Redis that lost
+everything, new to tether, or unused for as long (see :meth:`RedisStore.absent`)."""
 
 
 class RedisStore(tether.resume.MemoryStore):
@@ -287,7 +288,9 @@ class RedisStore(tether.resume.MemoryStore):
         while Redis may lack it (:meth:`lost`), nor while Redis evicts keys: an owner
         publishes again what it lost only once it notices, a block period later, and
         the settling mark that would say so may be evicted too. Asked only on such a
-        miss (``INFO stats``): a healthy path costs nothing more.
+        miss (``INFO stats``): a healthy path costs nothing more. A miss that finds no
+        epoch marks Redis settling and sets it (:meth:`_mark_settling`: settling ends by
+        itself, though no stream runs anywhere); one that finds it renews it.
 
         :raises StoreUnreachable: Redis cannot be reached.
         """
