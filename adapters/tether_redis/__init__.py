@@ -8,7 +8,7 @@ tail (``XREAD BLOCK``). See :class:`RedisStore`.
 
 from __future__ import annotations
 
-from ._ear import StoreUnreachable
+from ._ear import StoreRefused, StoreUnreachable
 from ._store import RedisStore
 
-__all__ = ["RedisStore", "StoreUnreachable"]
+__all__ = ["RedisStore", "StoreRefused", "StoreUnreachable"]

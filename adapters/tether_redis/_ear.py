@@ -30,6 +30,7 @@ __all__ = [
     "Ear",
     "Fields",
     "Listener",
+    "StoreRefused",
     "StoreUnreachable",
     "entry_order",
     "lives",
@@ -62,6 +63,13 @@ Fields = dict[bytes, bytes]
 class StoreUnreachable(ConnectionError):
     """Redis did not answer within the store's bound, refused, or lost the state this
     answer depends on: the stream may exist (a 503 to retry, never a 404)."""
+
+
+class StoreRefused(StoreUnreachable):
+    """Redis answered, but refused a command to this store's ACL user (``NOPERM``): a
+    misconfiguration, not an outage. A 503 for the request that needed it; an owner
+    whose writes are refused keeps its streams resumable on its own worker only, and
+    never marks Redis settling for them (other workers' answers stay right)."""
 
 
 class Listener(Protocol):

@@ -44,20 +44,30 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoPermissionError, RedisError, ResponseError, WatchError
 
 import tether
 import tether.resume
 from tether.http import error_response
 from tether.resume import Channel, Follower, new_token
 
-from ._ear import CTL_MAXLEN, GONE_MS, Ear, Fields, StoreUnreachable, entry_order, lives, text
+from ._ear import (
+    CTL_MAXLEN,
+    GONE_MS,
+    Ear,
+    Fields,
+    StoreRefused,
+    StoreUnreachable,
+    entry_order,
+    lives,
+    text,
+)
 from ._mirror import Mirror
 
-__all__ = ["RedisStore", "StoreUnreachable"]
+__all__ = ["RedisStore", "StoreRefused", "StoreUnreachable"]
 
 logger = logging.getLogger("tether.redis")
 
@@ -67,12 +77,16 @@ _DUMPS: Final = tether.SSE().dumps
 _CLOSE_TIMEOUT: Final = 2.0
 """Seconds :meth:`RedisStore.aclose` gives the writers to put their end entries."""
 _FENCE: Final = """
--- The commands in ARGV (each its number of words, then its words), run only while
--- KEYS[1], the stream's end mark, is absent; each one's answer, an error included.
+-- The commands in ARGV (after ARGV[1], each its number of words, then its words), run
+-- only while KEYS[1], the stream's end mark, is absent and, unless ARGV[1] is '0', its
+-- meta KEYS[2] exists; each one's answer, an error included.
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return false
 end
-local answers, i = {}, 1
+if ARGV[1] ~= '0' and redis.call('EXISTS', KEYS[2]) == 0 then
+  return 0
+end
+local answers, i = {}, 2
 while i <= #ARGV do
   local n = tonumber(ARGV[i])
   answers[#answers + 1] = redis.pcall(unpack(ARGV, i + 1, i + n))
@@ -80,10 +94,14 @@ while i <= #ARGV do
 end
 return answers
 """
-"""An owner's writes, refused once its stream's goodbye landed (see ``_Writer._fenced``)."""
+"""An owner's writes, refused once its stream's goodbye landed, or (all but a
+publication) once its meta is gone (see ``_Writer._fenced``)."""
+_MISSING: Final = 0
+"""What a fenced write answers when the stream's meta is gone (it ran nothing)."""
 _EPOCH_MS: Final = 86_400_000
 """The life of the key that says Redis holds this prefix's state (renewed by every
-store's upkeep): its absence is a Redis that lost everything."""
+store's upkeep, and by every miss that finds it): its absence is a Redis that lost
+everything, new to tether, or unused for as long (see :meth:`RedisStore.absent`)."""
 
 
 class RedisStore(tether.resume.MemoryStore):
@@ -125,6 +143,7 @@ class RedisStore(tether.resume.MemoryStore):
         "lease_ms",
         "prefix",
         "request_slots",
+        "scripting",
         "settle_ms",
         "settling",
         "timeout",
@@ -170,6 +189,9 @@ class RedisStore(tether.resume.MemoryStore):
         self.epoch = f"{prefix}epoch"
         self.fence = client.register_script(_FENCE)
         """Runs an owner's writes unless its stream's goodbye landed (one ``EVALSHA``)."""
+        self.scripting = True
+        """Whether this Redis user may run the fence (false once refused: ``-@scripting``;
+        a transaction watching the mark instead)."""
         self.settling = f"{prefix}settling"
         self._known = False  # whether this store saw Redis hold the epoch
         self._answered_at = -float("inf")  # when Redis last answered this store
@@ -220,6 +242,8 @@ class RedisStore(tether.resume.MemoryStore):
             own turn (so that copies in numbers cannot delay it); never from elsewhere.
         :raises StoreUnreachable: it failed, or the bound passed (the command is
             cancelled; redis-py drops the connection it was on).
+        :raises StoreRefused: Redis refused it to this ACL user (it answered: this store
+            is not made wary by it).
         """
         slots = (
             contextlib.nullcontext() if own else self.upkeep_slots if upkeep else self.request_slots
@@ -231,6 +255,12 @@ class RedisStore(tether.resume.MemoryStore):
             self.failed()
             self.overdue(bound.when())
             raise StoreUnreachable(f"Redis did not answer within {self.timeout:g} s") from exc
+        except NoPermissionError as exc:
+            self.answered()
+            raise StoreRefused(
+                f"Redis refused a command to this store's ACL user ({exc}); see the ACL "
+                "that RedisStore needs in docs/resume.md"
+            ) from exc
         except (RedisError, OSError) as exc:
             self.failed()
             if isinstance(exc, StoreUnreachable):
@@ -258,17 +288,28 @@ class RedisStore(tether.resume.MemoryStore):
         while Redis may lack it (:meth:`lost`), nor while Redis evicts keys: an owner
         publishes again what it lost only once it notices, a block period later, and
         the settling mark that would say so may be evicted too. Asked only on such a
-        miss (``INFO stats``): a healthy path costs nothing more.
+        miss (``INFO stats``): a healthy path costs nothing more. A miss that finds no
+        epoch marks Redis settling and sets it (:meth:`_mark_settling`: settling ends by
+        itself, though no stream runs anywhere); one that finds it renews it.
 
         :raises StoreUnreachable: Redis cannot be reached.
         """
+        if not pipe_results[-1]:
+            # No epoch (a Redis new to tether, or one whose epoch expired while no
+            # stream ran, or restarted empty): marked settling and given one, in one
+            # step, by whoever finds it so; a 503 now, and a 404 once settling ends.
+            if await self.command(self._mark_settling):
+                self._republish()
+            return False
         if self.lost(pipe_results):
             return False
 
         async def evictions(client: Redis) -> int | None:
-            try:
-                stats = await client.info("stats")
-            except ResponseError:  # (INFO renamed away: evictions cannot be seen)
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.pexpire(self.epoch, _EPOCH_MS)  # (alive while misses come)
+                pipe.info("stats")
+                _, stats = await pipe.execute(raise_on_error=False)
+            if isinstance(stats, ResponseError):  # (INFO denied or renamed away)
                 return None
             count = stats.get("evicted_keys")
             return count if isinstance(count, int) else None
@@ -369,6 +410,26 @@ class RedisStore(tether.resume.MemoryStore):
         silent = asyncio.get_running_loop().time() - self._answered_at > 2 * self.block_ms / 1000
         return self.settle_ms / 1000 if unpublished or silent or self.wary() else 0.0
 
+    async def _mark_settling(self, client: Redis) -> bool:
+        """Redis holds no epoch: mark it settling, and then give it one (one
+        transaction: a reader sees one or the other, never neither), so that settling
+        ends by itself a settling period later, whether or not any stream runs. A store
+        that never saw the epoch cannot tell a new Redis from one that came back empty
+        under owners that have not noticed yet (their streams would be 404s until they
+        do). Whether streams of this worker's may be gone (it saw the epoch before)."""
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.set(self.settling, "1", px=self.settle_ms)
+            pipe.set(self.epoch, "1", nx=True, px=_EPOCH_MS)
+            await pipe.execute()
+        self._unsettled = True
+        lost = self._known  # (only then can streams of this worker's be gone)
+        self._known = True
+        return lost
+
+    def _republish(self) -> None:
+        for writer in self._writers.values():
+            writer.republish()
+
     async def _poke(self) -> None:
         async def poke(client: Redis) -> None:
             async with client.pipeline(transaction=False) as pipe:
@@ -400,21 +461,10 @@ class RedisStore(tether.resume.MemoryStore):
             if held:
                 self._known = True
                 return False
-            # Settling whoever finds it so, and before the epoch (a reader sees one or
-            # the other, never neither): a store that never saw the epoch cannot tell a
-            # new Redis from one that came back empty under owners that have not
-            # noticed yet (their streams would be 404s until they do).
-            async with client.pipeline(transaction=True) as pipe:
-                pipe.set(self.settling, "1", px=self.settle_ms)
-                pipe.set(self.epoch, "1", nx=True, px=_EPOCH_MS)
-                await pipe.execute()
-            lost = self._known  # (only then can streams of this worker's be gone)
-            self._known = True
-            return lost
+            return await self._mark_settling(client)
 
         if await self.command(mark, own=True):
-            for writer in self._writers.values():
-                writer.republish()
+            self._republish()
         if any(writer.unpublished for writer in self._writers.values()):
             # Streams this worker could not publish (Redis was down or paused): until
             # they are, a stream Redis does not know may be one of them (a 503, not 404).
@@ -639,6 +689,7 @@ class _Writer:
         "_wake",
         "dirty",
         "failing",
+        "refused",
         "task",
         "tried",
     )
@@ -655,6 +706,9 @@ class _Writer:
         self._forgotten = False
         self.failing = False
         """Its last try failed: Redis lacks this stream (or may) until the next works."""
+        self.refused = False
+        """Its last try was refused to this ACL user: a misconfiguration that lasts, not
+        an outage (Redis is not marked settling for it; it resumes here only)."""
         self._remote: str | None = None  # the client attached on another worker, if any
         self._lease_seen = 0.0
         self._unseen: str | None = None
@@ -688,7 +742,7 @@ class _Writer:
         """Its client may hold its token while Redis lacks it (the first publication
         was tried and failed, or Redis lost it since): other workers must not call it
         unknown."""
-        return self.failing or (self.dirty and self.tried.is_set())
+        return not self.refused and (self.failing or (self.dirty and self.tried.is_set()))
 
     def _log_entry(self, n: int, output: Any) -> tuple[str, dict[str, str]]:
         return f"{n}-0", {"n": str(n), "d": _DUMPS(output).decode()}
@@ -827,18 +881,23 @@ class _Writer:
         except StoreUnreachable as exc:
             self.dirty = True
             self._outbox = []
-            if not self.failing:
+            refused = isinstance(exc, StoreRefused)
+            if not self.failing or refused != self.refused:
                 logger.error(
                     "resumable request %r: writing to Redis failed (%s); it resumes on "
-                    "this worker only until Redis answers again",
+                    "this worker only until %s",
                     self._channel.rid,
                     exc,
+                    "its ACL user may write" if refused else "Redis answers again",
                 )
             self.failing = True
+            # Refused (NOPERM): a misconfiguration that lasts, not an outage: Redis is
+            # not marked settling for it (other workers' wrong tokens stay 404s).
+            self.refused = refused
             return False
         if self.failing:
             logger.warning("resumable request %r: Redis holds it again", self._channel.rid)
-        self.failing = False
+        self.failing = self.refused = False
         return True
 
     def _keep(self) -> int:
@@ -876,7 +935,7 @@ class _Writer:
                 pipe.xadd(ctl, claim, maxlen=CTL_MAXLEN)
             self._expire(pipe, self._keep())
 
-        if await self._fenced(client, meta_first) is None:
+        if await self._fenced(client, meta_first, publish=True) is None:
             return  # (its goodbye came first: nothing to publish)
         # The log as it stands now, end included or not (no await until it is queued).
         upto, ended = channel.count, channel.ended
@@ -893,8 +952,8 @@ class _Writer:
                 pipe.xadd(log, fields, id=entry_id)
             pipe.pexpire(log, self._keep())
 
-        if await self._fenced(client, whole_log) is None:
-            return
+        if not isinstance(await self._fenced(client, whole_log), list):
+            return  # (its goodbye came first, or Redis lost the meta since: again)
         self._logged = bool(entries) or ended
         self.dirty = False
         # What came while that transaction was in flight (put() ignored it: dirty).
@@ -978,6 +1037,9 @@ class _Writer:
         results = await self._fenced(client, copies)
         if results is None:
             return  # (its goodbye came first)
+        if results is False:  # (Redis lost its meta: these copies ran nowhere)
+            self.lost()
+            return
         if any(entry_id != "ctl" for entry_id, _ in outbox):
             self._logged = True
         if held and None in results:  # (only an entry added to no log answers None)
@@ -996,28 +1058,77 @@ class _Writer:
             pipe.delete(self._keys[2])  # resumable nowhere from now on
             await pipe.execute()
 
-    async def _fenced(self, client: Redis, fill: Callable[[Any], None]) -> list[Any] | None:
-        """Run the commands ``fill`` queues (on a pipeline never sent) as one script, at
-        once, unless this stream's goodbye has landed. A write of this writer's that
-        Redis receives after its goodbye (a renewal, a copy or a publication sent before
-        it, slow to arrive, or given up on here on a timeout and read by Redis after all)
-        must not make the keys of a stream that ended live again.
+    async def _fenced(
+        self, client: Redis, fill: Callable[[Any], None], *, publish: bool = False
+    ) -> list[Any] | Literal[False] | None:
+        """Run the commands ``fill`` queues (on a pipeline never sent) at once, unless
+        this stream's goodbye has landed, or (unless ``publish``) its meta is gone. A
+        write of this writer's that Redis receives after its goodbye (a renewal, a copy
+        or a publication sent before it, slow to arrive, or given up on here on a
+        timeout and read by Redis after all) must not make the keys of a stream that
+        ended live again; nor, once Redis evicted the goodbye's mark, may a renewal or a
+        copy: the goodbye deleted the meta, and only a publication makes one.
 
-        :returns: each command's answer; ``None`` if the goodbye landed first.
+        One script (``EVALSHA``); if this Redis user may not run scripts (no
+        ``+@scripting``), a transaction watching the mark and the meta instead.
+
+        :returns: each command's answer; ``None`` if the goodbye landed first;
+            ``False`` if the meta is gone (Redis lost it, or the goodbye deleted it).
         :raises ResponseError: a command failed (the others ran).
         """
         pipe = client.pipeline(transaction=False)
         fill(pipe)
-        words: list[Any] = []
-        for args, _ in pipe.command_stack:
-            words += [len(args), *args]
-        answers = await self._store.fence(keys=[self._mark], args=words, client=client)
-        if answers is None:
-            return None
+        store = self._store
+        answers: Any
+        if store.scripting:
+            words: list[Any] = ["0" if publish else "1"]
+            for args, _ in pipe.command_stack:
+                words += [len(args), *args]
+            try:
+                answers = await store.fence(
+                    keys=[self._mark, self._keys[2]], args=words, client=client
+                )
+            except NoPermissionError:
+                if store.scripting:  # (once: writes of other streams may race here)
+                    logger.warning(
+                        "RedisStore: this Redis user may not run scripts (ACL +@scripting): "
+                        "every write of an owner's costs a transaction watching its stream's "
+                        "mark (3 or 4 round trips instead of 1)"
+                    )
+                store.scripting = False
+                answers = await self._watched(client, pipe.command_stack, publish=publish)
+        else:
+            answers = await self._watched(client, pipe.command_stack, publish=publish)
+        if answers is None or answers == _MISSING:
+            return None if answers is None else False
         for answer in answers:
             if isinstance(answer, ResponseError):
                 raise answer
         return list(answers)
+
+    async def _watched(
+        self, client: Redis, stack: list[Any], *, publish: bool
+    ) -> list[Any] | int | None:
+        """The fence without a script: ``WATCH`` the mark and the meta, read them, then
+        run the commands in ``MULTI``/``EXEC`` (which does nothing if either changed
+        meanwhile: read again)."""
+        mark, meta = self._mark, self._keys[2]
+        async with client.pipeline(transaction=True) as pipe:
+            for _ in range(8):
+                try:
+                    await pipe.watch(mark, meta)
+                    if await pipe.exists(mark):
+                        return None
+                    if not publish and not await pipe.exists(meta):
+                        return _MISSING
+                    pipe.multi()  # type: ignore[no-untyped-call]
+                    for args, options in stack:
+                        pipe.execute_command(*args, **options)
+                    answers: list[Any] = await pipe.execute(raise_on_error=False)
+                except WatchError:
+                    continue
+                return answers
+        raise StoreUnreachable("the stream's keys changed under every try of a write")
 
     def heard(self, key: str, entry_id: Any, fields: Fields) -> bool:
         """The owner's ear: clients attaching and leaving elsewhere, Stop."""
@@ -1081,16 +1192,21 @@ class _Writer:
             pipe.exists(lease)
             self._expire(pipe, self._keep())
 
-        async def renew(client: Redis) -> list[Any] | None:
+        async def renew(client: Redis) -> list[Any] | Literal[False] | None:
             return await self._fenced(client, renewal)
 
         try:
-            results = await store.command(renew, upkeep=True)
+            answers = await store.command(renew, upkeep=True)
         except StoreUnreachable:
-            results = None
+            answers = None
         else:
-            if results is None:  # (its goodbye came first: the stream is over)
+            if answers is None:  # (its goodbye came first: the stream is over)
                 return True
+            if answers is False:  # (Redis lost its meta: nothing renewed)
+                if published and not self.dirty:
+                    self.lost()
+                return True
+        results = answers
         # (the renewal's answers: its log, control stream and meta still exist; a log
         # exists once an event or the end was written, before the renewal was sent)
         if results is not None and published and not self.dirty:
