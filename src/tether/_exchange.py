@@ -514,7 +514,7 @@ class Exchange:
                         chunk = self._ready_chunk()
             if chunk is None:  # (the wait timed out: silence)
                 chunk = self.encoder.ping()
-            body = chunk
+            body, chunk = chunk, None  # (only body holds it: let go once written)
 
     def _gone(self) -> None:
         """The client is gone: the work is aborted as for a disconnect."""
@@ -556,7 +556,7 @@ class Exchange:
                 guard.begin()  # (bounded by the send timeout, like any write)
                 await begun
                 guard.end()
-                self._begun = None
+                self._begun, self._begun_chunk = None, b""  # (written: nothing kept)
                 self._sunk_at = now()
             ready = self._ready_chunk()
             sunk_at = self._last_sink_write()
