@@ -63,3 +63,34 @@ def test_a_request_ended_in_a_step_on_the_second_loop_is_told_soon() -> None:
         await registry.close(drain_timeout=0)
 
     asyncio.run(second_loop())
+
+
+def test_close_on_the_second_loop_does_not_wait_for_calls_of_a_loop_that_is_gone() -> None:
+    told: list[str] = []
+
+    async def on_abort(rid: str) -> None:
+        told.append(rid)
+
+    registry = tether.Registry(on_abort, abort_timeout=5.0)
+    first = asyncio.new_event_loop()
+
+    async def open_one() -> tether.Stream:
+        return registry.open("a")
+
+    a = first.run_until_complete(open_one())
+
+    def last_step() -> None:
+        registry.abort(a.rid)  # its on_abort's task is scheduled on the first loop
+        first.stop()
+
+    first.call_soon(last_step)
+    first.run_forever()
+    first.close()  # (the engine's loop, run by hand, closed without running it)
+
+    async def second_loop() -> None:
+        registry.open("b")
+        async with asyncio.timeout(2):  # far below abort_timeout: nothing can run there
+            await registry.close(drain_timeout=0)
+        assert told == ["b"]
+
+    asyncio.run(second_loop())
