@@ -7,6 +7,7 @@ own ``sizeof``.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from typing import Any, Final
@@ -130,13 +131,18 @@ def _object_size(value: Any, todo: list[Any]) -> int:
 
 def require_synchronous(function: object, what: str) -> None:
     """Refuse a coroutine function where a plain one must answer at once (a sink, a
-    ``merge``): its call would return a coroutine nobody awaits, taken for an answer.
+    ``merge``, a ``sizeof``): its call would return a coroutine nobody awaits, taken
+    for an answer. A :func:`functools.partial` is looked through, and an object's
+    ``__call__`` is looked up on its class and the classes it inherits from.
 
-    :raises TypeError: ``function`` (or, for an object, its ``__call__``) is a
+    :raises TypeError: ``function`` (or what it wraps, or its ``__call__``) is a
         coroutine function.
     """
-    call = type(function).__dict__.get("__call__")  # (an object with an async __call__)
-    if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call):
+    target = function
+    while isinstance(target, functools.partial):
+        target = target.func
+    call = inspect.getattr_static(type(target), "__call__", None)
+    if inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(call):
         raise TypeError(
             f"{what} must be a plain function that answers at once, not a coroutine "
             f"function ({function!r}): its call would return a coroutine nobody awaits"

@@ -28,17 +28,78 @@ logger = logging.getLogger("tether")
 
 
 class Steps:
-    """Whether a producer's call (``deliver``, ``deliver_many``, ``fail``, ``fail_all``)
-    is under way on one loop, whichever of that loop's registries it went to: an
-    engine that serves several registries is in the middle of its step for all of
-    them. A depth, not a flag: each call adds one and takes it back when it returns
-    or raises, so calls that nest, or (misuse) overlap from another thread at call
-    boundaries, leave it at 0 once all have returned."""
+    """One loop's producer: whether one of its calls (``deliver``, ``deliver_many``,
+    ``fail``, ``fail_all``) is under way, to any of the loop's registries, and the
+    ``on_abort`` calls waiting to be told, theirs all together: an engine that serves
+    several registries is in the middle of its step for all of them, and hears of
+    their aborts in the order the requests ended, one at a time.
 
-    __slots__ = ("depth",)
+    ``depth`` is a count, not a flag: each call adds one and takes it back when it
+    returns or raises, so calls that nest, or (misuse) overlap from another thread at
+    call boundaries, leave it at 0 once all have returned."""
+
+    __slots__ = ("_due_on", "_queue", "_telling", "depth")
 
     def __init__(self) -> None:
         self.depth = 0
+        self._queue: collections.deque[tuple[Notifier, str]] = collections.deque()
+        self._telling = False  # (an on_abort is under way: the rest wait for it)
+        self._due_on: asyncio.AbstractEventLoop | None = None  # (a call there tells)
+
+    def tell(
+        self, notifier: Notifier, rids: list[str], loop: asyncio.AbstractEventLoop | None
+    ) -> None:
+        """Queue ``notifier``'s ``on_abort`` for each of ``rids``, after every call
+        waiting: told soon on ``loop``, or now when ``loop`` is ``None`` (from inside
+        an ``on_abort``: as soon as it returns)."""
+        self._queue.extend((notifier, rid) for rid in rids)
+        if loop is not None:
+            if self._due_on is not loop:  # (a call due on a loop that stopped never runs)
+                self._due_on = loop
+                loop.call_soon(self._soon)
+        elif not self._telling:
+            self.tell_all()
+
+    def _soon(self) -> None:
+        self._due_on = None
+        if not self._telling:
+            self.tell_all()
+
+    def tell_all(self) -> None:
+        """Tell the queue, oldest first, until it is empty (what an ``on_abort`` ends
+        joins it, and is told in turn: a chain of any length, never nested)."""
+        queue = self._queue
+        self._telling = True
+        try:
+            while queue:
+                notifier, rid = queue.popleft()
+                notifier.call(rid)
+        except BaseException:  # (KeyboardInterrupt in on_abort: the rest still told, soon)
+            if queue:
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:
+                    pass  # (no loop: the next tell, or close(), tells them)
+                else:
+                    self._due_on = loop
+                    loop.call_soon(self._soon)
+            raise
+        finally:
+            self._telling = False
+
+    def flush(self) -> None:
+        """Tell the queue now, unless an ``on_abort`` is under way (it will)."""
+        if not self._telling:
+            self.tell_all()
+
+    def take(self, notifier: Notifier) -> list[str]:
+        """The rids of ``notifier`` still to be told, taken out of the queue (its
+        registry moved to another loop: this one will not tell them)."""
+        kept: collections.deque[tuple[Notifier, str]] = collections.deque()
+        taken = [rid for owner, rid in self._queue if owner is notifier]
+        kept.extend(entry for entry in self._queue if entry[0] is not notifier)
+        self._queue = kept
+        return taken
 
 
 _STEPS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Steps] = weakref.WeakKeyDictionary()
@@ -59,61 +120,40 @@ class Notifier:
     :param abort_timeout: bound, in seconds, on an asynchronous ``on_abort``.
     """
 
-    __slots__ = ("_due", "_held", "_on_abort", "_queue", "_tasks", "_telling", "_timeout")
+    __slots__ = ("_held", "_on_abort", "_tasks", "_timeout")
 
     def __init__(self, on_abort: OnAbort | None, abort_timeout: float) -> None:
         self._on_abort = on_abort
         self._timeout = abort_timeout
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[asyncio.Task[None], Awaitable[object]] = {}  # (what each awaits)
         self._held: set[str] = set()
-        self._queue: collections.deque[str] = collections.deque()  # (to tell, in order)
-        self._telling = False  # (a call of on_abort is under way: the rest wait for it)
-        self._due = False  # (a call on the loop will tell the queue)
 
     def holds(self, rid: str) -> bool:
         """Whether ``rid`` was freed but its producer has not taken the abort in yet."""
         return rid in self._held
 
-    def tell(self, rids: list[str], loop: asyncio.AbstractEventLoop | None) -> None:
-        """Call ``on_abort`` for each of ``rids``, after those already waiting: soon on
-        ``loop`` (each rid held until then), or now when ``loop`` is ``None`` (inside
-        an ``on_abort``: as soon as it returns)."""
+    def tell(self, steps: Steps, rids: list[str], loop: asyncio.AbstractEventLoop | None) -> None:
+        """Call ``on_abort`` for each of ``rids`` through ``steps``' queue (see
+        :meth:`Steps.tell`); each rid is held until it was told."""
         if self._on_abort is None or not rids:
             return
         self._held.update(rids)
-        self._queue.extend(rids)
-        if loop is not None:
-            if not self._due:
-                self._due = True
-                loop.call_soon(self._soon)
-        elif not self._telling:
-            self._tell_all()
+        steps.tell(self, rids, loop)
 
-    def _soon(self) -> None:
-        self._due = False
-        if not self._telling:
-            self._tell_all()
+    def moved(self, old: Steps, new: Steps, loop: asyncio.AbstractEventLoop) -> None:
+        """The registry moved to ``loop``: what the old loop had still to tell is told
+        soon on this one (that loop stopped: it will not), and calls left running on a
+        loop that is closed are let go."""
+        for task in [task for task in self._tasks if task.get_loop().is_closed()]:
+            task.remove_done_callback(self._settled)
+            task.get_coro().close()  # (never to run: its loop is gone)
+            self._let_go(task)
+        rids = old.take(self)
+        if rids:
+            new.tell(self, rids, loop)
 
-    def _tell_all(self) -> None:
-        """Tell the queue, oldest first, until it is empty (what an ``on_abort`` ends
-        joins it, and is told in turn: a chain of any length, never nested)."""
-        queue = self._queue
-        self._telling = True
-        try:
-            while queue:
-                self._call(queue.popleft())
-        except BaseException:  # (KeyboardInterrupt in on_abort: the rest still told, soon)
-            if queue and not self._due:
-                try:
-                    asyncio.get_running_loop().call_soon(self._soon)
-                    self._due = True
-                except RuntimeError:
-                    pass  # (no loop: the next tell, or close(), tells them)
-            raise
-        finally:
-            self._telling = False
-
-    def _call(self, rid: str) -> None:
+    def call(self, rid: str) -> None:
+        """Call ``on_abort(rid)`` now (an asynchronous one starts as a task)."""
         callback = self._on_abort
         try:
             result = None if callback is None else callback(rid)
@@ -123,13 +163,33 @@ class Notifier:
         except BaseException:  # (it goes on: the rid is not held for ever)
             self._held.discard(rid)
             raise
-        if inspect.isawaitable(result):
-            self._held.add(rid)  # until the producer has taken the abort in
-            task = asyncio.get_running_loop().create_task(self._await(rid, result))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        else:
+        if not inspect.isawaitable(result):
             self._held.discard(rid)
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # (told with no loop running: nothing can run it)
+            self._held.discard(rid)
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+            logger.error("on_abort(%r) is asynchronous and no loop runs: not awaited", rid)
+            return
+        task = loop.create_task(self._await(rid, result), name=rid)
+        self._tasks[task] = result
+        task.add_done_callback(self._settled)
+
+    def _settled(self, task: asyncio.Task[None]) -> None:
+        """An asynchronous ``on_abort`` is over, however (cancelled before it began,
+        too: its rid is not held for ever)."""
+        self._let_go(task)
+
+    def _let_go(self, task: asyncio.Task[None]) -> None:
+        awaitable = self._tasks.pop(task, None)
+        self._held.discard(task.get_name())
+        close = getattr(awaitable, "close", None)
+        if close is not None:  # (one that never ran is closed, not left unawaited)
+            close()
 
     async def _await(self, rid: str, awaitable: Awaitable[object]) -> None:
         try:
@@ -139,13 +199,13 @@ class Notifier:
             logger.error("on_abort(%r) took longer than %gs; abandoned", rid, self._timeout)
         except Exception:
             logger.exception("on_abort(%r) raised; the request was freed anyway", rid)
-        finally:
-            self._held.discard(rid)
 
-    async def wait(self) -> None:
+    async def wait(self, steps: Steps) -> None:
         """Tell what waits to be told, then wait (bounded by ``abort_timeout``) for the
-        asynchronous calls under way (the registry closes: no producer's step is)."""
-        if self._queue and not self._telling:
-            self._tell_all()
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=self._timeout)
+        asynchronous calls under way on this loop (the registry closes: no producer's
+        step is)."""
+        steps.flush()
+        loop = asyncio.get_running_loop()
+        tasks = {task for task in self._tasks if task.get_loop() is loop}
+        if tasks:
+            await asyncio.wait(tasks, timeout=self._timeout)

@@ -70,8 +70,11 @@ class Registry:
         before the request ends with :class:`~tether.ConsumerTooSlow`. Ignored when
         ``merge`` is given.
     :param max_pending_bytes: how many bytes of outputs may wait for a consumer that
-        falls behind (beyond the oldest waiting output; with ``merge``, the size of the
-        merged output) before the request ends with :class:`~tether.ConsumerTooSlow`:
+        falls behind (beyond the oldest waiting output; with ``merge``, every output
+        folded into it since the consumer last read, weighed as it came: the size of a
+        merge that concatenates, more than that of one that drops or sums, whose
+        merged output is never weighed again) before the request ends with
+        :class:`~tether.ConsumerTooSlow`:
         a count alone lets a few large outputs hold gigabytes. ``None`` lifts the bound.
         Each output that waits behind the oldest is weighed once, as it arrives, so
         the bound holds whatever the sizes (a backlog ends at the output that takes it
@@ -111,6 +114,8 @@ class Registry:
             )
         if merge is not None:
             require_synchronous(merge, "merge")
+        if sizeof is not None:
+            require_synchronous(sizeof, "sizeof")
         limits = Limits(merge, max_pending, max_pending_bytes, sizeof or approximate_size)
         self._limits = limits
         self._table = Table(

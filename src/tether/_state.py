@@ -400,6 +400,9 @@ class RequestState(Mailbox):
                     return True
                 if type(took) is not bool:
                     took = _answer_of(self.rid, took)
+                    if took and self.sink is OFFERING:  # (a truthy answer: taken, as True)
+                        self.sink = sink
+                        return True
                 return self.offered(output, sink, took, limits)
         else:  # a backlog: folded or appended, and weighed
             merge = limits.merge

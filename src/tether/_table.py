@@ -155,7 +155,9 @@ class Table:
                 )
             self.loop = loop
             self.thread = threading.get_ident()
-            self.steps = steps_of(loop)
+            old, self.steps = self.steps, steps_of(loop)
+            if old is not self.steps:
+                self._notifier.moved(old, self.steps, loop)
         if self.closed:
             raise RegistryClosed()
         limit = self.max_in_flight
@@ -275,7 +277,7 @@ class Table:
         # inside a producer's call, whoever ended them there (its sink, a sink's scope,
         # merge, an observer): the producer is mid-step, and must not be re-entered.
         if told:
-            self._notifier.tell(told, self.loop if defer or self.steps.depth else None)
+            self._notifier.tell(self.steps, told, self.loop if defer or self.steps.depth else None)
         return True
 
     def end_rid(self, rid: str, how: End) -> bool:
@@ -368,7 +370,7 @@ class Table:
             reach = ALONE if group is not None and group.keep_going else WHOLE
             error = Aborted(state.rid, AbortReason.SERVER, "the server is shutting down")
             self.end((state,), End(error, reach))
-        await self._notifier.wait()
+        await self._notifier.wait(self.steps)
 
     def taken(self, rid: str) -> bool:
         """Whether ``rid`` cannot be opened now: live, or freed but not yet reported to
