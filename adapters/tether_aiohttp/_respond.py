@@ -1,8 +1,7 @@
-"""respond() and resume() for aiohttp: :class:`tether.http.Responder`'s, writing a stream
-through aiohttp's ``write()`` (which waits for flow control) or, when the transport
-holds no bytes, straight to it (:class:`_Direct`, from the producer's step). A client
-that stopped reading for the send timeout has its connection dropped at once; a write
-cut by cancellation went out (aiohttp writes before it waits): no farewell resends it."""
+"""respond() and resume() for aiohttp (:class:`tether.http.Responder`'s), writing through
+aiohttp's ``write()`` (it waits for flow control) or, with no bytes held, straight to the
+transport (:class:`_Direct`, from the producer's step). A client that stopped reading for
+the send timeout is dropped at once; a write cut by cancellation went out: no farewell."""
 
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ class _Aiohttp:  # what tether.http.Responder needs of aiohttp
 
 
 class _Streamed(web.StreamResponse):
-    # The head waits for the first chunk, written right after it: one send, not two.
-    _send_headers_immediately = False
+    _send_headers_immediately = False  # (the head goes with the first chunk: one send)
 
 
 _RESPONDER = Responder(_Aiohttp())

@@ -56,15 +56,9 @@ class ExchangeResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._send, self._stepped = send, scope.get(WRITES_KEY) is True
-        await self.exchange.run(self, self._take_first())
+        await self.exchange.run(self, vars(self).pop("_first"))  # (not kept once written)
         if self.background is not None:  # (FastAPI's BackgroundTasks): after the answer
             await self.background()
-
-    def _take_first(self) -> bytes:
-        """The first chunk, given up: the write loop lets it go once written, and an
-        idle stream keeps nothing it wrote."""
-        first, self._first = self._first, b""
-        return first
 
     # The writer of Exchange.run: an ASGI send.
     def start(self) -> Awaitable[None]:
