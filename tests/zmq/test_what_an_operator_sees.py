@@ -12,6 +12,9 @@ import pytest
 import zmq
 import zmq.asyncio
 
+import tether
+from tether import http
+import tether_zmq
 import tether_zmq._protocol as wire
 from tether_zmq import PROTOCOL_VERSION
 from tether_zmq._throttle import BURST
@@ -45,10 +48,7 @@ async def test_a_front_warns_of_a_link_loss_that_fails_requests_after_many_empty
                 identity, _ = await _hello(fake)
                 await fake.send_multipart([identity, _GAP])
             await eventually(lambda: client.stats().links_lost >= empty)
-            while not client.ready:  # (a hello of each attempt, till one opens)
-                identity, _ = await _hello(fake)
-                with contextlib.suppress(TimeoutError):
-                    await eventually(lambda: client.ready, timeout=0.2)
+            identity = await _welcomed(fake, client)
             stream = client.open({"n": 1})
             await fake.send_multipart([identity, _GAP])
             await eventually(lambda: client.stats().failed_on_loss >= 1)
@@ -76,3 +76,47 @@ async def _hello(fake: zmq.asyncio.Socket) -> tuple[bytes, wire.Hello]:
     welcome = wire.Welcome(0, PROTOCOL_VERSION, "engine", message.attempt, 1 << 20)
     await fake.send_multipart([identity, wire.encode(welcome)])
     return identity, message
+
+
+async def _welcomed(fake: zmq.asyncio.Socket, client: tether_zmq.EngineClient) -> bytes:
+    """Welcome the front's hellos until a session is up; the front's routing id."""
+    while True:  # (a hello of each attempt, till one opens)
+        identity, _ = await _hello(fake)
+        with contextlib.suppress(TimeoutError):
+            await eventually(lambda: client.ready, timeout=0.2)
+            return identity
+
+
+async def _submitted(fake: zmq.asyncio.Socket) -> int:
+    """The id of the next submission the front sends (its pings pass by)."""
+    async with asyncio.timeout(10):
+        while True:
+            _, frame = await fake.recv_multipart()
+            message = wire.decode(frame)
+            if isinstance(message, wire.Submit):
+                return message.requests[0][0]
+
+
+async def test_an_engines_failure_text_never_forges_a_front_log_line(
+    address: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A request the engine fails with a 5xx: the front's HTTP layer logs the cause
+    # (the client sees no detail), and the cause's text is the engine's own.
+    forged = "boom\n2026-12-05 23:00:00 CRITICAL tether: forged by the engine\r"
+    async with raw_peer(zmq.ROUTER, address) as fake:
+        bound = fake.getsockopt_string(zmq.LAST_ENDPOINT)
+        async with front(bound, ready=False, hello_interval=0.05) as client:
+            identity = await _welcomed(fake, client)
+            stream = client.open({"n": 1})
+            sid = await _submitted(fake)
+            step = wire.Step(1, [], [(sid, forged, 500)])
+            await fake.send_multipart([identity, wire.encode(step)])
+            with pytest.raises(tether.ProducerError) as caught:
+                async with asyncio.timeout(10):
+                    async for _ in stream:
+                        pass
+            http.error_response(caught.value)  # (what the front's handler answers)
+    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    rendered = "\n".join(formatter.format(record) for record in caplog.records)
+    forgeries = [line for line in rendered.splitlines() if line.startswith("2026-12-05 23:00")]
+    assert not forgeries, rendered
