@@ -13,9 +13,9 @@ import zmq
 import zmq.asyncio
 
 import tether
-from tether import http
 import tether_zmq
 import tether_zmq._protocol as wire
+from tether import http
 from tether_zmq import PROTOCOL_VERSION
 from tether_zmq._throttle import BURST
 
@@ -97,6 +97,12 @@ async def _submitted(fake: zmq.asyncio.Socket) -> int:
                 return message.requests[0][0]
 
 
+async def _to_the_end(stream: tether.Stream) -> None:
+    async with asyncio.timeout(10):
+        async for _ in stream:
+            pass
+
+
 async def test_an_engines_failure_text_never_forges_a_front_log_line(
     address: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -112,9 +118,7 @@ async def test_an_engines_failure_text_never_forges_a_front_log_line(
             step = wire.Step(1, [], [(sid, forged, 500)])
             await fake.send_multipart([identity, wire.encode(step)])
             with pytest.raises(tether.ProducerError) as caught:
-                async with asyncio.timeout(10):
-                    async for _ in stream:
-                        pass
+                await _to_the_end(stream)
             http.error_response(caught.value)  # (what the front's handler answers)
     formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     rendered = "\n".join(formatter.format(record) for record in caplog.records)
