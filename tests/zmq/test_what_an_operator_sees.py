@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 
+import msgspec
 import pytest
 import zmq
 import zmq.asyncio
@@ -20,8 +21,8 @@ from tether_zmq import PROTOCOL_VERSION
 from tether_zmq._throttle import BURST
 
 from .conftest import LogClock, eventually
-from .linked import front
-from .test_protocol import raw_peer
+from .linked import echo_engine, front
+from .test_protocol import answer, raw_peer, say_hello
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -124,3 +125,34 @@ async def test_an_engines_failure_text_never_forges_a_front_log_line(
     rendered = "\n".join(formatter.format(record) for record in caplog.records)
     forgeries = [line for line in rendered.splitlines() if line.startswith("2026-12-05 23:00")]
     assert not forgeries, rendered
+
+
+async def test_an_engine_warns_of_a_front_lost_with_requests_whatever_another_front_does(
+    address: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Any peer that can connect opens a session, submits, and breaks it, again and
+    # again: each a WARNING "lost ... cancelling its 1 requests" that spends the one
+    # throttle every front's losses share. Then a real front is lost with a request
+    # live: the operator must hear of it, not only of the peer cycling its sessions.
+    async with echo_engine(address) as engine, raw_peer(zmq.DEALER, engine.server.address) as peer:
+        for attempt in range(1, 3 * BURST):
+            await say_hello(peer, attempt)
+            submit = wire.Submit(1, [(attempt, "r", msgspec.msgpack.encode({"n": 0}))])
+            await peer.send(wire.encode(submit))
+            await peer.send(_GAP)
+            assert isinstance(await answer(peer), wire.Refuse)
+        submitted = engine.server.stats().submitted
+        async with front(engine.server.address) as client:
+            stream = client.open({"n": 0})  # (it waits: the echo engine never ends it)
+            await eventually(lambda: engine.server.stats().submitted > submitted)
+            lost = engine.server.stats().fronts_lost
+        await eventually(lambda: engine.server.stats().fronts_lost > lost)
+        stream.cancel()
+    honest = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING
+        and "cancelling its 1 requests" in r.getMessage()
+        and "'raw'" not in r.getMessage()
+    ]
+    assert honest, "no line says the engine lost a real front with a request live"
