@@ -156,3 +156,24 @@ async def test_an_engine_warns_of_a_front_lost_with_requests_whatever_another_fr
         and "'raw'" not in r.getMessage()
     ]
     assert honest, "no line says the engine lost a real front with a request live"
+
+
+async def test_a_front_opens_a_session_only_in_answer_to_a_hello_it_said(
+    address: str,
+) -> None:
+    # A session that ends at once is followed by no hello until hello_interval has
+    # passed; its attempt number is spent unsaid. A welcome naming that number answers
+    # no hello, and a session it opened would start on the old session's counters.
+    async with raw_peer(zmq.ROUTER, address) as fake:
+        bound = fake.getsockopt_string(zmq.LAST_ENDPOINT)
+        async with front(bound, ready=False, hello_interval=5.0, ping_interval=0.01) as client:
+            identity, hello = await _hello(fake)
+            await eventually(lambda: client.ready)
+            await fake.send_multipart([identity, _GAP])
+            await eventually(lambda: client.stats().links_lost == 1)
+            unsaid = wire.Welcome(0, PROTOCOL_VERSION, "engine", hello.attempt + 1, 1 << 20)
+            await fake.send_multipart([identity, wire.encode(unsaid)])
+            malformed = client.stats().malformed
+            await fake.send_multipart([identity, b"\xc1"])  # (read after the welcome)
+            await eventually(lambda: client.stats().malformed > malformed)
+            assert not client.ready, "a session opened in answer to no hello"
