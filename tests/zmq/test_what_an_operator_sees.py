@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import time
 
 import msgspec
 import pytest
@@ -177,3 +179,25 @@ async def test_a_front_opens_a_session_only_in_answer_to_a_hello_it_said(
             await fake.send_multipart([identity, b"\xc1"])  # (read after the welcome)
             await eventually(lambda: client.stats().malformed > malformed)
             assert not client.ready, "a session opened in answer to no hello"
+
+
+async def test_an_engine_that_drops_each_connection_it_welcomes_hears_a_hello_once_per_interval(
+    ipc_dir: str,
+) -> None:
+    # hello_interval is "the least between two hellos": a broken engine that welcomes a
+    # front and dies (a crash loop), or a hostile one that closes each connection it
+    # welcomed, ends each session as it opens. The reconnect's handshake is no reason
+    # to spin: each session there ended within hello_interval of its hello.
+    address = f"ipc://{ipc_dir}/engine"
+    interval = 0.5
+    hellos: list[float] = []
+    async with front(address, ready=False, hello_interval=interval, ping_interval=0.01) as client:
+        for _ in range(4):
+            async with raw_peer(zmq.ROUTER, address) as fake:
+                await _hello(fake)
+                hellos.append(time.monotonic())
+                await eventually(lambda: client.ready)
+            await eventually(lambda: not client.ready)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(hellos)]
+    # (the front spaces its hellos by its clock; their arrivals here may bunch a little)
+    assert min(gaps) > interval / 2, gaps
