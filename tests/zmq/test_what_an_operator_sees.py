@@ -201,3 +201,39 @@ async def test_an_engine_that_drops_each_connection_it_welcomes_hears_a_hello_on
     gaps = [later - earlier for earlier, later in itertools.pairwise(hellos)]
     # (the front spaces its hellos by its clock; their arrivals here may bunch a little)
     assert min(gaps) > interval / 2, gaps
+
+
+async def test_a_front_counts_as_unsaid_only_lines_it_would_have_said(
+    address: str, caplog: pytest.LogCaptureFixture, log_clock: LogClock
+) -> None:
+    # A refused hello is logged once per reason. Once the throttle's burst is spent, a
+    # reason refused again and again is one line held back, not one per hello: its
+    # line, once let out, must not claim that dozens of lines like it went unsaid.
+    async def refuse(fake: zmq.asyncio.Socket, reason: str) -> None:
+        identity, _ = await _next_hello(fake)
+        refusal = wire.Refuse(0, PROTOCOL_VERSION, f"{wire.HELLO_TOO_LARGE}: {reason}")
+        await fake.send_multipart([identity, wire.encode(refusal)])
+
+    async with raw_peer(zmq.ROUTER, address) as fake:
+        bound = fake.getsockopt_string(zmq.LAST_ENDPOINT)
+        async with front(bound, ready=False, hello_interval=0.001) as client:
+            for size in range(BURST):
+                await refuse(fake, f"{1000 + size} bytes")
+            for _ in range(20):
+                await refuse(fake, "7 bytes")
+            await eventually(lambda: client.stats().refused == BURST + 20)
+            log_clock.advance(6.0)  # (one more line earned)
+            await refuse(fake, "7 bytes")
+            await eventually(lambda: client.stats().refused == BURST + 21)
+    lines = [r.getMessage() for r in caplog.records if ": 7 bytes'" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "more like it unsaid" not in lines[0] or "(and 1 more" in lines[0], lines
+
+
+async def _next_hello(fake: zmq.asyncio.Socket) -> tuple[bytes, wire.Hello]:
+    async with asyncio.timeout(10):
+        while True:
+            identity, frame = await fake.recv_multipart()
+            message = wire.decode(frame)
+            if isinstance(message, wire.Hello):
+                return identity, message
