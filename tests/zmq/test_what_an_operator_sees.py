@@ -237,3 +237,23 @@ async def _next_hello(fake: zmq.asyncio.Socket) -> tuple[bytes, wire.Hello]:
             message = wire.decode(frame)
             if isinstance(message, wire.Hello):
                 return identity, message
+
+
+async def test_a_link_loss_costs_a_bounded_number_of_lines_however_many_requests_it_fails(
+    address: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # "What a peer can make an end log in all is bounded": the front's own line for a
+    # loss is throttled, but each request it fails is answered through error_response,
+    # which logs a 5xx cause at ERROR: one line per request, whatever the throttles.
+    async with raw_peer(zmq.ROUTER, address) as fake:
+        bound = fake.getsockopt_string(zmq.LAST_ENDPOINT)
+        async with front(bound, ready=False, hello_interval=0.05) as client:
+            identity = await _welcomed(fake, client)
+            streams = [client.open({"n": 1}) for _ in range(100)]
+            await fake.send_multipart([identity, _GAP])
+            for stream in streams:
+                with pytest.raises(tether.ProducerError) as caught:
+                    await _to_the_end(stream)
+                http.error_response(caught.value)  # (what the front's handler answers)
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(lines) <= BURST, f"{len(lines)} lines for one loss: {lines[:2]}"
