@@ -70,12 +70,7 @@ _GAP = wire.encode(wire.Ping(7, 0.0))
 
 async def _hello(fake: zmq.asyncio.Socket) -> tuple[bytes, wire.Hello]:
     """Wait for the next hello and welcome it."""
-    async with asyncio.timeout(10):
-        while True:
-            identity, frame = await fake.recv_multipart()
-            message = wire.decode(frame)
-            if isinstance(message, wire.Hello):
-                break
+    identity, message = await _next_hello(fake)
     welcome = wire.Welcome(0, PROTOCOL_VERSION, "engine", message.attempt, 1 << 20)
     await fake.send_multipart([identity, wire.encode(welcome)])
     return identity, message
