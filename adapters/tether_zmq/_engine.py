@@ -98,6 +98,12 @@ and four times its bytes in memory: a 32 MiB frame of one string would hold the 
 long as a padded frame did.)"""
 _MISMATCH_LOG_PERIOD = 60.0
 """Seconds between two log lines for hellos of another protocol version."""
+_REMEMBERED_LOSSES = 16
+"""Peers (by routing id) lost with requests live that are remembered, the oldest
+forgotten first: a peer's next losses with requests spend a throttle of its own, so one
+that cycles its sessions cannot spend the line of another front's loss."""
+_REPEAT_LOSS_PERIOD = 60.0
+"""Seconds per line of a remembered peer's repeated losses with requests."""
 _MAX_HELLO = 16 * 1024
 """Bytes of a hello, from any peer, beyond which it is refused unread, saying why: ours
 take under 200 bytes, and the rest leaves a newer front room for its own scalar fields
@@ -259,6 +265,7 @@ class EngineServer:
         # goes through its own throttle, whatever the peers send.
         self._mismatch_lines = Throttle(burst=1, period=_MISMATCH_LOG_PERIOD)
         self._loss_lines = Throttle()  # (a front lost with requests: a WARNING)
+        self._repeat_losses: dict[bytes, Throttle] = {}  # (its next ones: per peer)
         self._leave_lines = Throttle()  # (a front lost with none: an INFO)
         self._fault_lines = Throttle()
 
@@ -738,7 +745,9 @@ class EngineServer:
         self._counts["fronts_lost"] += 1
         # (any peer can open and end sessions at will: the lines are throttled)
         lines, level = (
-            (self._loss_lines, logging.WARNING) if front.live else (self._leave_lines, logging.INFO)
+            (self._loss_throttle(front.identity), logging.WARNING)
+            if front.live
+            else (self._leave_lines, logging.INFO)
         )
         lines.log(
             logger,
@@ -752,6 +761,22 @@ class EngineServer:
             self._end(request)
             self._cancel(request.key, "front_lost")
         self._wake()
+
+    def _loss_throttle(self, identity: bytes) -> Throttle:
+        """The throttle of a loss with requests of the peer at ``identity``: the shared
+        one for its first (a front's routing id is its secret: no other peer can spend
+        its own), then one of its own, while it is among the last remembered. However
+        many peers cycle, the lines cost at most the shared throttle's plus
+        :data:`_REMEMBERED_LOSSES` times one per :data:`_REPEAT_LOSS_PERIOD`."""
+        remembered = self._repeat_losses
+        lines = remembered.pop(identity, None)
+        if lines is None:
+            if len(remembered) >= _REMEMBERED_LOSSES:
+                del remembered[next(iter(remembered))]
+            remembered[identity] = Throttle(burst=1, period=_REPEAT_LOSS_PERIOD)
+            return self._loss_lines
+        remembered[identity] = lines  # (the most recent last)
+        return lines
 
     # -- liveness -----------------------------------------------------------------------
 

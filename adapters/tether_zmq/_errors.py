@@ -20,6 +20,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import tether
 
 __all__ = [
@@ -78,18 +80,31 @@ class UnencodableRequest(tether.InvalidRequest):
 
 class EngineLost(RuntimeError):
     """The cause of the ``ProducerError`` of every request in flight when the link died
-    (engine killed, hung, restarted, or a sequence gap): the client gets 503."""
+    (engine killed, hung, restarted, or a sequence gap): the client gets 503.
+
+    The front logs the loss once (``engine link lost ...: failing N requests``,
+    throttled), so ``error_response`` logs each request it failed at DEBUG only
+    (:attr:`log_level`): one loss is never N lines at ERROR."""
 
     status_code = 503
+    log_level = logging.DEBUG
 
 
 class RemoteFailure(RuntimeError):
     """The cause of a ``ProducerError`` the engine sent: its message and status code
-    (the message reaches the client only for a 4xx, as for any producer error)."""
+    (the message reaches the client only for a 4xx, as for any producer error).
+
+    Any other status's message reaches only logs (``error_response`` logs the cause
+    with its traceback): its ``str`` is then the engine's text quoted and escaped, so
+    that a newline in it can forge no line. :attr:`text` is the text as sent.
+    """
 
     def __init__(self, message: str, status_code: int) -> None:
-        super().__init__(message)
+        client_facing = 400 <= status_code <= 499
+        # (repr: every control character escaped, as quoted() does, with nothing cut)
+        super().__init__(message if client_facing else repr(message))
         self.status_code = status_code
+        self.text = message
 
 
 class LinkDown(RuntimeError):

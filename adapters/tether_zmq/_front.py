@@ -165,6 +165,8 @@ class EngineClient:
         self._ready = asyncio.Event()
         self._why_down = "not connected yet"
         self._attempt = 0
+        self._awaited: int | None = None  # the attempt said and not yet answered
+        self._paced = False  # the last session ended within hello_interval of its hello
         self._last_hello = 0.0
         self._unanswered_since: float | None = None  # the first ping sent since a word
         self._seq_in = 0
@@ -180,7 +182,9 @@ class EngineClient:
         # goes through its own throttle, whatever the engine sends.
         self._refusal_lines = Throttle()
         self._said: dict[str, None] = {}  # refusals logged since the last welcome
-        self._loss_lines = Throttle()
+        self._held: dict[str, None] = {}  # refusals the throttle held back, not yet said
+        self._loss_lines = Throttle()  # (a loss that fails requests: a WARNING)
+        self._leave_lines = Throttle()  # (a loss that fails none: an INFO)
         self._fault_lines = Throttle()
         self._counts = dict.fromkeys(
             (
@@ -442,6 +446,7 @@ class EngineClient:
         if self._broken is not None:
             return
         self._attempt += 1
+        self._awaited = self._attempt  # (only a hello said may be welcomed)
         self._last_hello = time.monotonic()
         self._seq_out = 0
         self._send(Hello(0, PROTOCOL_VERSION, self.incarnation, self._attempt, self._max_message))
@@ -453,9 +458,16 @@ class EngineClient:
         self._ready.clear()
         if was_up and hello:
             self._counts["links_lost"] += 1
-            self._loss_lines.log(
+            # (kinds apart, as the engine's: losses failing nothing, however many, never
+            # spend the throttle of a loss that fails live requests)
+            lines, level = (
+                (self._loss_lines, logging.WARNING)
+                if self._live
+                else (self._leave_lines, logging.INFO)
+            )
+            lines.log(
                 logger,
-                logging.WARNING,
+                level,
                 "engine link lost (%s): failing %d requests",
                 why,
                 len(self._live),
@@ -472,11 +484,14 @@ class EngineClient:
         if hello and self._socket is not None:
             # Not again before ``hello_interval``: an engine that ends each session as
             # soon as it opens (a gap, a refusal) would spin this front otherwise. The
-            # tick says the next hello; a welcome to the last one opens nothing now.
-            if time.monotonic() - self._last_hello >= self._hello_interval:
+            # tick says the next hello; a welcome to the last one, or to an attempt never
+            # said, opens nothing now.
+            self._awaited = None
+            soon = time.monotonic() - self._last_hello < self._hello_interval
+            if was_up:
+                self._paced = soon  # (a reconnect's hello waits too: _on_event)
+            if not soon:
                 self._hello()
-            else:
-                self._attempt += 1
 
     def _on_fault(self, exc: Exception) -> None:
         # A message this end could not handle may have been half-applied: no request
@@ -493,8 +508,14 @@ class EngineClient:
     def _on_event(self, event: int) -> None:
         if event == zmq.EVENT_DISCONNECTED:
             self._go_down("the engine disconnected")
-        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED and not self._up:
+        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED and not self._up and not self._pacing():
             self._hello()
+
+    def _pacing(self) -> bool:
+        """Whether a reconnect's hello must wait for the tick: the last session ended
+        within hello_interval of its hello (an engine that drops each connection it
+        welcomes), and hello_interval has not passed since the last hello."""
+        return self._paced and time.monotonic() - self._last_hello < self._hello_interval
 
     async def _tick(self) -> None:
         while True:
@@ -565,7 +586,7 @@ class EngineClient:
                 self._refused(why, f"engine refused the hello: {quoted(message.reason)}")
             else:
                 self._why_down = f"the engine refused a session: {quoted(message.reason)}"
-        elif isinstance(message, Welcome) and message.attempt == self._attempt:
+        elif isinstance(message, Welcome) and message.attempt == self._awaited:
             if message.version != PROTOCOL_VERSION:
                 why = f"the engine speaks protocol v{message.version}, not v{PROTOCOL_VERSION}"
                 self._refused(why, f"engine welcome with protocol v{message.version}: ignored")
@@ -575,12 +596,15 @@ class EngineClient:
                 self._why_down = f"the engine's max_message={message.max_message} is unusable"
                 return
             self._up = True
+            self._awaited = None
+            self._paced = False
             self._seq_in = 1
             self._unanswered_since = None
             self._limit = min(self._max_message, message.max_message)
             self._engine = clip(message.engine, MAX_NAME)  # (kept for the whole session)
             self._counts["sessions"] += 1
             self._said.clear()  # (a refusal after this session is news again)
+            self._held.clear()
             self._ready.set()
 
     def _refused(self, why: str, line: str) -> None:
@@ -591,12 +615,15 @@ class EngineClient:
         new reasons no faster than the throttle lets them (an engine picks its text)."""
         self._counts["refused"] += 1
         self._why_down = why
-        said = self._said
-        if why in said or not self._refusal_lines.log(logger, logging.ERROR, "%s", line):
+        said, held = self._said, self._held
+        if why in said:
             return
-        if len(said) >= _REMEMBERED_REFUSALS:
-            del said[next(iter(said))]
-        said[why] = None
+        # (a reason already held back is one line unsaid, however often it comes again)
+        if not self._refusal_lines.log(logger, logging.ERROR, "%s", line, count=why not in held):
+            _remember(held, why)
+            return
+        held.pop(why, None)
+        _remember(said, why)
 
     def _on_step(self, step: Step) -> None:
         registry = self._registry
@@ -632,6 +659,13 @@ class EngineClient:
                 continue
             registry.fail(rid, RemoteFailure(clip(text, MAX_FAILURE_TEXT), status))
         self._counts["late_outputs"] += late
+
+
+def _remember(reasons: dict[str, None], why: str) -> None:
+    """Add ``why`` to ``reasons``, forgetting the oldest past :data:`_REMEMBERED_REFUSALS`."""
+    if why not in reasons and len(reasons) >= _REMEMBERED_REFUSALS:
+        del reasons[next(iter(reasons))]
+    reasons[why] = None
 
 
 def _nothing() -> None:

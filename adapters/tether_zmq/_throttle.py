@@ -55,15 +55,17 @@ class Throttle:
         self._at = self._clock()
         self._unsaid = 0
 
-    def allow(self) -> int | None:
+    def allow(self, *, count: bool = True) -> int | None:
         """Whether a line may go out now: the count of lines held back since the last
-        one let out, or ``None`` (then this one is counted as held back)."""
+        one let out, or ``None`` (then this one is counted as held back, unless
+        ``count`` is false: a line already counted, held back again)."""
         now = self._clock()
         tokens = min(self._burst, self._tokens + (now - self._at) / self._period)
         self._at = now
         if tokens < 1.0:
             self._tokens = tokens
-            self._unsaid += 1
+            if count:
+                self._unsaid += 1
             return None
         self._tokens = tokens - 1.0
         unsaid, self._unsaid = self._unsaid, 0
@@ -76,13 +78,14 @@ class Throttle:
         msg: str,
         *args: object,
         exc_info: BaseException | None = None,
+        count: bool = True,
     ) -> bool:
         """``logger.log(level, msg, *args)`` if the bucket allows it, saying how many
         lines like it went unsaid since the last; nothing at all if ``level`` is off.
-        Whether the line went out."""
+        Whether the line went out (``count``: as for :meth:`allow`)."""
         if not logger.isEnabledFor(level):
             return False
-        unsaid = self.allow()
+        unsaid = self.allow(count=count)
         if unsaid is None:
             return False
         if unsaid:

@@ -262,7 +262,9 @@ class ProducerError(TetherError):
     message, which clients may see (``tether.error_response``): a producer's exception
     can hold database URLs, paths or secrets. A cause that declares itself
     client-facing, with an ``int`` ``status_code`` from 400 to 499 (a prompt too long,
-    say), lends its text to the message; any other stays in ``__cause__``, for logs.
+    say), lends its text to the message; any other stays in ``__cause__``, for logs:
+    ``error_response`` logs it at ERROR, or at the lower ``log_level`` (an ``int``) it
+    declares (a failure its producer expects and already logged, once for many).
     """
 
     def __init__(self, rid: str, cause: BaseException) -> None:

@@ -100,6 +100,19 @@ def _status_of(exc: BaseException) -> tuple[int, dict[str, str]]:
     return 500, {}
 
 
+def _log_level(cause: BaseException | None) -> int:
+    """The level a producer's exception declares for its line (a plain ``int`` at most
+    ERROR), else ERROR: one whose ``log_level`` raises, or is no plain int, declares
+    nothing, and none can raise its line above ERROR."""
+    try:
+        level = getattr(cause, "log_level", logging.ERROR)
+    except Exception:
+        return logging.ERROR
+    if isinstance(level, int) and not isinstance(level, bool):
+        return min(level, logging.ERROR)
+    return logging.ERROR
+
+
 def error_body(exc: BaseException, status: int) -> dict[str, Any]:
     """The JSON error body for ``exc``: ``{"error": {"message", "type", "code"}}``.
 
@@ -126,12 +139,16 @@ def error_response(exc: BaseException) -> ErrorResponse:
     anything else → 500.
 
     A producer's exception that the body does not show is logged here (``tether``
-    logger, with its traceback), so that the detail the client is spared is not lost.
+    logger, with its traceback), so that the detail the client is spared is not lost:
+    at ERROR, unless the exception declares a lower ``log_level`` (an ``int``; a
+    failure its producer expects and logs itself, once for many requests, such as a
+    lost link's).
     """
     status, headers = _status_of(exc)
     if isinstance(exc, ProducerError) and status >= 500:
         # The text, not the error: a kept log record must not keep its traceback's frames.
-        logger.error("%s (the client sees no detail)", str(exc), exc_info=exc.__cause__)
+        cause = exc.__cause__
+        logger.log(_log_level(cause), "%s (the client sees no detail)", str(exc), exc_info=cause)
     return ErrorResponse(status, error_body(exc, status), headers)
 
 

@@ -123,3 +123,45 @@ async def test_a_client_facing_producer_refusal_keeps_its_message() -> None:
     response = tether.http.error_response(caught.value)
     assert response.status == 422
     assert "longer than 4096 tokens" in response.body["error"]["message"]
+
+
+class _Expected(Exception):
+    """A failure its producer expects and logs itself (a lost link's)."""
+
+    status_code = 503
+    log_level = logging.DEBUG
+
+
+class _Loud(Exception):
+    log_level = logging.CRITICAL
+
+
+class _Odd(Exception):
+    log_level = "DEBUG"
+
+
+class _Broken(Exception):
+    @property
+    def log_level(self) -> int:
+        raise RuntimeError("no level")
+
+
+@pytest.mark.parametrize(
+    ("cause", "level"),
+    [
+        pytest.param(RuntimeError("a producer bug"), logging.ERROR, id="undeclared"),
+        pytest.param(_Expected("link lost"), logging.DEBUG, id="declared-lower"),
+        pytest.param(_Loud("loud"), logging.ERROR, id="never-above-error"),
+        pytest.param(_Odd("odd"), logging.ERROR, id="not-an-int"),
+        pytest.param(_Broken("broken"), logging.ERROR, id="raises"),
+    ],
+)
+async def test_a_producer_failure_is_logged_at_error_unless_it_declares_a_lower_level(
+    cause: Exception, level: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    failed = tether.ProducerError("r", cause)  # (what the consumer of a failed request gets)
+    with caplog.at_level(logging.DEBUG, logger="tether"):
+        response = tether.http.error_response(failed)
+    assert response.status >= 500
+    [record] = [r for r in caplog.records if r.exc_info and r.exc_info[1] is cause]
+    assert record.levelno == level

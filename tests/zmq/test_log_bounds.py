@@ -112,6 +112,7 @@ async def test_an_engine_ending_every_session_at_once_makes_a_front_log_a_bounde
 async def test_an_engines_refusal_text_never_forges_a_front_log_line(
     address: str, in_sequence: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="tether.zmq")  # (a loss failing nothing: INFO)
     forged = "bye\n2026-12-05 23:00:00 CRITICAL tether_zmq: forged by the engine\r"
 
     async def end(fake: zmq.asyncio.Socket, identity: bytes, hello: wire.Hello) -> None:
