@@ -8,6 +8,8 @@ import asyncio
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
+from tether_redis import RedisStore
 
 import tether
 import tether.resume
@@ -64,3 +66,53 @@ async def test_a_busy_stream_on_a_user_without_scripting_leaves_its_worker_free_
             f"Redis answered every command, yet the owner's worker was wary on {wary_seen} "
             f"of {n} turns (now: {wary}; a wrong token a 404 there: {wrong_is_404})"
         )
+
+
+async def test_a_reconnect_on_a_worker_whose_redis_user_may_not_xread_is_a_503_not_a_hang(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): "A command Redis refuses to the store's user (NOPERM
+    # ...) is a misconfiguration, not an outage: the request that needed it is a 503
+    # (StoreRefused ...) and the owner logs an ERROR naming the command". A worker
+    # whose user may not block (-@blocking, as managed Redis and proxies often deny):
+    # its one reader's XREAD is refused, taken for an outage ("Redis failed ...;
+    # retrying", a WARNING) and retried for ever. A reconnect there reads the backlog
+    # (XRANGE is allowed), claims the stream, renews its lease, and then waits on
+    # pings for ever: the owner's events never reach it, no 503 is ever answered.
+    from .test_redis_faults import _as_user
+
+    admin = Redis.from_url(redis_proc.url)
+    clients = [Redis.from_url(redis_proc.url), await _as_user(admin, redis_proc, "u", "-@blocking")]
+    stores = [RedisStore(client, block=0.1, timeout=0.2) for client in clients]
+    owner, other = (tether.resume.Resume(grace=30.0, store=store) for store in stores)
+    registry = tether.Registry()
+    try:
+        async with asyncio.timeout(15):
+            stream, first = await _first_read(registry, owner, leave=True)
+            try:
+                mirror = await _reach(other, first.token, 1)
+            except ConnectionError:
+                return  # a 503: as promised
+            for n in range(1, 4):
+                registry.deliver(stream.rid, n)
+            read: list[Any] = []
+            try:
+                async with asyncio.timeout(3.0):
+                    while len(read) < 3:
+                        items = await mirror.next_ready()
+                        assert items is not None
+                        read += [output for _, output in items]
+            except TimeoutError:
+                pytest.fail(
+                    "a reconnect on a worker whose Redis user may not XREAD followed the "
+                    f"stream and read {read} of [1, 2, 3] in 3 s, with no 503"
+                )
+            except ConnectionError:
+                pass  # (a 503 while following: fair)
+            await mirror.aclose()
+    finally:
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
+        for client in (*clients, admin):
+            await client.aclose()
