@@ -16,6 +16,7 @@ import tether.resume
 from tests._support.redis_server import RedisProcess
 from tests._support.redis_server import redis_proc as redis_proc
 
+from .conftest import eventually
 from .test_redis_faults import _first_read, _reach
 from .test_redis_fence_and_epoch import _denied, _point, _unknown
 
@@ -116,3 +117,45 @@ async def test_a_reconnect_on_a_worker_whose_redis_user_may_not_xread_is_a_503_n
         await owner.aclose()
         for client in (*clients, admin):
             await client.aclose()
+
+
+async def _script_runs(admin: Redis) -> int:
+    """How many scripts Redis ran by their digest (``EVALSHA``) so far."""
+    stats = await admin.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_an_owner_whose_user_is_granted_scripting_goes_back_to_one_round_trip_a_write(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md, and DESIGN Invariant 14: "no failure state is permanent
+    # while it can recover"): every write of an owner's is one script; a user without
+    # +@scripting gets the fence as a transaction "at the cost of 3 or 4 round trips per
+    # write instead of 1". The first refused EVALSHA switches the store to the
+    # transaction for good: once the operator grants +@scripting (the WARNING told
+    # them to), every write still costs a WATCH, two reads and a MULTI/EXEC, for as
+    # long as the worker runs.
+    async with _denied(redis_proc, "noscript", "-@scripting") as (
+        admin,
+        registry,
+        _stores,
+        owner,
+        _other,
+    ):
+        stream, _first = await _first_read(registry, owner, leave=True)
+        await admin.execute_command("ACL", "SETUSER", "noscript", "+@scripting")
+        before = await _script_runs(admin)
+        delivered = [1]
+
+        async def a_write_runs_the_script() -> bool:
+            registry.deliver(stream.rid, delivered[0])
+            delivered[0] += 1
+            return await _script_runs(admin) > before
+
+        try:
+            await eventually(a_write_runs_the_script, timeout=3.0)
+        except TimeoutError:
+            pytest.fail(
+                f"{delivered[0] - 1} events copied after +@scripting was granted, none by "
+                "the script (each a watched transaction)"
+            )
