@@ -159,3 +159,31 @@ async def test_an_owner_whose_user_is_granted_scripting_goes_back_to_one_round_t
                 f"{delivered[0] - 1} events copied after +@scripting was granted, none by "
                 "the script (each a watched transaction)"
             )
+
+
+async def test_a_client_elsewhere_of_a_stream_stopped_on_its_owner_ends_cancelled(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): Stop, `await RESUME.cancel(token)`: "aborted at once
+    # (reason cancelled); the client ends". The client reads on another worker; the
+    # Stop endpoint runs on the owner's (the token's own). MemoryStore.cancel forgets
+    # the channel at once, and the abort's end reaches it a step later: the writer's
+    # goodbye has gone out with no end entry, and no writer is left to copy it. The
+    # client elsewhere reads no end, the keys go, and it ends as if the owner died
+    # ("the worker that ran this request is gone", reason server), not stopped.
+    from .test_redis_faults import _drain, _workers
+
+    async with _workers(redis_proc.url) as (registry, aborts, owner, other):
+        stream, first = await _first_read(registry, owner, leave=True)
+        mirror = await _reach(other, first.token, 1)
+        registry.deliver(stream.rid, 1)
+        assert [output for _, output in await mirror.next_ready() or ()] == [1]
+        assert await owner.cancel(first.token)  # Stop, on the owner
+        with pytest.raises(tether.Aborted) as ended:
+            await _drain(mirror)
+        assert ended.value.reason is tether.AbortReason.CANCELLED, (
+            f"a client elsewhere of a stream stopped on its owner ended {ended.value!r} "
+            f"(reason {ended.value.reason.value})"
+        )
+        assert sum(aborts.values()) == 1
+        await mirror.aclose()
