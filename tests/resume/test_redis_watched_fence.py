@@ -187,3 +187,42 @@ async def test_a_client_elsewhere_of_a_stream_stopped_on_its_owner_ends_cancelle
         )
         assert sum(aborts.values()) == 1
         await mirror.aclose()
+
+
+async def test_a_stop_elsewhere_reaches_an_owner_whose_redis_user_may_not_xread_or_is_a_503(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): Stop "aborted at once"; it travels on the control
+    # stream, which the owner's one reader watches, "so ... Stop reaches it within one
+    # round trip"; a command Redis refuses is a 503 for the request that needed it. An
+    # owner whose user may not block (-@blocking): its XREAD is refused and retried for
+    # ever (a WARNING, "Redis failed"), its writes go through. A Stop on another worker
+    # posts to the control stream, answers "known", and the stream runs on: nobody
+    # reads that control stream.
+    from .test_redis_faults import _as_user
+
+    admin = Redis.from_url(redis_proc.url)
+    clients = [await _as_user(admin, redis_proc, "u", "-@blocking"), Redis.from_url(redis_proc.url)]
+    stores = [RedisStore(client, block=0.1, timeout=0.2) for client in clients]
+    owner, other = (tether.resume.Resume(grace=30.0, store=store) for store in stores)
+    aborted: list[str] = []
+    registry = tether.Registry(aborted.append)
+    try:
+        async with asyncio.timeout(15):
+            _stream, first = await _first_read(registry, owner, leave=True)
+            await (await _reach(other, first.token, 1)).aclose()  # (it is in Redis)
+            try:
+                stopped = await other.cancel(first.token)
+            except ConnectionError:
+                return  # a 503: as promised
+            assert stopped
+            try:
+                await eventually(lambda: bool(aborted), timeout=3.0)
+            except TimeoutError:
+                pytest.fail("a Stop elsewhere answered 'known' and the stream ran on for 3 s")
+    finally:
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
+        for client in (*clients, admin):
+            await client.aclose()
