@@ -226,3 +226,36 @@ async def test_a_stop_elsewhere_reaches_an_owner_whose_redis_user_may_not_xread_
         await owner.aclose()
         for client in (*clients, admin):
             await client.aclose()
+
+
+async def test_a_client_elsewhere_reads_the_end_of_a_stream_whose_meta_redis_just_evicted(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): a client elsewhere reads the stream's end (a request
+    # aborted: its reason); an owner's last copy, the end, "is worth a log of its own if
+    # Redis lost the log (the clients elsewhere read the end there)" (_Writer._flush).
+    # Redis evicts the stream's meta (a small hash nobody reads), then the request is
+    # aborted (its deadline) before the owner's next renewal notices: the goodbye's
+    # copy of the end now needs the meta, runs nowhere, and the goodbye deletes the
+    # keys anyway. The client elsewhere reads no end: "the worker that ran this
+    # request is gone" (server), never its deadline.
+    from .test_redis_faults import _drain, _workers
+
+    admin = Redis.from_url(redis_proc.url)
+    try:
+        async with _workers(redis_proc.url) as (registry, _aborts, owner, other):
+            stream, first = await _first_read(registry, owner, leave=True)
+            mirror = await _reach(other, first.token, 1)
+            registry.deliver(stream.rid, 1)
+            assert [output for _, output in await mirror.next_ready() or ()] == [1]
+            await admin.delete(f"tether:resume:{first.token}:meta")  # (evicted)
+            registry.abort(stream.rid, tether.AbortReason.TIMEOUT)
+            with pytest.raises(tether.Aborted) as ended:
+                await _drain(mirror)
+            assert ended.value.reason is tether.AbortReason.TIMEOUT, (
+                f"a client elsewhere of a stream aborted on its deadline ended "
+                f"{ended.value!r} (reason {ended.value.reason.value})"
+            )
+            await mirror.aclose()
+    finally:
+        await admin.aclose()
