@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from tether_redis import RedisStore
 
 import tether
 import tether.resume
@@ -80,43 +79,35 @@ async def test_a_reconnect_on_a_worker_whose_redis_user_may_not_xread_is_a_503_n
     # retrying", a WARNING) and retried for ever. A reconnect there reads the backlog
     # (XRANGE is allowed), claims the stream, renews its lease, and then waits on
     # pings for ever: the owner's events never reach it, no 503 is ever answered.
-    from .test_redis_faults import _as_user
-
-    admin = Redis.from_url(redis_proc.url)
-    clients = [Redis.from_url(redis_proc.url), await _as_user(admin, redis_proc, "u", "-@blocking")]
-    stores = [RedisStore(client, block=0.1, timeout=0.2) for client in clients]
-    owner, other = (tether.resume.Resume(grace=30.0, store=store) for store in stores)
-    registry = tether.Registry()
-    try:
-        async with asyncio.timeout(15):
-            stream, first = await _first_read(registry, owner, leave=True)
-            try:
-                mirror = await _reach(other, first.token, 1)
-            except ConnectionError:
-                return  # a 503: as promised
-            for n in range(1, 4):
-                registry.deliver(stream.rid, n)
-            read: list[Any] = []
-            try:
-                async with asyncio.timeout(3.0):
-                    while len(read) < 3:
-                        items = await mirror.next_ready()
-                        assert items is not None
-                        read += [output for _, output in items]
-            except TimeoutError:
-                pytest.fail(
-                    "a reconnect on a worker whose Redis user may not XREAD followed the "
-                    f"stream and read {read} of [1, 2, 3] in 3 s, with no 503"
-                )
-            except ConnectionError:
-                pass  # (a 503 while following: fair)
-            await mirror.aclose()
-    finally:
-        await registry.close(drain_timeout=0)
-        await other.aclose()
-        await owner.aclose()
-        for client in (*clients, admin):
-            await client.aclose()
+    async with _denied(redis_proc, "u", "-@blocking", owner_denied=False) as (
+        _admin,
+        registry,
+        _stores,
+        owner,
+        other,
+    ):
+        stream, first = await _first_read(registry, owner, leave=True)
+        try:
+            mirror = await _reach(other, first.token, 1)
+        except ConnectionError:
+            return  # a 503: as promised
+        for n in range(1, 4):
+            registry.deliver(stream.rid, n)
+        read: list[Any] = []
+        try:
+            async with asyncio.timeout(3.0):
+                while len(read) < 3:
+                    items = await mirror.next_ready()
+                    assert items is not None
+                    read += [output for _, output in items]
+        except TimeoutError:
+            pytest.fail(
+                "a reconnect on a worker whose Redis user may not XREAD followed the "
+                f"stream and read {read} of [1, 2, 3] in 3 s, with no 503"
+            )
+        except ConnectionError:
+            pass  # (a 503 while following: fair)
+        await mirror.aclose()
 
 
 async def _script_runs(admin: Redis) -> int:
@@ -199,33 +190,25 @@ async def test_a_stop_elsewhere_reaches_an_owner_whose_redis_user_may_not_xread_
     # ever (a WARNING, "Redis failed"), its writes go through. A Stop on another worker
     # posts to the control stream, answers "known", and the stream runs on: nobody
     # reads that control stream.
-    from .test_redis_faults import _as_user
-
-    admin = Redis.from_url(redis_proc.url)
-    clients = [await _as_user(admin, redis_proc, "u", "-@blocking"), Redis.from_url(redis_proc.url)]
-    stores = [RedisStore(client, block=0.1, timeout=0.2) for client in clients]
-    owner, other = (tether.resume.Resume(grace=30.0, store=store) for store in stores)
     aborted: list[str] = []
-    registry = tether.Registry(aborted.append)
-    try:
-        async with asyncio.timeout(15):
-            _stream, first = await _first_read(registry, owner, leave=True)
-            await (await _reach(other, first.token, 1)).aclose()  # (it is in Redis)
-            try:
-                stopped = await other.cancel(first.token)
-            except ConnectionError:
-                return  # a 503: as promised
-            assert stopped
-            try:
-                await eventually(lambda: bool(aborted), timeout=3.0)
-            except TimeoutError:
-                pytest.fail("a Stop elsewhere answered 'known' and the stream ran on for 3 s")
-    finally:
-        await registry.close(drain_timeout=0)
-        await other.aclose()
-        await owner.aclose()
-        for client in (*clients, admin):
-            await client.aclose()
+    async with _denied(redis_proc, "u", "-@blocking", on_abort=aborted.append) as (
+        _admin,
+        registry,
+        _stores,
+        owner,
+        other,
+    ):
+        _stream, first = await _first_read(registry, owner, leave=True)
+        await (await _reach(other, first.token, 1)).aclose()  # (it is in Redis)
+        try:
+            stopped = await other.cancel(first.token)
+        except ConnectionError:
+            return  # a 503: as promised
+        assert stopped
+        try:
+            await eventually(lambda: bool(aborted), timeout=3.0)
+        except TimeoutError:
+            pytest.fail("a Stop elsewhere answered 'known' and the stream ran on for 3 s")
 
 
 async def test_a_client_elsewhere_reads_the_end_of_a_stream_whose_meta_redis_just_evicted(
