@@ -127,6 +127,7 @@ class Ear:
         "_nudge",
         "_overdue",
         "_polling",
+        "_read_again_at",
         "_spawn",
         "_task",
         "_timeout",
@@ -165,7 +166,9 @@ class Ear:
         a listener that listened again meanwhile is stale)."""
         self._wake_id: Any = "0-0"
         self._polling = False
-        """This Redis user may not block (``XREAD`` refused): the keys are polled."""
+        """This Redis user may not block (``XREAD`` refused): the keys are polled, and
+        ``XREAD`` tried again once per lease period (three block periods)."""
+        self._read_again_at = 0.0
         self._nudge = asyncio.Event()
         """Set when a listener joins: a poll waits no longer (the wake stream's role)."""
         self._task: asyncio.Task[None] | None = None
@@ -236,19 +239,27 @@ class Ear:
         for key, held in self._keys.items():
             streams[key] = min(held.values(), key=entry_order)
         answer: Any
-        if self._polling:
+        started = time.monotonic()
+        if self._polling and started < self._read_again_at:
             answer = await self._poll(streams)
         else:
             try:
                 answer = await self._client.xread(streams, block=self._block_ms)  # type: ignore[arg-type]
             except NoPermissionError as exc:
-                logger.warning(
-                    "resumable streams: this Redis user may not block (%s; ACL +@blocking): "
-                    "its control streams and mirrored logs are polled once per block period",
-                    exc,
-                )
+                if not self._polling:
+                    logger.warning(
+                        "resumable streams: this Redis user may not block (%s; ACL "
+                        "+@blocking): its control streams and mirrored logs are polled once "
+                        "per block period",
+                        exc,
+                    )
                 self._polling = True
+                self._read_again_at = started + 3 * self._block_ms / 1000
                 answer = await self._poll(streams)
+            else:
+                if self._polling:
+                    logger.info("resumable streams: this Redis user may block again")
+                    self._polling = False
         for raw, entries in answer or ():
             key = raw.decode() if isinstance(raw, bytes) else raw
             if key == self._wake_key:

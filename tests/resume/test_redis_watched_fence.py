@@ -242,3 +242,35 @@ async def test_a_client_elsewhere_reads_the_end_of_a_stream_whose_meta_redis_jus
             await mirror.aclose()
     finally:
         await admin.aclose()
+
+
+async def _xreads(admin: Redis) -> tuple[int, int]:
+    """How many ``XREAD`` Redis ran so far, and how many it refused."""
+    stats = (await admin.info("commandstats")).get("cmdstat_xread", {})
+    return int(stats.get("calls", 0)), int(stats.get("rejected_calls", 0))
+
+
+async def test_an_owner_whose_user_is_granted_blocking_goes_back_to_blocked_reads(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md, and DESIGN Invariant 14: "no failure state is permanent
+    # while it can recover"): a user without +@blocking has its control streams polled
+    # once per block period; once the operator grants +@blocking (the WARNING told
+    # them to), the owner's reader blocks on XREAD again (Stop within a round trip).
+    async with _denied(redis_proc, "u", "-@blocking") as (admin, registry, _s, owner, _o):
+        await _first_read(registry, owner, leave=True)  # (only the owner reads: no mirror)
+
+        async def refused() -> bool:
+            return (await _xreads(admin))[1] > 0
+
+        await eventually(refused, timeout=3.0)
+        before = (await _xreads(admin))[0]
+        await admin.execute_command("ACL", "SETUSER", "u", "+@blocking")
+
+        async def blocks_again() -> bool:
+            return (await _xreads(admin))[0] > before
+
+        try:
+            await eventually(blocks_again, timeout=3.0)
+        except TimeoutError:
+            pytest.fail("granted +@blocking, the owner's reader still polls after 3 s")
