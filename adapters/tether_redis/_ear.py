@@ -10,19 +10,22 @@ the read starts at the earliest, and each entry reaches only the listeners that 
 not had it and had every one before it. A listener that joins while the read is
 blocked pokes the worker's wake stream, so that its first entries are not held up for
 a whole block period. The read and the upkeep go on whatever Redis does (down, paused,
-restarted empty), each bounded.
+restarted empty), each bounded. A Redis user that may not block (no ``+@blocking``,
+which ``XREAD`` needs) has the same streams polled instead (``XRANGE``, once per block
+period): Stop and a mirror's events arrive a block period late at most, never not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Protocol
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import NoPermissionError, RedisError
 
 __all__ = [
     "CTL_MAXLEN",
@@ -121,7 +124,10 @@ class Ear:
         "_joined",
         "_keys",
         "_listens",
+        "_nudge",
         "_overdue",
+        "_polling",
+        "_read_again_at",
         "_spawn",
         "_task",
         "_timeout",
@@ -159,6 +165,12 @@ class Ear:
         """The number of each listener's latest :meth:`listen` (an upkeep's verdict on
         a listener that listened again meanwhile is stale)."""
         self._wake_id: Any = "0-0"
+        self._polling = False
+        """This Redis user may not block (``XREAD`` refused): the keys are polled, and
+        ``XREAD`` tried again once per lease period (three block periods)."""
+        self._read_again_at = 0.0
+        self._nudge = asyncio.Event()
+        """Set when a listener joins: a poll waits no longer (the wake stream's role)."""
         self._task: asyncio.Task[None] | None = None
         self.poke: Callable[[], Coroutine[Any, Any, None]] | None = None
         """Pokes the wake stream (bounded by the store); set by the store."""
@@ -170,6 +182,7 @@ class Ear:
             self._keys.setdefault(key, {}).setdefault(listener, last)
         self._listens += 1
         self._joined[listener] = self._listens
+        self._nudge.set()
         if self._task is None or self._task.done():
             self._task = self._spawn(self._run())
         elif self.poke is not None:  # the read in progress does not name these keys yet
@@ -216,12 +229,37 @@ class Ear:
                 failing = True
             if failing:  # (a Redis that refuses at once must not make this spin)
                 await asyncio.sleep(period)
+            elif self._polling:  # (the next poll a block period on, or once one joins)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(period):
+                        await self._nudge.wait()
 
     async def _read(self) -> None:
         streams = {self._wake_key: self._wake_id}
         for key, held in self._keys.items():
             streams[key] = min(held.values(), key=entry_order)
-        answer: Any = await self._client.xread(streams, block=self._block_ms)  # type: ignore[arg-type]
+        answer: Any
+        started = time.monotonic()
+        if self._polling and started < self._read_again_at:
+            answer = await self._poll(streams)
+        else:
+            try:
+                answer = await self._client.xread(streams, block=self._block_ms)  # type: ignore[arg-type]
+            except NoPermissionError as exc:
+                if not self._polling:
+                    logger.warning(
+                        "resumable streams: this Redis user may not block (%s; ACL "
+                        "+@blocking): its control streams and mirrored logs are polled once "
+                        "per block period",
+                        exc,
+                    )
+                self._polling = True
+                self._read_again_at = started + 3 * self._block_ms / 1000
+                answer = await self._poll(streams)
+            else:
+                if self._polling:
+                    logger.info("resumable streams: this Redis user may block again")
+                    self._polling = False
         for raw, entries in answer or ():
             key = raw.decode() if isinstance(raw, bytes) else raw
             if key == self._wake_key:
@@ -247,6 +285,16 @@ class Ear:
                         going = False
                     if not going:
                         self.drop(listener)
+
+    async def _poll(self, streams: dict[str, Any]) -> list[tuple[str, list[Any]]]:
+        """What ``XREAD`` would answer at once (no ``BLOCK``), by one ``XRANGE`` a key
+        from its position on (inclusive: what a listener had is skipped anyway)."""
+        self._nudge.clear()
+        async with self._client.pipeline(transaction=False) as pipe:
+            for key, last in streams.items():
+                pipe.xrange(key, min=last)
+            results = await pipe.execute()
+        return [(key, entries) for key, entries in zip(streams, results, strict=True) if entries]
 
     def silent(self) -> None:
         """Redis has answered nothing for a lease period: every listener judges now,

@@ -69,6 +69,12 @@ from ._mirror import Mirror
 
 __all__ = ["RedisStore", "StoreRefused", "StoreUnreachable"]
 
+
+class _Contended(StoreUnreachable):
+    """A write fenced by a transaction lost every try: the stream's keys changed under
+    each (Redis answered every command; the store is not made wary by it)."""
+
+
 logger = logging.getLogger("tether.redis")
 
 T = TypeVar("T")
@@ -143,6 +149,7 @@ class RedisStore(tether.resume.MemoryStore):
         "lease_ms",
         "prefix",
         "request_slots",
+        "script_again_at",
         "scripting",
         "settle_ms",
         "settling",
@@ -191,7 +198,10 @@ class RedisStore(tether.resume.MemoryStore):
         """Runs an owner's writes unless its stream's goodbye landed (one ``EVALSHA``)."""
         self.scripting = True
         """Whether this Redis user may run the fence (false once refused: ``-@scripting``;
-        a transaction watching the mark instead)."""
+        a transaction watching the mark instead, and the script tried again once per
+        lease period: a user granted ``+@scripting`` since goes back to it)."""
+        self.script_again_at = 0.0
+        """When a store that may not run scripts tries one again."""
         self.settling = f"{prefix}settling"
         self._known = False  # whether this store saw Redis hold the epoch
         self._answered_at = -float("inf")  # when Redis last answered this store
@@ -255,6 +265,9 @@ class RedisStore(tether.resume.MemoryStore):
             self.failed()
             self.overdue(bound.when())
             raise StoreUnreachable(f"Redis did not answer within {self.timeout:g} s") from exc
+        except _Contended:
+            self.answered()  # (Redis answered every command: it is no outage)
+            raise
         except NoPermissionError as exc:
             self.answered()
             raise StoreRefused(
@@ -684,6 +697,7 @@ class _Writer:
         "_remote",
         "_sizes",
         "_store",
+        "_turn",
         "_unseen",
         "_unsent",
         "_wake",
@@ -735,6 +749,9 @@ class _Writer:
         or Redis lost it): the whole channel is published again at the next try."""
         self.tried = asyncio.Event()
         """Set once the first publication was tried (whatever came of it)."""
+        self._turn = asyncio.Lock()
+        """Held by each of this writer's transactions (no ``+@scripting``): its copies
+        and its renewal, on two connections, never abort each other's ``WATCH``."""
         self.task: asyncio.Task[None] | None = None
 
     @property
@@ -851,6 +868,7 @@ class _Writer:
                 if self._forgotten or (self._outbox and not self.dirty):
                     continue
                 await self._sleep()  # (an event, the end; a retry period while dirty)
+            await self._last_words()
             # Let the keys go; retried at each tick while Redis fails, until they would
             # have expired by themselves anyway.
             deadline = asyncio.get_running_loop().time() + _keep_ms(channel) / 1000
@@ -861,6 +879,19 @@ class _Writer:
         finally:
             store.done(self, channel.token)
             store.ear.drop(self)
+
+    async def _last_words(self) -> None:
+        """A stream forgotten before it ended (Stop, its grace period, shutdown) is
+        aborted right after: its end comes a step later, through its pump. The goodbye
+        waits for it (within ``timeout``), so that the clients elsewhere read why the
+        stream ended (a Stop: ``cancelled``), not that its owner is gone."""
+        if self._ended or self.dirty or self._store.closing():
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._store.timeout):
+                while not self._ended:
+                    self._wake.clear()
+                    await self._wake.wait()
 
     async def _sleep(self) -> None:
         """Wait for something to copy; while Redis fails, for one block period at most
@@ -878,6 +909,13 @@ class _Writer:
         writer dirty and is logged once per outage)."""
         try:
             await self._store.command(step, upkeep=True)
+        except _Contended as exc:
+            # Redis answered: another's writes raced this one's (its own never do). What
+            # it copied may be missing: published again at the next try.
+            self.dirty = True
+            self._outbox = []
+            logger.warning("resumable request %r: %s; published again", self._channel.rid, exc)
+            return False
         except StoreUnreachable as exc:
             self.dirty = True
             self._outbox = []
@@ -1034,7 +1072,9 @@ class _Writer:
             # that an owner killed before its first upkeep leaves nothing for ever.
             self._expire(pipe, self._keep())
 
-        results = await self._fenced(client, copies)
+        # The goodbye's last copy needs no meta (Redis may have evicted it alone): it is
+        # sent before the goodbye's mark, on the same connection, so never late.
+        results = await self._fenced(client, copies, publish=last)
         if results is None:
             return  # (its goodbye came first)
         if results is False:  # (Redis lost its meta: these copies ran nowhere)
@@ -1070,8 +1110,12 @@ class _Writer:
         copy: the goodbye deleted the meta, and only a publication makes one.
 
         One script (``EVALSHA``); if this Redis user may not run scripts (no
-        ``+@scripting``), a transaction watching the mark and the meta instead.
+        ``+@scripting``), a transaction watching the mark and the meta instead, one at
+        a time per stream (the script is tried again once per lease period).
 
+        :param publish: run whether or not the meta exists: a publication's first step
+            (it makes the meta), or the goodbye's last copy (sent before its own mark,
+            on the same connection: never late).
         :returns: each command's answer; ``None`` if the goodbye landed first;
             ``False`` if the meta is gone (Redis lost it, or the goodbye deleted it).
         :raises ResponseError: a command failed (the others ran).
@@ -1079,8 +1123,14 @@ class _Writer:
         pipe = client.pipeline(transaction=False)
         fill(pipe)
         store = self._store
-        answers: Any
-        if store.scripting:
+        answers: Any = None
+        scripted = store.scripting
+        if not scripted:
+            now = asyncio.get_running_loop().time()
+            if now >= store.script_again_at:
+                store.script_again_at = now + store.lease_ms / 1000
+                scripted = True  # (granted +@scripting since? one try)
+        if scripted:
             words: list[Any] = ["0" if publish else "1"]
             for args, _ in pipe.command_stack:
                 words += [len(args), *args]
@@ -1095,10 +1145,18 @@ class _Writer:
                         "every write of an owner's costs a transaction watching its stream's "
                         "mark (3 or 4 round trips instead of 1)"
                     )
+                    store.script_again_at = (
+                        asyncio.get_running_loop().time() + store.lease_ms / 1000
+                    )
                 store.scripting = False
+                scripted = False
+            else:
+                if not store.scripting:
+                    logger.info("RedisStore: this Redis user may run scripts again")
+                    store.scripting = True
+        if not scripted:
+            async with self._turn:
                 answers = await self._watched(client, pipe.command_stack, publish=publish)
-        else:
-            answers = await self._watched(client, pipe.command_stack, publish=publish)
         if answers is None or answers == _MISSING:
             return None if answers is None else False
         for answer in answers:
@@ -1111,7 +1169,8 @@ class _Writer:
     ) -> list[Any] | int | None:
         """The fence without a script: ``WATCH`` the mark and the meta, read them, then
         run the commands in ``MULTI``/``EXEC`` (which does nothing if either changed
-        meanwhile: read again)."""
+        meanwhile: read again). Only another's write aborts it (this writer's own run
+        one at a time): 8 aborted tries in a row are contention, not Redis failing."""
         mark, meta = self._mark, self._keys[2]
         async with client.pipeline(transaction=True) as pipe:
             for _ in range(8):
@@ -1128,7 +1187,7 @@ class _Writer:
                 except WatchError:
                     continue
                 return answers
-        raise StoreUnreachable("the stream's keys changed under every try of a write")
+        raise _Contended("the stream's keys changed under every try of a write")
 
     def heard(self, key: str, entry_id: Any, fields: Fields) -> bool:
         """The owner's ear: clients attaching and leaving elsewhere, Stop."""

@@ -20,6 +20,7 @@ import tether.resume
 from tests._support.redis_server import RedisProcess
 from tests._support.redis_server import redis_proc as redis_proc
 from tether.resume import Follower, ResumePoint, resume_point
+from tether.types import OnAbort
 
 from .conftest import eventually
 
@@ -336,20 +337,28 @@ async def _a_404_after_settling(
 
 @contextlib.asynccontextmanager
 async def _denied(
-    redis_proc: RedisProcess, user: str, *rules: str, timeout: float = 0.2
+    redis_proc: RedisProcess,
+    user: str,
+    *rules: str,
+    timeout: float = 0.2,
+    owner_denied: bool = True,
+    on_abort: OnAbort | None = None,
 ) -> AsyncIterator[
     tuple[Redis, tether.Registry, list[RedisStore], tether.resume.Resume, tether.resume.Resume]
 ]:
-    """An admin client, a registry, and two workers' stores and resumptions: the first
-    reaches Redis as ACL ``user``, denied what ``rules`` take away; the second with
+    """An admin client, a registry (``on_abort`` its hook), and two workers' stores and
+    resumptions, the owner's first: one reaches Redis as ACL ``user``, denied what
+    ``rules`` take away (the owner's, unless not ``owner_denied``); the other with
     every right."""
     from .test_redis_faults import _as_user
 
     admin = Redis.from_url(redis_proc.url)
     clients = [await _as_user(admin, redis_proc, user, *rules), Redis.from_url(redis_proc.url)]
+    if not owner_denied:
+        clients.reverse()
     stores = [RedisStore(c, block=BLOCK, timeout=timeout) for c in clients]
     owner, other = (tether.resume.Resume(grace=30.0, store=store) for store in stores)
-    registry = tether.Registry()
+    registry = tether.Registry(on_abort)
     try:
         async with asyncio.timeout(BOUND):
             yield admin, registry, stores, owner, other
