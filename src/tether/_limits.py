@@ -142,11 +142,24 @@ def require_synchronous(function: object, what: str) -> None:
     while isinstance(target, functools.partial):
         target = target.func
     call = inspect.getattr_static(type(target), "__call__", None)
-    if inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(call):
+    if isinstance(call, staticmethod | classmethod):
+        call = call.__func__
+    if isinstance(call, functools.partialmethod):
+        call = call.func
+    if _asynchronous(target) or _asynchronous(call):
         raise TypeError(
             f"{what} must be a plain function that answers at once, not a coroutine "
             f"function ({function!r}): its call would return a coroutine nobody awaits"
         )
+
+
+def _asynchronous(function: object) -> bool:
+    """Whether calling ``function`` returns a coroutine or an async generator; an
+    object that cannot be asked (its ``__getattr__`` raises) is taken as plain."""
+    try:
+        return inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function)
+    except Exception:
+        return False
 
 
 class Limits:

@@ -38,9 +38,10 @@ class Steps:
     returns or raises, so calls that nest, or (misuse) overlap from another thread at
     call boundaries, leave it at 0 once all have returned."""
 
-    __slots__ = ("_due_on", "_queue", "_telling", "depth")
+    __slots__ = ("_due_on", "_loop", "_queue", "_telling", "depth")
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = None if loop is None else weakref.ref(loop)  # (whose steps these are)
         self.depth = 0
         self._queue: collections.deque[tuple[Notifier, str]] = collections.deque()
         self._telling = False  # (an on_abort is under way: the rest wait for it)
@@ -53,6 +54,8 @@ class Steps:
         waiting: told soon on ``loop``, or now when ``loop`` is ``None`` (from inside
         an ``on_abort``: as soon as it returns)."""
         self._queue.extend((notifier, rid) for rid in rids)
+        if loop is not None and loop.is_closed():
+            loop = None  # (a producer's call after its loop closed: nothing can defer it)
         if loop is not None:
             if self._due_on is not loop:  # (a call due on a loop that stopped never runs)
                 self._due_on = loop
@@ -73,7 +76,7 @@ class Steps:
         try:
             while queue:
                 notifier, rid = queue.popleft()
-                notifier.call(rid)
+                notifier.call(rid, self)
         except BaseException:  # (KeyboardInterrupt in on_abort: the rest still told, soon)
             if queue:
                 try:
@@ -95,11 +98,18 @@ class Steps:
     def take(self, notifier: Notifier) -> list[str]:
         """The rids of ``notifier`` still to be told, taken out of the queue (its
         registry moved to another loop: this one will not tell them)."""
-        kept: collections.deque[tuple[Notifier, str]] = collections.deque()
-        taken = [rid for owner, rid in self._queue if owner is notifier]
-        kept.extend(entry for entry in self._queue if entry[0] is not notifier)
-        self._queue = kept
+        queue = self._queue  # (in place: a telling under way holds this very queue)
+        taken = [rid for owner, rid in queue if owner is notifier]
+        if taken:
+            kept = [entry for entry in queue if entry[0] is not notifier]
+            queue.clear()
+            queue.extend(kept)
         return taken
+
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The loop these steps are of, while it is open (``None`` before a loop)."""
+        loop = None if self._loop is None else self._loop()
+        return None if loop is None or loop.is_closed() else loop
 
 
 _STEPS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Steps] = weakref.WeakKeyDictionary()
@@ -109,7 +119,7 @@ def steps_of(loop: asyncio.AbstractEventLoop) -> Steps:
     """The :class:`Steps` of ``loop``, shared by every registry on it."""
     steps = _STEPS.get(loop)
     if steps is None:
-        steps = _STEPS.setdefault(loop, Steps())
+        steps = _STEPS.setdefault(loop, Steps(loop))
     return steps
 
 
@@ -125,7 +135,8 @@ class Notifier:
     def __init__(self, on_abort: OnAbort | None, abort_timeout: float) -> None:
         self._on_abort = on_abort
         self._timeout = abort_timeout
-        self._tasks: dict[asyncio.Task[None], Awaitable[object]] = {}  # (what each awaits)
+        # (each call's rid and what it awaits: a task's name is its code's to change)
+        self._tasks: dict[asyncio.Task[None], tuple[str, Awaitable[object]]] = {}
         self._held: set[str] = set()
 
     def holds(self, rid: str) -> bool:
@@ -144,16 +155,18 @@ class Notifier:
         """The registry moved to ``loop``: what the old loop had still to tell is told
         soon on this one (that loop stopped: it will not), and calls left running on a
         loop that is closed are let go."""
-        for task in [task for task in self._tasks if task.get_loop().is_closed()]:
+        for task in [task for task in self._tasks if task.get_loop() is not loop]:
             task.remove_done_callback(self._settled)
-            task.get_coro().close()  # (never to run: its loop is gone)
-            self._let_go(task)
+            if task.get_loop().is_closed():
+                task.get_coro().close()  # (never to run: its loop is gone)
+            self._let_go(task)  # (its rid is this loop's to reuse: that loop stopped)
         rids = old.take(self)
         if rids:
             new.tell(self, rids, loop)
 
-    def call(self, rid: str) -> None:
-        """Call ``on_abort(rid)`` now (an asynchronous one starts as a task)."""
+    def call(self, rid: str, steps: Steps) -> None:
+        """Call ``on_abort(rid)`` now (an asynchronous one starts as a task, on the
+        running loop or else on ``steps``' own loop, run or not)."""
         callback = self._on_abort
         try:
             result = None if callback is None else callback(rid)
@@ -167,16 +180,18 @@ class Notifier:
             self._held.discard(rid)
             return
         try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # (told with no loop running: nothing can run it)
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = steps.loop()  # (between two runs of its loop: it runs there next)
+        if loop is None:  # (told with no loop to run it: nothing can)
             self._held.discard(rid)
             close = getattr(result, "close", None)
             if close is not None:
                 close()
             logger.error("on_abort(%r) is asynchronous and no loop runs: not awaited", rid)
             return
-        task = loop.create_task(self._await(rid, result), name=rid)
-        self._tasks[task] = result
+        task = loop.create_task(self._await(rid, result), name=f"on_abort({rid!r})")
+        self._tasks[task] = (rid, result)
         task.add_done_callback(self._settled)
 
     def _settled(self, task: asyncio.Task[None]) -> None:
@@ -185,8 +200,11 @@ class Notifier:
         self._let_go(task)
 
     def _let_go(self, task: asyncio.Task[None]) -> None:
-        awaitable = self._tasks.pop(task, None)
-        self._held.discard(task.get_name())
+        call = self._tasks.pop(task, None)
+        if call is None:
+            return
+        rid, awaitable = call
+        self._held.discard(rid)
         close = getattr(awaitable, "close", None)
         if close is not None:  # (one that never ran is closed, not left unawaited)
             close()

@@ -101,15 +101,16 @@ def _status_of(exc: BaseException) -> tuple[int, dict[str, str]]:
 
 
 def _log_level(cause: BaseException | None) -> int:
-    """The level a producer's exception declares for its line (a plain ``int`` at most
-    ERROR), else ERROR: one whose ``log_level`` raises, or is no plain int, declares
-    nothing, and none can raise its line above ERROR."""
+    """The level a producer's exception declares for its line (a plain ``int``, kept
+    between DEBUG and ERROR: lower, never hidden), else ERROR: one whose ``log_level``
+    raises, or is no plain int, declares nothing, and none can raise its line above
+    ERROR."""
     try:
         level = getattr(cause, "log_level", logging.ERROR)
     except Exception:
         return logging.ERROR
-    if isinstance(level, int) and not isinstance(level, bool):
-        return min(level, logging.ERROR)
+    if type(level) is int:  # (exactly: a bool or an int subclass declares nothing)
+        return max(logging.DEBUG, min(level, logging.ERROR))
     return logging.ERROR
 
 
