@@ -1,0 +1,47 @@
+"""RedisStore's goodbye and its reader without ``+@blocking``: each scene one promise
+of docs/resume.md, against a real ``redis-server`` the test starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests._support.redis_server import RedisProcess
+from tests._support.redis_server import redis_proc as redis_proc
+
+from .conftest import eventually
+from .test_redis_faults import _first_read, _gone, _is_over_elsewhere, _late_owner, _reach
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _last_copy(words: list[str]) -> bool:
+    """The goodbye's last copy: the end entry of a stream Stopped (``end aborted``)."""
+    return "XADD" in words and "end" in words and "aborted" in words
+
+
+async def test_a_stopped_stream_stays_over_when_its_end_entry_lands_after_an_evicted_mark(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): a write sent before the goodbye that Redis receives
+    # after it "cannot make the stream live again. Nor can one once Redis evicted or
+    # expired that mark ... so a late renewal or copy changes nothing whatever Redis
+    # evicted"; the goodbye's last copy is exempt from the meta, for it "goes out
+    # before its mark on the same connection". Unless Redis is slow to read it: the
+    # owner gives up on it after its timeout, says its goodbye again without it, and
+    # that goodbye lands; Redis evicts the mark (by use, it goes first); the copy
+    # lands, needs no meta, and gives the log and control stream a grace period more.
+    async with _late_owner(redis_proc, timeout=0.3) as (registry, late, admin, stores, resumes):
+        owner, other = resumes
+        _, first = await _first_read(registry, owner, leave=True)
+        await (await _reach(other, first.token, 0)).aclose()  # (it is in Redis)
+        log, meta, mark = (stores[0].key(first.token, kind) for kind in ("log", "meta", "end"))
+        late.matches = _last_copy
+        assert await owner.cancel(first.token)  # Stop, on the owner
+        await late.held.wait()  # its end entry is on its way, late
+        await eventually(lambda: not stores[0]._writers)  # noqa: SLF001 (its goodbye went out)
+        assert await _gone(admin, meta, log)
+        await admin.delete(mark)  # (evicted: nothing reads it)
+        late.go.set()
+        await late.done.wait()  # the late end entry landed
+        assert await admin.pttl(log) <= 1000, "the keys of a stopped stream live on"
+        await _is_over_elsewhere(other, first.token, 1)
