@@ -4,12 +4,14 @@ of docs/resume.md, against a real ``redis-server`` the test starts."""
 from __future__ import annotations
 
 import pytest
+from redis.asyncio import Redis
 
 from tests._support.redis_server import RedisProcess
 from tests._support.redis_server import redis_proc as redis_proc
 
 from .conftest import eventually
 from .test_redis_faults import _first_read, _gone, _is_over_elsewhere, _late_owner, _reach
+from .test_redis_fence_and_epoch import _denied
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,3 +47,38 @@ async def test_a_stopped_stream_stays_over_when_its_end_entry_lands_after_an_evi
         await late.done.wait()  # the late end entry landed
         assert await admin.pttl(log) <= 1000, "the keys of a stopped stream live on"
         await _is_over_elsewhere(other, first.token, 1)
+
+
+async def _polls_and_bytes(admin: Redis) -> tuple[int, int]:
+    """How many ``XRANGE`` Redis ran so far, and how many bytes it sent its clients."""
+    calls = (await admin.info("commandstats")).get("cmdstat_xrange", {})
+    sent = (await admin.info("stats"))["total_net_output_bytes"]
+    return int(calls.get("calls", 0)), int(sent)
+
+
+async def test_an_idle_stream_read_where_redis_may_not_block_costs_its_events_once(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): a user without +@blocking has "its control streams and
+    # mirrored logs polled (XRANGE) once per block period instead", each poll "what
+    # XREAD would answer at once" (_Ear._poll): for a stream that sends nothing, nothing.
+    # The poll reads each key from its position on, inclusive: every block period, the
+    # last event of every stream read there crosses the network again, however big and
+    # however long the stream stays idle (XREAD would send none of it).
+    big = "x" * 200_000
+    async with _denied(redis_proc, "u", "-@blocking", owner_denied=False) as denied:
+        admin, registry, _stores, owner, other = denied
+        stream, first = await _first_read(registry, owner, leave=True)
+        mirror = await _reach(other, first.token, 1)
+        registry.deliver(stream.rid, big)
+        assert [output for _, output in await mirror.next_ready() or ()] == [big]
+        polls, before = await _polls_and_bytes(admin)
+
+        async def polled() -> bool:
+            return (await _polls_and_bytes(admin))[0] >= polls + 5
+
+        await eventually(polled, timeout=5.0)
+        now, after = await _polls_and_bytes(admin)
+        sent = after - before
+        assert sent < len(big), f"{now - polls} XRANGE of an idle stream sent {sent} bytes"
+        await mirror.aclose()
