@@ -3,14 +3,29 @@ of docs/resume.md, against a real ``redis-server`` the test starts."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from redis.asyncio import Redis
+from tether_redis import RedisStore
 
+import tether
+import tether.resume
 from tests._support.redis_server import RedisProcess
 from tests._support.redis_server import redis_proc as redis_proc
 
 from .conftest import eventually
-from .test_redis_faults import _first_read, _gone, _is_over_elsewhere, _late_owner, _reach
+from .test_redis_faults import (
+    _as_user,
+    _copy,
+    _first_read,
+    _gone,
+    _is_over_elsewhere,
+    _Late,
+    _late_owner,
+    _point,
+    _reach,
+)
 from .test_redis_fence_and_epoch import _denied
 
 pytestmark = pytest.mark.timeout(60)
@@ -82,3 +97,50 @@ async def test_an_idle_stream_read_where_redis_may_not_block_costs_its_events_on
         sent = after - before
         assert sent < len(big), f"{now - polls} XRANGE of an idle stream sent {sent} bytes"
         await mirror.aclose()
+
+
+async def test_a_reconnect_ahead_of_the_log_on_a_worker_that_may_not_block_is_never_a_404(
+    redis_proc: RedisProcess,
+) -> None:
+    # Promised (docs/resume.md): "a reconnect whose Last-Event-ID is ahead of the log in
+    # Redis (the owner sends each event to its own client before the copy lands) waits
+    # up to 2 s for the log to catch up, through the worker's one reader"; a worker
+    # whose user may not block polls instead, "a block period late at most". The
+    # reconnect's first poll comes at once (it joins), before the copy lands; the next
+    # a block period later (here 2.5 s, as `block` allows): past the 2 s its wait
+    # lasts, so a live stream whose event is in Redis by then is a 404.
+    admin = Redis.from_url(redis_proc.url)
+    late = _Late.from_url(redis_proc.url)
+    assert isinstance(late, _Late)
+    clients = [late, await _as_user(admin, redis_proc, "u", "-@blocking")]
+    stores = [RedisStore(client, block=2.5, timeout=5.0) for client in clients]
+    owner, other = (tether.resume.Resume(grace=30.0, store=store) for store in stores)
+    registry = tether.Registry()
+    try:
+        async with asyncio.timeout(30):
+            stream, first = await _first_read(registry, owner, leave=True)
+            await (await _reach(other, first.token, 1)).aclose()  # (it is in Redis)
+            late.matches = _copy
+            registry.deliver(stream.rid, 1)  # event 2: its client read it, its copy is late
+            await late.held.wait()
+            reconnect = asyncio.ensure_future(other.follow(_point(first.token, 2)))
+            ear = stores[1].ear
+            log = stores[0].key(first.token, "log")
+
+            def polled_for_it() -> bool:  # (it listens to the log; a poll began since)
+                polled = not ear._polling or not ear._nudge.is_set()  # noqa: SLF001
+                return log in ear._keys and polled  # noqa: SLF001
+
+            await eventually(polled_for_it)
+            late.go.set()
+            await late.done.wait()  # event 2 is in Redis, well within the 2 s
+            follower = await reconnect
+            assert follower is not None, "a reconnect to a live stream's last event: a 404"
+            await follower.aclose()
+    finally:
+        late.go.set()
+        await registry.close(drain_timeout=0)
+        await other.aclose()
+        await owner.aclose()
+        for client in [*clients, admin]:
+            await client.aclose()
