@@ -175,6 +175,11 @@ class Ear:
         self.poke: Callable[[], Coroutine[Any, Any, None]] | None = None
         """Pokes the wake stream (bounded by the store); set by the store."""
 
+    @property
+    def polling(self) -> bool:
+        """This Redis user may not block: the keys are polled, once per block period."""
+        return self._polling
+
     def listen(self, listener: Listener, keys: dict[str, Any]) -> None:
         """Deliver the entries of ``keys`` after the given ids to ``listener`` (a key it
         listens to already goes on from where it is)."""
