@@ -36,6 +36,16 @@ def _last_copy(words: list[str]) -> bool:
     return "XADD" in words and "end" in words and "aborted" in words
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "open: a goodbye retried after the timeout goes out without the end copy; the first "
+        "copy, held by Redis past that goodbye, lands once the mark was evicted, needs no "
+        "meta, and gives the log grace + 2 block of life: reconnects elsewhere are 503s "
+        "meanwhile, not 404s. A fix needs the end copy fenced by something eviction "
+        "cannot take first"
+    ),
+)
 async def test_a_stopped_stream_stays_over_when_its_end_entry_lands_after_an_evicted_mark(
     redis_proc: RedisProcess,
 ) -> None:
