@@ -175,6 +175,11 @@ class Ear:
         self.poke: Callable[[], Coroutine[Any, Any, None]] | None = None
         """Pokes the wake stream (bounded by the store); set by the store."""
 
+    @property
+    def polling(self) -> bool:
+        """This Redis user may not block: the keys are polled, once per block period."""
+        return self._polling
+
     def listen(self, listener: Listener, keys: dict[str, Any]) -> None:
         """Deliver the entries of ``keys`` after the given ids to ``listener`` (a key it
         listens to already goes on from where it is)."""
@@ -288,11 +293,13 @@ class Ear:
 
     async def _poll(self, streams: dict[str, Any]) -> list[tuple[str, list[Any]]]:
         """What ``XREAD`` would answer at once (no ``BLOCK``), by one ``XRANGE`` a key
-        from its position on (inclusive: what a listener had is skipped anyway)."""
+        after its position (exclusive, ``(id``, Redis 6.2: an idle stream's last entry
+        must not cross the network every poll; what a listener had is skipped anyway)."""
         self._nudge.clear()
         async with self._client.pipeline(transaction=False) as pipe:
             for key, last in streams.items():
-                pipe.xrange(key, min=last)
+                after = last.decode() if isinstance(last, bytes) else str(last)
+                pipe.xrange(key, min=f"({after}")
             results = await pipe.execute()
         return [(key, entries) for key, entries in zip(streams, results, strict=True) if entries]
 

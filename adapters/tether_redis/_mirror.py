@@ -28,8 +28,9 @@ _NO_CAP = 1 << 62
 
 _CATCH_UP = 2.0
 """Seconds a reconnect whose Last-Event-ID is ahead of the log in Redis waits for the
-owner's writes to land before the id counts as unknown (a 404). The wait holds no
-connection: the store's one reader follows the log meanwhile."""
+owner's writes to land before the id counts as unknown (a 404); on a worker whose Redis
+user may not block, ``block + timeout`` if that is longer (a poll period). The wait
+holds no connection: the store's one reader follows the log meanwhile."""
 
 _TELL_PAUSE: Final = 0.05
 """Seconds before the first retry of a message to the owner that Redis failed; each
@@ -48,6 +49,7 @@ class Host(Protocol):
     block_ms: int
     lease_ms: int
     settle_ms: int
+    timeout: float
     worker: str
     ear: Ear
     epoch: str
@@ -214,13 +216,23 @@ class Mirror:
             # than call the id unknown.
             # (what its client saw must not count as unread: it is where it reads from)
             channel.sent = count
-            self._caught_up = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            caught_up = self._caught_up = loop.create_future()
+            began = loop.time()
             store.ear.listen(self, {log: last_id})
             try:
-                async with asyncio.timeout(_CATCH_UP):
-                    await self._caught_up
-            except TimeoutError:
-                pass
+                while not caught_up.done():
+                    # A worker whose user may not block polls: its first poll may come
+                    # before the copy lands, the next a block period later (and takes up
+                    # to the timeout): the wait covers it (the reader may learn that it
+                    # polls during the wait, so this is asked again).
+                    wait = _CATCH_UP
+                    if store.ear.polling:
+                        wait = max(wait, store.block_ms / 1000 + store.timeout)
+                    left = began + wait - loop.time()
+                    if left <= 0:
+                        break
+                    await asyncio.wait((caught_up,), timeout=left)
             except BaseException:  # cut (its client left): nothing follows the log for it
                 store.ear.drop(self)
                 raise
