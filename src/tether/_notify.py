@@ -140,7 +140,15 @@ class Notifier:
         self._held: set[str] = set()
 
     def holds(self, rid: str) -> bool:
-        """Whether ``rid`` was freed but its producer has not taken the abort in yet."""
+        """Whether ``rid`` was freed but its producer has not taken the abort in yet (a
+        call of it left on a loop since closed never will: it is let go)."""
+        if rid not in self._held:
+            return False
+        for task, (owner, _) in list(self._tasks.items()):
+            if owner == rid and task.get_loop().is_closed():
+                task.remove_done_callback(self._settled)
+                task.get_coro().close()  # (never to run: its loop is gone)
+                self._let_go(task)
         return rid in self._held
 
     def tell(self, steps: Steps, rids: list[str], loop: asyncio.AbstractEventLoop | None) -> None:
@@ -153,13 +161,9 @@ class Notifier:
 
     def moved(self, old: Steps, new: Steps, loop: asyncio.AbstractEventLoop) -> None:
         """The registry moved to ``loop``: what the old loop had still to tell is told
-        soon on this one (that loop stopped: it will not), and calls left running on a
-        loop that is closed are let go."""
-        for task in [task for task in self._tasks if task.get_loop() is not loop]:
-            task.remove_done_callback(self._settled)
-            if task.get_loop().is_closed():
-                task.get_coro().close()  # (never to run: its loop is gone)
-            self._let_go(task)  # (its rid is this loop's to reuse: that loop stopped)
+        soon on this one (that loop stopped: it will not). Calls running on the old
+        loop go on there (it may run again); one whose loop closed is let go when its
+        rid is asked for (:meth:`holds`)."""
         rids = old.take(self)
         if rids:
             new.tell(self, rids, loop)
