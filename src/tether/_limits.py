@@ -139,26 +139,24 @@ def require_synchronous(function: object, what: str) -> None:
         coroutine function.
     """
     target = function
-    while isinstance(target, functools.partial):
-        target = target.func
     for _ in range(8):  # (a __call__ that is itself a callable object, and so on)
+        while isinstance(target, functools.partial):
+            target = target.func
         if _asynchronous(target):
-            break
+            raise TypeError(
+                f"{what} must be a plain function that answers at once, not a coroutine "
+                f"function ({function!r}): its call would return a coroutine nobody awaits"
+            )
+        if inspect.isroutine(target):
+            return  # (a plain function, method or builtin)
         call = inspect.getattr_static(type(target), "__call__", None)
         if isinstance(call, staticmethod | classmethod):
             call = call.__func__
-        if isinstance(call, functools.partialmethod):
+        elif isinstance(call, functools.partialmethod):
             call = call.func
-        while isinstance(call, functools.partial):
-            call = call.func
-        if call is None or (inspect.isfunction(call) and not _asynchronous(call)):
+        if call is None:
             return
         target = call
-    if _asynchronous(target):
-        raise TypeError(
-            f"{what} must be a plain function that answers at once, not a coroutine "
-            f"function ({function!r}): its call would return a coroutine nobody awaits"
-        )
 
 
 def _asynchronous(function: object) -> bool:

@@ -56,17 +56,18 @@ class Steps:
         self._queue.extend((notifier, rid) for rid in rids)
         if loop is not None and loop.is_closed():
             loop = None  # (a producer's call after its loop closed: nothing can defer it)
-        if loop is not None:
-            if self._due_on is not loop:  # (a call due on a loop that stopped never runs)
-                self._due_on = loop
-                loop.call_soon(self._soon)
-        elif not self._telling:
-            self.tell_all()
+        if loop is None:
+            self.flush()
+        elif self._due_on is not loop:  # (a call due on a loop that stopped never runs)
+            self._due(loop)
+
+    def _due(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._due_on = loop
+        loop.call_soon(self._soon)
 
     def _soon(self) -> None:
         self._due_on = None
-        if not self._telling:
-            self.tell_all()
+        self.flush()
 
     def tell_all(self) -> None:
         """Tell the queue, oldest first, until it is empty (what an ``on_abort`` ends
@@ -84,8 +85,7 @@ class Steps:
                 except RuntimeError:
                     pass  # (no loop: the next tell, or close(), tells them)
                 else:
-                    self._due_on = loop
-                    loop.call_soon(self._soon)
+                    self._due(loop)
             raise
         finally:
             self._telling = False
@@ -146,7 +146,7 @@ class Notifier:
             return False
         for task, (owner, _) in list(self._tasks.items()):
             if owner == rid and task.get_loop().is_closed():
-                task.remove_done_callback(self._settled)
+                task.remove_done_callback(self._let_go)
                 task.get_coro().close()  # (never to run: its loop is gone)
                 self._let_go(task)
         return rid in self._held
@@ -196,14 +196,11 @@ class Notifier:
             return
         task = loop.create_task(self._await(rid, result), name=f"on_abort({rid!r})")
         self._tasks[task] = (rid, result)
-        task.add_done_callback(self._settled)
-
-    def _settled(self, task: asyncio.Task[None]) -> None:
-        """An asynchronous ``on_abort`` is over, however (cancelled before it began,
-        too: its rid is not held for ever)."""
-        self._let_go(task)
+        task.add_done_callback(self._let_go)
 
     def _let_go(self, task: asyncio.Task[None]) -> None:
+        """An asynchronous ``on_abort`` is over, however (cancelled before it began,
+        too, or its loop gone: its rid is not held for ever)."""
         call = self._tasks.pop(task, None)
         if call is None:
             return

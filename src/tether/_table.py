@@ -14,10 +14,9 @@ shutdown) is a caller of it that says which :class:`End`.
 ``on_abort`` is called at once, except while a producer's call is under way on the
 loop (:attr:`Table.steps`, shared by every registry on that loop: ``deliver``,
 ``deliver_many``, ``fail``, ``fail_all``, and whatever they run, sinks, ``merge``,
-observers, whatever those end) or from a garbage
-collector's finaliser (``defer``): then it runs soon after on the loop, once the
-producer's step has returned, so that it never re-enters the producer in the middle
-of its step.
+observers, whatever those end) or from a garbage collector's finaliser (``defer``):
+then it runs soon after on the loop, once the producer's step has returned, so that
+it never re-enters the producer in the middle of its step.
 """
 
 from __future__ import annotations
