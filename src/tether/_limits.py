@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+from collections.abc import Iterable
 from typing import Any, Final
 
 from .types import Merge, SizeOf
@@ -28,6 +29,10 @@ DEFAULT_MAX_PENDING_BYTES: Final = 16 * 1024 * 1024
 _SIZE_NODES: Final = 1 << 16
 """How many values ``approximate_size`` walks in one output before it measures the
 output's JSON encoding instead."""
+
+_FLAT: Final = 1024
+"""The most items of an output's top container weighed before the node bound is
+looked at (so that a huge one is measured, never walked, as below)."""
 
 TOO_LARGE: Final = sys.maxsize
 """The weight of an output too large to walk that is no JSON either: over any budget."""
@@ -49,14 +54,54 @@ def approximate_size(output: Any) -> int:
     object) weighs :data:`TOO_LARGE`. The cost is thus linear in the output and
     bounded: cheap for a token stream's outputs, and it sees the megabyte string
     inside a tool-call delta wherever it sits."""
-    total = seen = 0
-    todo = [output]
-    pop, extend = todo.pop, todo.extend
-    while todo:
-        seen += 1
-        if seen > _SIZE_NODES:
-            return _encoded_size(output, total)
+    cls = type(output)
+    if cls is str or cls is bytes:  # (the usual outputs first: no list, no loop)
+        return 8 + len(output)
+    todo: list[Any] = []
+    if cls is dict and len(output) <= _FLAT:
+        total = 8 + _leaves(output, todo) + _leaves(output.values(), todo)
+        seen = 1 + 2 * len(output)
+    elif (cls is list or cls is tuple) and len(output) <= _FLAT:
+        total = 8 + _leaves(output, todo)
+        seen = 1 + len(output)
+    else:
+        todo.append(output)
+        total = seen = 0
+    pop = todo.pop
+    while todo:  # what the leaves left: containers and other values, each counted once
         value = pop()
+        cls = type(value)
+        if cls is dict:
+            seen += 1 + 2 * len(value)
+            if seen > _SIZE_NODES:
+                return _encoded_size(output, total)
+            total += 8 + _leaves(value, todo) + _leaves(value.values(), todo)
+        elif cls is list or cls is tuple:
+            seen += 1 + len(value)
+            if seen > _SIZE_NODES:
+                return _encoded_size(output, total)
+            total += 8 + _leaves(value, todo)
+        else:
+            seen += 1
+            if seen > _SIZE_NODES:
+                return _encoded_size(output, total)
+            # (_leaves() inline: the top output and what sets and objects hold)
+            if cls is str or cls is bytes:
+                total += 8 + len(value)
+            elif cls is int:
+                total += 8 + (value.bit_length() >> 2)
+            elif cls is float or value is None or cls is bool:
+                total += 8
+            else:
+                total += 8 + _other_size(value, todo)
+    return total
+
+
+def _leaves(values: Iterable[Any], todo: list[Any]) -> int:
+    """The weight of the strings, bytes, numbers, ``None`` and booleans among
+    ``values``; every other value joins ``todo``."""
+    total = 0
+    for value in values:
         cls = type(value)
         if cls is str or cls is bytes:
             total += 8 + len(value)
@@ -64,15 +109,8 @@ def approximate_size(output: Any) -> int:
             total += 8 + (value.bit_length() >> 2)  # (>= its decimal digits)
         elif cls is float or value is None or cls is bool:
             total += 8
-        elif cls is dict:
-            total += 8
-            extend(value.keys())
-            extend(value.values())
-        elif cls is list or cls is tuple:
-            total += 8
-            extend(value)
         else:
-            total += 8 + _other_size(value, todo)
+            todo.append(value)
     return total
 
 

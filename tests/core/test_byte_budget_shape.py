@@ -47,6 +47,37 @@ def test_an_outputs_weight_is_never_below_a_sixth_of_its_json_size(value: Any) -
     assert tether.approximate_size(value) * FACTOR >= _json_size(value)
 
 
+def _parts(value: Any) -> int:
+    """The documented weight, spelled out: a word per value, a string's or bytes'
+    length, an int's digits (a quarter of its bits), a container's parts."""
+    if isinstance(value, dict):
+        return 8 + sum(_parts(key) + _parts(item) for key, item in value.items())
+    if isinstance(value, list | tuple):
+        return 8 + sum(_parts(item) for item in value)
+    if isinstance(value, str | bytes):
+        return 8 + len(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return 8 + (value.bit_length() >> 2)
+    return 8
+
+
+_plain = st.recursive(
+    _scalars | st.binary(max_size=16),
+    lambda inner: (
+        st.lists(inner, max_size=8)
+        | st.lists(inner, max_size=4).map(tuple)
+        | st.dictionaries(_text | st.integers(), inner, max_size=8)
+    ),
+    max_leaves=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_plain)
+def test_an_outputs_weight_is_the_sum_of_its_parts_however_it_nests(value: Any) -> None:
+    assert tether.approximate_size(value) == _parts(value)
+
+
 @settings(max_examples=50, deadline=None)
 @given(st.integers(0, 100), st.integers(0, 20_000), st.booleans())
 def test_a_large_string_is_weighed_wherever_it_sits(depth: int, before: int, last: bool) -> None:
