@@ -195,6 +195,7 @@ CORE_SERIES = {
     "a:event+wait_for": "a: event + wait_for",
     "b:merging-slot": "b: merging slot",
     "c:queue": "c: queue",
+    "d:floor": "d: floor (no guarantees)",
 }
 
 

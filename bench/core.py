@@ -1,4 +1,4 @@
-"""Core microbenchmark: tether's registry and streams against three hand-written tables.
+"""Core microbenchmark: tether's registry and streams against hand-written tables.
 
 Run from the repository root, with the project's virtual environment::
 
@@ -23,7 +23,8 @@ a one-item list) and the producer delivers two outputs to every request before
 it yields, so that every reader is behind at every wake-up and reads the two
 merged into one; the baselines fold with the same ``merge`` where they can (the
 figure still counts outputs delivered). Baselines: ``core_baselines.py``
-beside this file. ``--write`` keeps the figures in ``bench/results/core.json``
+beside this file; the last, (d), is the floor: the least a table with tether's reading
+API can do, so that tether over it is what tether's guarantees cost. ``--write`` keeps the figures in ``bench/results/core.json``
 (which :mod:`bench.charts` draws) and their table between the ``core:begin`` /
 ``core:end`` markers of ``bench/RESULTS.md``.
 
@@ -62,7 +63,7 @@ import tether
 import tether_otel
 import tether_prometheus
 
-from .core_baselines import EventTable, QueueTable, SlotTable
+from .core_baselines import EventTable, FloorTable, QueueTable, SlotTable
 from .report import RESULTS, rewrite_readme
 
 OUTPUTS_PER_REQUEST = 64
@@ -101,7 +102,7 @@ async def run_tether_merged(n: int) -> int:
 
 
 def _baseline(
-    table_type: type[EventTable | SlotTable | QueueTable], *, merged: bool = False
+    table_type: type[EventTable | SlotTable | QueueTable | FloorTable], *, merged: bool = False
 ) -> Runner:
     async def run(n: int) -> int:
         table = table_type(_concat) if merged else table_type()
@@ -236,6 +237,7 @@ IMPLEMENTATIONS: dict[str, Runner] = {
     "a:event+wait_for": _baseline(EventTable),
     "b:merging-slot": _baseline(SlotTable),
     "c:queue": _baseline(QueueTable),
+    "d:floor": _baseline(FloorTable),
 }
 
 MERGED: dict[str, Runner] = {
@@ -243,6 +245,7 @@ MERGED: dict[str, Runner] = {
     "a:event+wait_for": _baseline(EventTable, merged=True),
     "b:merging-slot": _baseline(SlotTable, merged=True),
     "c:queue": _baseline(QueueTable, merged=True),
+    "d:floor": _baseline(FloorTable, merged=True),
 }
 """The with-merge workload (``--merge with``): the same names, so the same ratios."""
 

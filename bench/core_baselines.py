@@ -9,8 +9,13 @@ path: open a request, route outputs to it, read them, free it when finished.
 * :class:`SlotTable` (b): a single-slot collector per request that merges
   outputs when the reader is behind, woken by an ``asyncio.Event``.
 * :class:`QueueTable` (c): one ``asyncio.Queue`` per request.
+* :class:`FloorTable` (d): not a pattern servers write but the least any table with
+  tether's reading API can do: a dict of slots, a future made only when a reader
+  waits, a reader class whose ``__anext__`` is a coroutine (what ``async for`` over
+  a class costs), and nothing else: no bounds, no thread or loop checks, no ends
+  other than the last output. What tether's guarantees cost is tether against it.
 
-All three capture the state when the reader is built (the table entry may be
+All four capture the state when the reader is built (the table entry may be
 freed by the finishing output before the reader first runs), so that they
 complete the same workload tether does. Given a ``merge`` (the with-merge
 workload), (a) folds an output into the newest one waiting and (b) folds into
@@ -25,7 +30,7 @@ import itertools
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
-__all__ = ["EventTable", "QueueTable", "SlotTable"]
+__all__ = ["EventTable", "FloorTable", "QueueTable", "SlotTable"]
 
 _WAIT_TIMEOUT: Final = 4.0  # the waiter's "is the client still there?" poll interval
 _DONE: Final = object()
@@ -170,3 +175,73 @@ class QueueTable:
         if finished:
             queue.put_nowait(_DONE)
             del self._table[rid]
+
+
+class _Floor:
+    __slots__ = ("finished", "items", "waiter")
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.waiter: asyncio.Future[None] | None = None
+        self.finished = False
+
+
+class _FloorReader:
+    __slots__ = ("_buf", "_pos", "_slot")
+
+    def __init__(self, slot: _Floor) -> None:
+        self._slot = slot
+        self._buf: list[Any] = []
+        self._pos = 0
+
+    def __aiter__(self) -> _FloorReader:
+        return self
+
+    async def __anext__(self) -> Any:
+        buf, pos = self._buf, self._pos
+        if pos < len(buf):  # (the rest of what one wake-up found)
+            self._pos = pos + 1
+            return buf[pos]
+        slot = self._slot
+        while True:
+            items = slot.items
+            if items:
+                slot.items = []
+                if len(items) > 1:
+                    self._buf, self._pos = items, 1
+                return items[0]
+            if slot.finished:
+                raise StopAsyncIteration
+            slot.waiter = waiter = asyncio.get_running_loop().create_future()
+            await waiter
+
+
+class FloorTable:
+    """(d) the floor: ``rid -> slot``, the reader woken through one future per wait."""
+
+    def __init__(self, merge: Merge | None = None) -> None:
+        self._table: dict[str, _Floor] = {}
+        self._ids = itertools.count()
+        self._merge = merge
+
+    def open(self) -> tuple[str, AsyncIterator[Any]]:
+        rid = str(next(self._ids))
+        slot = self._table[rid] = _Floor()
+        return rid, _FloorReader(slot)
+
+    def deliver(self, rid: str, output: Any, finished: bool) -> None:
+        slot = self._table.get(rid)
+        if slot is None:
+            return
+        items = slot.items
+        if self._merge is not None and items:
+            items[-1] = self._merge(items[-1], output)
+        else:
+            items.append(output)
+        if finished:
+            slot.finished = True
+            del self._table[rid]
+        waiter = slot.waiter
+        if waiter is not None:
+            slot.waiter = None
+            waiter.set_result(None)

@@ -19,6 +19,7 @@ import pytest
 from bench import (
     ab,
     charts,
+    core,
     instructions,
     json_path,
     matrix,
@@ -29,6 +30,16 @@ from bench import (
 )
 from bench.servers.handoff import SERIALIZERS
 from bench.servers.producer import SHAPES, GcClock
+
+
+@pytest.mark.parametrize("workload", ["without", "with"])
+def test_every_core_implementation_reads_every_output_of_the_workload(workload: str) -> None:
+    """tether and each hand-written table, the floor included, on both workloads:
+    every output reaches its reader (the run raises on a lost one)."""
+    implementations = core.MERGED if workload == "with" else core.IMPLEMENTATIONS
+    assert "d:floor" in implementations
+    for name, runner in implementations.items():
+        assert core.measure(runner, 50) > 0, name
 
 
 @pytest.mark.parametrize("variant", ["raw", "limit"])
