@@ -719,7 +719,7 @@ async def answer_whole(source: Stream | Batch | Numbered, encoder: Encoder) -> H
         result = await source.result()
     except TetherError as exc:
         return error_head(exc)
-    if isinstance(result, list):
+    if isinstance(source, Batch) and source.keep_going:  # (a stream's list is its own)
         result = [error_inline(item) for item in result]
     try:
         body = encoder.dumps(result)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -122,3 +124,31 @@ async def test_a_stream_that_ends_before_its_first_output_is_a_complete_answer(
     body = server.bodies[0][0]
     assert (b"content-length", str(len(body)).encode()) in server.sent[0]["headers"]
     assert body.count(b'"type":"ProducerError"') == 2
+
+
+async def test_a_stream_s_list_result_is_answered_whole_with_no_call_per_item(
+    engine: Engine,
+) -> None:
+    """A merged list (token ids folded with ``operator.add``) is the stream's own value:
+    encoded as it is, not walked item by item in Python (only a keep-going batch's
+    results can hold an error to write in place)."""
+    server = FakeServer()
+    stream = engine.registry.open()
+    tokens = list(range(20_000))
+    engine.registry.deliver(stream.rid, tokens, finished=True)
+    calls = 0
+
+    def count(frame: object, event: str, arg: object) -> None:
+        nonlocal calls
+        calls += event == "call"
+
+    with request_scope(server):
+        sys.setprofile(count)
+        try:
+            response = await respond(Request(server.scope), stream, streaming=False)
+        finally:
+            sys.setprofile(None)
+    await response(server.scope, server.receive, server.send)
+    assert server.sent[0]["status"] == 200
+    assert json.loads(server.bodies[0][0]) == tokens
+    assert calls < 1_000, f"{calls} Python calls to answer a list of {len(tokens)}"
