@@ -57,6 +57,8 @@ def approximate_size(output: Any) -> int:
     cls = type(output)
     if cls is str or cls is bytes:  # (the usual outputs first: no list, no loop)
         return 8 + len(output)
+    # Every value is counted once, as it is found (its container's items as the
+    # container is walked), so that the bound is checked before a huge one is walked.
     todo: list[Any] = []
     if cls is dict and len(output) <= _FLAT:
         total = 8 + _leaves(output, todo) + _leaves(output.values(), todo)
@@ -66,34 +68,33 @@ def approximate_size(output: Any) -> int:
         seen = 1 + len(output)
     else:
         todo.append(output)
-        total = seen = 0
+        total, seen = 0, 1
     pop = todo.pop
     while todo:  # what the leaves left: containers and other values, each counted once
         value = pop()
         cls = type(value)
         if cls is dict:
-            seen += 1 + 2 * len(value)
+            seen += 2 * len(value)
             if seen > _SIZE_NODES:
                 return _encoded_size(output, total)
             total += 8 + _leaves(value, todo) + _leaves(value.values(), todo)
         elif cls is list or cls is tuple:
-            seen += 1 + len(value)
+            seen += len(value)
             if seen > _SIZE_NODES:
                 return _encoded_size(output, total)
             total += 8 + _leaves(value, todo)
+        elif cls is str or cls is bytes:  # (_leaves() inline: the top output and what
+            total += 8 + len(value)  # sets and objects hold, found by _other_size)
+        elif cls is int:
+            total += 8 + (value.bit_length() >> 2)
+        elif cls is float or value is None or cls is bool:
+            total += 8
         else:
-            seen += 1
+            found = len(todo)
+            total += 8 + _other_size(value, todo)
+            seen += len(todo) - found
             if seen > _SIZE_NODES:
                 return _encoded_size(output, total)
-            # (_leaves() inline: the top output and what sets and objects hold)
-            if cls is str or cls is bytes:
-                total += 8 + len(value)
-            elif cls is int:
-                total += 8 + (value.bit_length() >> 2)
-            elif cls is float or value is None or cls is bool:
-                total += 8
-            else:
-                total += 8 + _other_size(value, todo)
     return total
 
 
