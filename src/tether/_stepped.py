@@ -16,13 +16,6 @@ reads the request's context variables (a tracing span) as in the handler's own t
 and resets what it set in the context it set it in. What no copy can give is the task:
 a ``send`` wrapper that binds itself to ``asyncio.current_task()`` (``asyncio.timeout``
 around the inner ``send``, an anyio cancel scope) would bind to the producer's.
-
-A producer thread's hand-over (``deliver_many_threadsafe``) runs in a loop callback,
-where no task is current: a step driven there writes as in a task, and a wrapper that
-needs one raises ``RuntimeError`` as it is entered (both asyncio's and anyio's do,
-before anything is sent). That write is declined, and the handler's task writes every
-later one (:meth:`Stepped.write`): the wrapper then binds to the handler, as without
-``producer_writes``.
 """
 
 from __future__ import annotations
@@ -68,26 +61,29 @@ class Stepped:
 
     def writable(self) -> bool:
         """Whether a write is worth trying now: its writes do not keep suspending, and
-        this is the handler's thread (a task of it, or a loop callback: a producer
-        thread's hand-over). A ``deliver()`` from another thread settles it: the
-        handler writes for good, at once (its own writes through this would otherwise
-        reset the count, and every output would be offered, declined and written by
-        the handler, at a fifth more CPU)."""
+        this is a task of the handler's thread. A hand-over from elsewhere (a producer
+        thread's, in a loop callback) settles it: the handler writes for good, at once
+        (its own writes through this would otherwise reset the count, and every output
+        would be offered, declined and written by the handler, at a fifth more CPU)."""
         if self._suspended >= SUSPENDS_IN_A_ROW or self._busy:
             return False
-        if _thread_id() != self._thread:
+        if _thread_id() != self._thread or _current_task(self._loop) is None:
             self._suspended = SUSPENDS_IN_A_ROW
             return False
         return True
 
     def write(self, chunk: bytes) -> bool | _Begun:
         """Drive the write of ``chunk`` one step: ``True`` if that wrote it, ``False`` if
-        it was not tried (or, in a loop callback, refused by a send chain that needs a
-        task: then never again), else the begun write (to await, or ``close()``)."""
-        # Only in the handler's thread (writable()): a deliver() from elsewhere must
-        # never write. (writable()'s tests inline: its call only when one fails, to settle it)
+        it was not tried, else the begun write (to await, or ``close()``)."""
+        # Only from a task of the handler's thread (writable()): a thread's hand-over
+        # runs in a loop callback, where a send chain that needs a task (anyio,
+        # asyncio.timeout) raises; a deliver() from elsewhere must never write.
+        # (writable()'s tests inline: its call only when one fails, to settle it)
         if (
-            self._suspended >= SUSPENDS_IN_A_ROW or self._busy or _thread_id() != self._thread
+            self._suspended >= SUSPENDS_IN_A_ROW
+            or self._busy
+            or _thread_id() != self._thread
+            or _current_task(self._loop) is None
         ) and not self.writable():
             return False
         steps = self._write(chunk, False).__await__()
@@ -97,14 +93,6 @@ class Stepped:
         except StopIteration:
             self._suspended = 0
             return True
-        except RuntimeError as exc:
-            if _current_task(self._loop) is not None:
-                return _Begun(None, exc, self._context)
-            # A loop callback (a producer thread's hand-over), and a send wrapper that
-            # needs a task refused to start (asyncio.timeout, an anyio cancel scope):
-            # nothing went out; the handler writes this and every later chunk.
-            self._suspended = SUSPENDS_IN_A_ROW
-            return False
         except (Exception, asyncio.CancelledError) as exc:
             # The writing task meets it, as in its own write; a CancelledError too: it
             # is the send chain's (a cancelled future awaited in its step), never the

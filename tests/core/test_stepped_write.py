@@ -1,13 +1,11 @@
-"""A write driven from the producer's step (``tether.http.Stepped``) runs only in the
-handler's thread: in a task, or in a loop callback (a thread's hand-over) unless its
-send chain needs a task, which then leaves every write to the handler's task."""
+"""A write driven from the producer's step (``tether.http.Stepped``) runs only in a task
+of the handler's thread: a thread's hand-over, in a loop callback, never drives it."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-import anyio
 import pytest
 
 from tether._stepped import SUSPENDS_IN_A_ROW
@@ -30,16 +28,15 @@ async def test_a_stepped_write_in_a_task_of_the_handlers_thread_is_written_at_on
     assert sent == [b"x"]
 
 
-async def _in_loop_callbacks(stepped: Stepped, chunks: list[bytes]) -> list[object]:
-    """What ``stepped.write`` answers for each chunk, each in a loop callback of its
-    own: where a producer thread's hand-over (``deliver_many_threadsafe``) runs."""
+async def test_a_hand_over_outside_any_task_is_declined_and_the_handler_writes_for_good() -> None:
+    stepped, sent = _recording()
     loop = asyncio.get_running_loop()
     results: list[object] = []
     done = asyncio.Event()
 
-    def hand_over() -> None:
-        results.append(stepped.write(chunks[len(results)]))
-        if len(results) < len(chunks):
+    def hand_over() -> None:  # where deliver_many_threadsafe's step runs: no task
+        results.append(stepped.write(b"x"))
+        if len(results) < SUSPENDS_IN_A_ROW:
             loop.call_soon(hand_over)
         else:
             done.set()
@@ -47,45 +44,27 @@ async def _in_loop_callbacks(stepped: Stepped, chunks: list[bytes]) -> list[obje
     loop.call_soon(hand_over)
     async with asyncio.timeout(10):
         await done.wait()
-    return results
-
-
-async def test_a_thread_s_hand_over_writes_at_once_through_a_send_that_needs_no_task() -> None:
-    stepped, sent = _recording()
-    chunks = [b"%d" % n for n in range(2 * SUSPENDS_IN_A_ROW)]
-    assert await _in_loop_callbacks(stepped, chunks) == [True] * len(chunks)
-    assert sent == chunks
-    assert stepped.writable()  # and in the handler's task as well
-    assert stepped.write(b"y") is True
-
-
-def _needing_a_task(kind: str) -> tuple[Stepped, list[bytes]]:
-    """A send chain bounded as middlewares bound it: asyncio's or anyio's timeout."""
-    sent: list[bytes] = []
-
-    async def server_send(chunk: bytes) -> None:
-        sent.append(chunk)
-
-    async def write(chunk: bytes, last: bool) -> None:
-        if kind == "asyncio":
-            async with asyncio.timeout(10):
-                await server_send(chunk)
-        else:
-            with anyio.fail_after(10):
-                await server_send(chunk)
-
-    return Stepped(write), sent
-
-
-@pytest.mark.parametrize("kind", ["asyncio", "anyio"])
-async def test_a_send_that_needs_a_task_declines_a_hand_over_and_the_handler_writes_for_good(
-    kind: str,
-) -> None:
-    stepped, sent = _needing_a_task(kind)
-    assert await _in_loop_callbacks(stepped, [b"x", b"x"]) == [False, False]
-    assert sent == []  # nothing went out: the handler's task writes it
+    assert results == [False] * SUSPENDS_IN_A_ROW
+    assert sent == []
     assert not stepped.writable()  # even in a task now: the handler writes for good
     assert stepped.write(b"y") is False
+    assert sent == []
+
+
+async def test_one_hand_over_outside_any_task_is_enough_to_settle_it() -> None:
+    stepped, sent = _recording()
+    done = asyncio.Event()
+    declined: list[object] = []
+
+    def hand_over() -> None:
+        declined.append(stepped.write(b"x"))
+        done.set()
+
+    asyncio.get_running_loop().call_soon(hand_over)
+    async with asyncio.timeout(10):
+        await done.wait()
+    assert declined == [False]
+    assert stepped.write(b"y") is False  # the handler's own writes go its own way now
     assert sent == []
 
 
