@@ -92,9 +92,10 @@ def test_the_namespaces_hold_what_they_say() -> None:
     assert _package("resume") == "resume"
 
 
-ADAPTER_LINES = {tether_starlette: 600, tether_aiohttp: 400}
+ADAPTER_LINES = {tether_starlette: 605, tether_aiohttp: 400}
 """The most lines (docstrings included) of each adapter package: past it, something both
-adapters need has probably grown in one of them instead of in ``tether.http``."""
+adapters need has probably grown in one of them instead of in ``tether.http``. (Starlette
+605: ``producer_writes="threads"``, a choice about an ASGI send chain aiohttp has none of.)"""
 
 
 def test_adapters_stay_thin_the_shared_http_policy_living_in_the_core() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.requests import HTTPConnection
@@ -91,7 +91,8 @@ class TetherMiddleware:
     :param producer_writes: a waiting stream's outputs are sent from the producer's
         ``deliver()`` (:class:`tether.http.Stepped`), no task woken per event. Every
         ``send`` wrapper then runs outside the handler's task: off if one needs a task
-        (``asyncio.timeout``, an anyio cancel scope, ``BaseHTTPMiddleware``).
+        (``asyncio.timeout``, an anyio cancel scope, ``BaseHTTPMiddleware``). ``"threads"``:
+        a thread's hand-over too, in its loop callback (no task: Stepped's ``callbacks``).
     :raises RuntimeError: (when called) not on asyncio; installed twice, two registries.
     """
 
@@ -103,8 +104,10 @@ class TetherMiddleware:
         *,
         registry: tether.Registry,
         drain_timeout: float | None = 5.0,
-        producer_writes: bool = False,
+        producer_writes: bool | Literal["threads"] = False,
     ) -> None:
+        if producer_writes not in (False, True, "threads"):
+            raise ValueError(f"producer_writes: True, False or 'threads', not {producer_writes!r}")
         self.app, self.registry, self.drain_timeout = app, registry, drain_timeout
         self.producer_writes, self._on_asyncio = producer_writes, False
 

@@ -55,7 +55,7 @@ class ExchangeResponse(Response):
         self._start["headers"] = self.raw_headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self._send, self._stepped = send, scope.get(WRITES_KEY) is True
+        self._send, self._stepped = send, scope.get(WRITES_KEY)  # (the middleware's option)
         await self.exchange.run(self, vars(self).pop("_first"))  # (not kept once written)
         if self.background is not None:  # (FastAPI's BackgroundTasks): after the answer
             await self.background()
@@ -74,4 +74,4 @@ class ExchangeResponse(Response):
         return None
 
     def direct(self) -> Stepped | None:
-        return Stepped(self.write) if self._stepped else None
+        return Stepped(self.write, callbacks=self._stepped == "threads") if self._stepped else None

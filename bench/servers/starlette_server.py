@@ -252,11 +252,13 @@ def build(backend: Backend) -> ASGIApp:
     if backend.variant == "tether":
         import tether_starlette
 
-        # No send wrapper here needs the handler's task: the producer may drive send
-        # (asked only of a tree that offers it: bench.ab runs earlier revisions too).
+        # No send wrapper here needs a task at all: the producer may drive send, an
+        # engine thread's hand-over too (asked only of a tree that offers it: bench.ab
+        # runs earlier revisions too).
         middleware = tether_starlette.TetherMiddleware
-        offered = "producer_writes" in inspect.signature(middleware).parameters
-        options = {"producer_writes": True} if offered else {}
+        option = inspect.signature(middleware).parameters.get("producer_writes")
+        writes = option is not None and ("threads" if "threads" in str(option) else True)
+        options = {"producer_writes": writes} if writes else {}
         return middleware(app, registry=backend.registry, **options)
     return app
 

@@ -46,12 +46,19 @@ class Stepped:
     writer is busy or its writes keep suspending), or the begun write: an awaitable
     that the writing task must await before anything else is written, or ``close()``
     if the response is cut.
+
+    :param callbacks: write in a loop callback of the handler's thread too (a producer
+        thread's hand-over runs there), where no task is current: only for a ``send``
+        chain that needs none (a wrapper that does, such as ``asyncio.timeout``, raises
+        there, and that response fails). Off: such a hand-over settles it (below).
     """
 
-    __slots__ = ("_busy", "_context", "_loop", "_suspended", "_thread", "_write")
+    __slots__ = ("_busy", "_context", "_loop", "_suspended", "_tasks_only", "_thread", "_write")
 
-    def __init__(self, write: Callable[[bytes, bool], Awaitable[object]]) -> None:
-        self._write = write
+    def __init__(
+        self, write: Callable[[bytes, bool], Awaitable[object]], *, callbacks: bool = False
+    ) -> None:
+        self._write, self._tasks_only = write, not callbacks
         self._thread = threading.get_ident()
         # (current_task() with the loop named: without it, a getpid() per write on 3.11)
         self._loop = asyncio.get_running_loop()
@@ -61,13 +68,16 @@ class Stepped:
 
     def writable(self) -> bool:
         """Whether a write is worth trying now: its writes do not keep suspending, and
-        this is a task of the handler's thread. A hand-over from elsewhere (a producer
+        this is a task of the handler's thread (with ``callbacks``, any of its code). A
+        hand-over from elsewhere (a producer
         thread's, in a loop callback) settles it: the handler writes for good, at once
         (its own writes through this would otherwise reset the count, and every output
         would be offered, declined and written by the handler, at a fifth more CPU)."""
         if self._suspended >= SUSPENDS_IN_A_ROW or self._busy:
             return False
-        if _thread_id() != self._thread or _current_task(self._loop) is None:
+        if _thread_id() != self._thread or (
+            self._tasks_only and _current_task(self._loop) is None
+        ):
             self._suspended = SUSPENDS_IN_A_ROW
             return False
         return True
@@ -75,15 +85,15 @@ class Stepped:
     def write(self, chunk: bytes) -> bool | _Begun:
         """Drive the write of ``chunk`` one step: ``True`` if that wrote it, ``False`` if
         it was not tried, else the begun write (to await, or ``close()``)."""
-        # Only from a task of the handler's thread (writable()): a thread's hand-over
-        # runs in a loop callback, where a send chain that needs a task (anyio,
-        # asyncio.timeout) raises; a deliver() from elsewhere must never write.
+        # Only from a task of the handler's thread (writable()) unless told otherwise: a
+        # thread's hand-over runs in a loop callback, where a send chain that needs a
+        # task (anyio, asyncio.timeout) raises; a deliver() from elsewhere never writes.
         # (writable()'s tests inline: its call only when one fails, to settle it)
         if (
             self._suspended >= SUSPENDS_IN_A_ROW
             or self._busy
             or _thread_id() != self._thread
-            or _current_task(self._loop) is None
+            or (self._tasks_only and _current_task(self._loop) is None)
         ) and not self.writable():
             return False
         steps = self._write(chunk, False).__await__()

@@ -1,5 +1,7 @@
 """A write driven from the producer's step (``tether.http.Stepped``) runs only in a task
-of the handler's thread: a thread's hand-over, in a loop callback, never drives it."""
+of the handler's thread: a thread's hand-over, in a loop callback, never drives it,
+unless the writer was told its chain needs no task (``callbacks=True``): then it writes
+there too, and a chain that does need one fails that write (never retried)."""
 
 from __future__ import annotations
 
@@ -110,3 +112,53 @@ async def test_a_send_step_in_a_cancelled_producers_step_lets_the_cancellation_g
         assert begun is not False
         with pytest.raises(asyncio.CancelledError):
             await begun  # (the write loop meets it)
+
+
+async def _hand_overs(stepped: Stepped, count: int) -> list[object]:
+    """What ``stepped.write`` answers, each call in a loop callback of its own."""
+    loop = asyncio.get_running_loop()
+    results: list[object] = []
+    done = asyncio.Event()
+
+    def hand_over() -> None:
+        results.append(stepped.write(b"%d" % len(results)))
+        if len(results) < count:
+            loop.call_soon(hand_over)
+        else:
+            done.set()
+
+    loop.call_soon(hand_over)
+    async with asyncio.timeout(10):
+        await done.wait()
+    return results
+
+
+async def test_told_so_a_hand_over_outside_any_task_writes_at_once() -> None:
+    sent: list[bytes] = []
+
+    async def write(chunk: bytes, last: bool) -> None:
+        sent.append(chunk)
+
+    stepped = Stepped(write, callbacks=True)
+    count = 2 * SUSPENDS_IN_A_ROW
+    assert await _hand_overs(stepped, count) == [True] * count
+    assert sent == [b"%d" % n for n in range(count)]
+    assert stepped.write(b"y") is True  # and in a task as well
+
+
+async def test_told_so_a_send_that_needs_a_task_fails_its_write_in_a_hand_over() -> None:
+    """The app said its chain needs no task, and one does: the write fails (its writing
+    task meets the error and ends the response), nothing is retried."""
+    sent: list[bytes] = []
+
+    async def write(chunk: bytes, last: bool) -> None:
+        async with asyncio.timeout(10):
+            sent.append(chunk)
+            await asyncio.sleep(0)
+
+    stepped = Stepped(write, callbacks=True)
+    (begun,) = await _hand_overs(stepped, 1)
+    assert not isinstance(begun, bool)  # a begun write, for the writing task
+    with pytest.raises(RuntimeError, match="inside a task"):
+        await begun  # type: ignore[misc]
+    assert sent == []

@@ -198,7 +198,7 @@ def one_stream_app(
     registry: tether.Registry,
     opened: asyncio.Queue[str],
     *,
-    producer_writes: bool = False,
+    producer_writes: bool | str = False,
     **options: Any,
 ) -> Starlette:
     """``/one`` opens a stream (for the query's ``rid``, if it has one), puts its rid in
