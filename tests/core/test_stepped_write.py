@@ -30,15 +30,15 @@ async def test_a_stepped_write_in_a_task_of_the_handlers_thread_is_written_at_on
     assert sent == [b"x"]
 
 
-async def test_a_hand_over_outside_any_task_is_declined_and_the_handler_writes_for_good() -> None:
-    stepped, sent = _recording()
+async def _hand_overs(stepped: Stepped, count: int) -> list[object]:
+    """What ``stepped.write`` answers, each call in a loop callback of its own."""
     loop = asyncio.get_running_loop()
     results: list[object] = []
     done = asyncio.Event()
 
-    def hand_over() -> None:  # where deliver_many_threadsafe's step runs: no task
-        results.append(stepped.write(b"x"))
-        if len(results) < SUSPENDS_IN_A_ROW:
+    def hand_over() -> None:
+        results.append(stepped.write(b"%d" % len(results)))
+        if len(results) < count:
             loop.call_soon(hand_over)
         else:
             done.set()
@@ -46,6 +46,12 @@ async def test_a_hand_over_outside_any_task_is_declined_and_the_handler_writes_f
     loop.call_soon(hand_over)
     async with asyncio.timeout(10):
         await done.wait()
+    return results
+
+
+async def test_a_hand_over_outside_any_task_is_declined_and_the_handler_writes_for_good() -> None:
+    stepped, sent = _recording()
+    results = await _hand_overs(stepped, SUSPENDS_IN_A_ROW)  # (no task: a thread's step)
     assert results == [False] * SUSPENDS_IN_A_ROW
     assert sent == []
     assert not stepped.writable()  # even in a task now: the handler writes for good
@@ -112,25 +118,6 @@ async def test_a_send_step_in_a_cancelled_producers_step_lets_the_cancellation_g
         assert begun is not False
         with pytest.raises(asyncio.CancelledError):
             await begun  # (the write loop meets it)
-
-
-async def _hand_overs(stepped: Stepped, count: int) -> list[object]:
-    """What ``stepped.write`` answers, each call in a loop callback of its own."""
-    loop = asyncio.get_running_loop()
-    results: list[object] = []
-    done = asyncio.Event()
-
-    def hand_over() -> None:
-        results.append(stepped.write(b"%d" % len(results)))
-        if len(results) < count:
-            loop.call_soon(hand_over)
-        else:
-            done.set()
-
-    loop.call_soon(hand_over)
-    async with asyncio.timeout(10):
-        await done.wait()
-    return results
 
 
 async def test_told_so_a_hand_over_outside_any_task_writes_at_once() -> None:
