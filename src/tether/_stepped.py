@@ -75,9 +75,7 @@ class Stepped:
         would be offered, declined and written by the handler, at a fifth more CPU)."""
         if self._suspended >= SUSPENDS_IN_A_ROW or self._busy:
             return False
-        if _thread_id() != self._thread or (
-            self._tasks_only and _current_task(self._loop) is None
-        ):
+        if _thread_id() != self._thread or (self._tasks_only and _current_task(self._loop) is None):
             self._suspended = SUSPENDS_IN_A_ROW
             return False
         return True
