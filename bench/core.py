@@ -24,9 +24,9 @@ it yields, so that every reader is behind at every wake-up and reads the two
 merged into one; the baselines fold with the same ``merge`` where they can (the
 figure still counts outputs delivered). Baselines: ``core_baselines.py``
 beside this file; the last, (d), is the floor: the least a table with tether's reading
-API can do, so that tether over it is what tether's guarantees cost. ``--write`` keeps the figures in ``bench/results/core.json``
-(which :mod:`bench.charts` draws) and their table between the ``core:begin`` /
-``core:end`` markers of ``bench/RESULTS.md``.
+API can do, so that tether over it is what tether's guarantees cost. ``--write`` keeps
+the figures in ``bench/results/core.json`` (which :mod:`bench.charts` draws) and their
+table between the ``core:begin`` / ``core:end`` markers of ``bench/RESULTS.md``.
 
 ``--observability`` runs the same workload on tether alone against tether with a
 Prometheus collector attached (scraped once at the end of each run), with
@@ -378,11 +378,15 @@ def main() -> None:
     for line in verdicts:
         print(line)
     if args.write:
-        _write(results, idle, command, args.reps)
+        _write(results, idle, command, args.reps, unit)
 
 
 def _write(
-    results: dict[str, dict[str, dict[str, float]]], idle: float, command: str, reps: int
+    results: dict[str, dict[str, dict[str, float]]],
+    idle: float,
+    command: str,
+    reps: int,
+    unit: str = "per second",
 ) -> None:
     """``bench/results/core.json`` and the core block of ``bench/RESULTS.md``."""
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -394,7 +398,7 @@ def _write(
     lines = [
         "## Core: the registry against hand-written tables",
         "",
-        f"`{command}`, {date}, load average {load:.2f}; outputs per second, medians of "
+        f"`{command}`, {date}, load average {load:.2f}; outputs {unit}, medians of "
         f"{reps} interleaved runs (50 at N = 1), and tether's ratio to each baseline; "
         f"{idle:.0f} bytes per open idle `Stream`. Workload and baselines: "
         "[FINDINGS.md](FINDINGS.md#core-microbenchmark-benchcorepy).",
