@@ -244,4 +244,7 @@ class FloorTable:
         waiter = slot.waiter
         if waiter is not None:
             slot.waiter = None
-            waiter.set_result(None)
+            try:  # (a reader cancelled while it waited left its future cancelled)
+                waiter.set_result(None)
+            except asyncio.InvalidStateError:
+                pass

@@ -106,7 +106,7 @@ class TetherMiddleware:
         drain_timeout: float | None = 5.0,
         producer_writes: bool | Literal["threads"] = False,
     ) -> None:
-        if producer_writes not in (False, True, "threads"):
+        if type(producer_writes) is not bool and producer_writes != "threads":
             raise ValueError(f"producer_writes: True, False or 'threads', not {producer_writes!r}")
         self.app, self.registry, self.drain_timeout = app, registry, drain_timeout
         self.producer_writes, self._on_asyncio = producer_writes, False

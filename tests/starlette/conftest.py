@@ -9,7 +9,7 @@ import contextlib
 import hashlib
 import socket
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import pytest
 from starlette.applications import Starlette
@@ -198,7 +198,7 @@ def one_stream_app(
     registry: tether.Registry,
     opened: asyncio.Queue[str],
     *,
-    producer_writes: bool | str = False,
+    producer_writes: bool | Literal["threads"] = False,
     **options: Any,
 ) -> Starlette:
     """``/one`` opens a stream (for the query's ``rid``, if it has one), puts its rid in

@@ -8,7 +8,7 @@ thread's hand-over is written by the handler's task."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -42,7 +42,7 @@ def noting_writers(app: ASGIApp, writers: list[asyncio.Task[Any] | None]) -> ASG
 
 @pytest.mark.parametrize("writes", ["threads", True, False])
 async def test_an_engine_thread_s_events_go_out_from_its_hand_over_when_told(
-    writes: bool | str,
+    writes: bool | Literal["threads"],
 ) -> None:
     registry = tether.Registry()
     opened: asyncio.Queue[str] = asyncio.Queue()
@@ -96,6 +96,7 @@ def test_producer_writes_is_true_false_or_threads() -> None:
     registry = tether.Registry()
     app = one_stream_app(registry, asyncio.Queue())
     for writes in (True, False, "threads"):
-        TetherMiddleware(app, registry=registry, producer_writes=writes)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="producer_writes"):
-        TetherMiddleware(app, registry=registry, producer_writes="yes")  # type: ignore[arg-type]
+        TetherMiddleware(app, registry=registry, producer_writes=writes)
+    for odd in ("yes", "True", 1, None):
+        with pytest.raises(ValueError, match="producer_writes"):
+            TetherMiddleware(app, registry=registry, producer_writes=odd)  # type: ignore[arg-type]
