@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import threading
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Final
 
 __all__ = ["Stepped"]
+
+logger = logging.getLogger("tether")
 
 _thread_id = threading.get_ident
 _current_task = asyncio.current_task
@@ -106,11 +109,30 @@ class Stepped:
             # is the send chain's (a cancelled future awaited in its step), never the
             # producer's, whose cancellation cannot be delivered inside this
             # synchronous call (cancel() on the running task marks its next await).
+            if isinstance(exc, RuntimeError) and _current_task(self._loop) is None:
+                _say_taskless(exc)
             return _Begun(None, exc, self._context)
         finally:
             self._busy = False
         self._suspended += 1
         return _Begun(steps, yielded, self._context)
+
+
+_said = [False]  # (whether _say_taskless() said it at WARNING in this process)
+
+
+def _say_taskless(exc: RuntimeError) -> None:
+    """Tell the operator, once per process, the likely cause of a send that raised
+    ``RuntimeError`` outside any task (``callbacks``: ``producer_writes="threads"``)."""
+    level = logging.DEBUG if _said[0] else logging.WARNING
+    _said[0] = True
+    logger.log(
+        level,
+        "a send raised %r outside any task (a producer thread's hand-over, written in its "
+        "loop callback); its response fails. If a send wrapper needs a task "
+        "(asyncio.timeout, anyio), producer_writes='threads' cannot be used with it",
+        exc,
+    )
 
 
 class _Begun:

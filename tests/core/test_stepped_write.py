@@ -6,10 +6,12 @@ there too, and a chain that does need one fails that write (never retried)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
 
+from tether import _stepped
 from tether._stepped import SUSPENDS_IN_A_ROW
 from tether.http import Stepped
 
@@ -149,3 +151,24 @@ async def test_told_so_a_send_that_needs_a_task_fails_its_write_in_a_hand_over()
     with pytest.raises(RuntimeError, match="inside a task"):
         await begun  # type: ignore[misc]
     assert sent == []
+
+
+async def test_told_so_a_send_that_needs_a_task_is_named_to_the_operator_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The failure says its likely cause (``producer_writes='threads'`` with a wrapper
+    that needs a task) once at WARNING; the next ones at DEBUG, never a flood."""
+    monkeypatch.setattr(_stepped, "_said", [False])
+
+    async def write(chunk: bytes, last: bool) -> None:
+        async with asyncio.timeout(10):
+            await asyncio.sleep(0)
+
+    caplog.set_level(logging.DEBUG, logger="tether")
+    for begun in await _hand_overs(Stepped(write, callbacks=True), 1) + await _hand_overs(
+        Stepped(write, callbacks=True), 1
+    ):
+        with pytest.raises(RuntimeError):
+            await begun  # type: ignore[misc]
+    said = [record for record in caplog.records if "producer_writes='threads'" in record.message]
+    assert [record.levelno for record in said] == [logging.WARNING, logging.DEBUG]
