@@ -30,10 +30,6 @@ _SIZE_NODES: Final = 1 << 16
 """How many values ``approximate_size`` walks in one output before it measures the
 output's JSON encoding instead."""
 
-_FLAT: Final = 1024
-"""The most items of an output's top container weighed before the node bound is
-looked at (so that a huge one is measured, never walked, as below)."""
-
 TOO_LARGE: Final = sys.maxsize
 """The weight of an output too large to walk that is no JSON either: over any budget."""
 
@@ -59,18 +55,10 @@ def approximate_size(output: Any) -> int:
         return 8 + len(output)
     # Every value is counted once, as it is found (its container's items as the
     # container is walked), so that the bound is checked before a huge one is walked.
-    todo: list[Any] = []
-    if cls is dict and len(output) <= _FLAT:
-        total = 8 + _leaves(output, todo) + _leaves(output.values(), todo)
-        seen = 1 + 2 * len(output)
-    elif (cls is list or cls is tuple) and len(output) <= _FLAT:
-        total = 8 + _leaves(output, todo)
-        seen = 1 + len(output)
-    else:
-        todo.append(output)
-        total, seen = 0, 1
+    todo = [output]
+    total, seen = 0, 1
     pop = todo.pop
-    while todo:  # what the leaves left: containers and other values, each counted once
+    while todo:  # the output, then the containers and other values _leaves() left
         value = pop()
         cls = type(value)
         if cls is dict:
