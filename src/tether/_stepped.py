@@ -71,9 +71,9 @@ class Stepped:
 
     def writable(self) -> bool:
         """Whether a write is worth trying now: its writes do not keep suspending, and
-        this is a task of the handler's thread (with ``callbacks``, any of its code). A
-        hand-over from elsewhere (a producer
-        thread's, in a loop callback) settles it: the handler writes for good, at once
+        this is a task of the handler's thread (with ``callbacks``, any code of it). A
+        write from elsewhere (another thread; without ``callbacks``, a producer thread's
+        hand-over in a loop callback) settles it: the handler writes for good, at once
         (its own writes through this would otherwise reset the count, and every output
         would be offered, declined and written by the handler, at a fifth more CPU)."""
         if self._suspended >= SUSPENDS_IN_A_ROW or self._busy:
@@ -118,14 +118,15 @@ class Stepped:
         return _Begun(steps, yielded, self._context)
 
 
-_said = [False]  # (whether _say_taskless() said it at WARNING in this process)
+_said = False  # (whether _say_taskless() said it at WARNING in this process)
 
 
 def _say_taskless(exc: RuntimeError) -> None:
     """Tell the operator, once per process, the likely cause of a send that raised
     ``RuntimeError`` outside any task (``callbacks``: ``producer_writes="threads"``)."""
-    level = logging.DEBUG if _said[0] else logging.WARNING
-    _said[0] = True
+    global _said
+    level = logging.DEBUG if _said else logging.WARNING
+    _said = True
     logger.log(
         level,
         "a send raised %r outside any task (a producer thread's hand-over, written in its "

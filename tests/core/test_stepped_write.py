@@ -158,7 +158,7 @@ async def test_told_so_a_send_that_needs_a_task_is_named_to_the_operator_once(
 ) -> None:
     """The failure says its likely cause (``producer_writes='threads'`` with a wrapper
     that needs a task) once at WARNING; the next ones at DEBUG, never a flood."""
-    monkeypatch.setattr(_stepped, "_said", [False])
+    monkeypatch.setattr(_stepped, "_said", False)
 
     async def write(chunk: bytes, last: bool) -> None:
         async with asyncio.timeout(10):
