@@ -7,8 +7,6 @@ client gets each event once, in order."""
 from __future__ import annotations
 
 import asyncio
-import json
-import zlib
 from typing import Any
 
 import fastapi
@@ -20,7 +18,6 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tether
-from tests._support.raw_http import read_response
 from tether_starlette import TetherMiddleware, respond
 
 from .conftest import BOUND, one_stream_app, requested, serve
@@ -28,6 +25,7 @@ from .test_send_chain_under_every_producer import (
     OUTPUTS,
     SHAPES,
     Producer,
+    gzipped_ndjson,
     one_response,
     sse,
     timed_send,
@@ -49,10 +47,7 @@ def recording(app: ASGIApp, bodies: list[bytes]) -> ASGIApp:
     return wrapped
 
 
-@pytest.mark.parametrize(
-    "shape",
-    SHAPES,
-)
+@pytest.mark.parametrize("shape", SHAPES)
 async def test_a_middleware_inside_a_timed_send_sees_each_event_once(shape: str) -> None:
     registry = tether.Registry()
     opened: asyncio.Queue[str] = asyncio.Queue()
@@ -67,10 +62,7 @@ async def test_a_middleware_inside_a_timed_send_sees_each_event_once(shape: str)
     assert registry.stats().aborted == {}
 
 
-@pytest.mark.parametrize(
-    "shape",
-    SHAPES,
-)
+@pytest.mark.parametrize("shape", SHAPES)
 async def test_a_gzipped_stream_under_a_timed_send_decompresses_to_each_event_once(
     shape: str,
 ) -> None:
@@ -80,20 +72,8 @@ async def test_a_gzipped_stream_under_a_timed_send_decompresses_to_each_event_on
     inner.user_middleware.insert(0, Middleware(GZipMiddleware, minimum_size=1))
     app = timed_send(inner, BOUND)
     async with serve(app, http="httptools") as (url, _):
-        port = int(url.rsplit(":", 1)[1])
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            async with asyncio.timeout(BOUND):
-                writer.write(b"GET /one HTTP/1.1\r\nHost: t\r\nAccept-Encoding: gzip\r\n\r\n")
-                rid = await opened.get()
-                outputs = [{"n": n, "t": "lorem ipsum"} for n in range(OUTPUTS)]
-                run = asyncio.create_task(Producer(registry, shape).run(rid, outputs))
-                _, body = await read_response(reader)
-                await run
-        finally:
-            writer.close()
-    lines = zlib.decompress(body, 16 + zlib.MAX_WBITS).decode().splitlines()
-    assert [json.loads(line) for line in lines] == outputs
+        outputs, got = await gzipped_ndjson(url, opened, Producer(registry, shape))
+    assert got == outputs
     assert registry.in_flight == 0
 
 
@@ -117,10 +97,7 @@ def failing_after_the_send(app: ASGIApp, nth: int) -> ASGIApp:
     return wrapped
 
 
-@pytest.mark.parametrize(
-    "shape",
-    SHAPES,
-)
+@pytest.mark.parametrize("shape", SHAPES)
 async def test_a_send_chain_that_fails_after_sending_ends_the_response_with_each_event_once(
     shape: str,
 ) -> None:
@@ -160,10 +137,7 @@ def naming_the_task(app: ASGIApp, names: list[str]) -> ASGIApp:
     return wrapped
 
 
-@pytest.mark.parametrize(
-    "shape",
-    SHAPES,
-)
+@pytest.mark.parametrize("shape", SHAPES)
 async def test_a_send_wrapper_that_reads_the_current_task_streams_whole(shape: str) -> None:
     registry = tether.Registry()
     opened: asyncio.Queue[str] = asyncio.Queue()
@@ -176,31 +150,7 @@ async def test_a_send_wrapper_that_reads_the_current_task_streams_whole(shape: s
     assert registry.stats().aborted == {}
 
 
-async def gzipped_ndjson(
-    url: str, opened: asyncio.Queue[str], producer: Producer
-) -> tuple[list[Any], list[Any]]:
-    """One gzipped NDJSON response of :data:`OUTPUTS` outputs; the outputs and what it
-    decompresses to."""
-    port = int(url.rsplit(":", 1)[1])
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        async with asyncio.timeout(BOUND):
-            writer.write(b"GET /one HTTP/1.1\r\nHost: t\r\nAccept-Encoding: gzip\r\n\r\n")
-            rid = await opened.get()
-            outputs = [{"n": n, "t": "lorem ipsum"} for n in range(OUTPUTS)]
-            run = asyncio.create_task(producer.run(rid, outputs))
-            _, body = await read_response(reader)
-            await run
-    finally:
-        writer.close()
-    lines = zlib.decompress(body, 16 + zlib.MAX_WBITS).decode().splitlines()
-    return outputs, [json.loads(line) for line in lines]
-
-
-@pytest.mark.parametrize(
-    "shape",
-    SHAPES,
-)
+@pytest.mark.parametrize("shape", SHAPES)
 async def test_a_fastapi_app_with_gzip_and_an_http_middleware_streams_whole(shape: str) -> None:
     registry = tether.Registry()
     opened: asyncio.Queue[str] = asyncio.Queue()
@@ -244,10 +194,7 @@ def guarded_timed_send(app: ASGIApp, failures: list[BaseException]) -> ASGIApp:
     return wrapped
 
 
-@pytest.mark.parametrize(
-    "shape",
-    SHAPES,
-)
+@pytest.mark.parametrize("shape", SHAPES)
 async def test_a_send_wrapper_that_notes_failed_sends_gets_every_event_sent(shape: str) -> None:
     registry = tether.Registry()
     opened: asyncio.Queue[str] = asyncio.Queue()

@@ -345,6 +345,27 @@ async def test_a_fastapi_app_streams_whole_under_every_producer_shape(
     assert registry.in_flight == 0
 
 
+async def gzipped_ndjson(
+    url: str, opened: asyncio.Queue[str], producer: Producer
+) -> tuple[list[Any], list[Any]]:
+    """One gzipped NDJSON response of :data:`OUTPUTS` outputs; the outputs and what it
+    decompresses to."""
+    port = int(url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        async with asyncio.timeout(BOUND):
+            writer.write(b"GET /one HTTP/1.1\r\nHost: t\r\nAccept-Encoding: gzip\r\n\r\n")
+            rid = await opened.get()
+            outputs = [{"n": n, "t": "lorem ipsum"} for n in range(OUTPUTS)]
+            run = asyncio.create_task(producer.run(rid, outputs))
+            _, body = await read_response(reader)
+            await run
+    finally:
+        writer.close()
+    lines = zlib.decompress(body, 16 + zlib.MAX_WBITS).decode().splitlines()
+    return outputs, [json.loads(line) for line in lines]
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 async def test_a_gzipped_ndjson_stream_decompresses_whole_under_every_producer_shape(
     shape: str,
@@ -354,20 +375,8 @@ async def test_a_gzipped_ndjson_stream_decompresses_whole_under_every_producer_s
     app = one_stream_app(registry, opened, encoder=tether.NDJSON)
     app.user_middleware.insert(0, Middleware(GZipMiddleware, minimum_size=1))
     async with serve(app, http="httptools") as (url, _):
-        port = int(url.rsplit(":", 1)[1])
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            async with asyncio.timeout(BOUND):
-                writer.write(b"GET /one HTTP/1.1\r\nHost: t\r\nAccept-Encoding: gzip\r\n\r\n")
-                rid = await opened.get()
-                outputs = [{"n": n, "t": "lorem ipsum"} for n in range(OUTPUTS)]
-                run = asyncio.create_task(Producer(registry, shape).run(rid, outputs))
-                _, body = await read_response(reader)
-                await run
-        finally:
-            writer.close()
-    lines = zlib.decompress(body, 16 + zlib.MAX_WBITS).decode().splitlines()
-    assert [json.loads(line) for line in lines] == outputs
+        outputs, got = await gzipped_ndjson(url, opened, Producer(registry, shape))
+    assert got == outputs
     assert registry.in_flight == 0
 
 
