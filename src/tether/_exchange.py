@@ -24,7 +24,7 @@ import copy
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, cast
 
 from ._batch import Batch
 from ._encoders import SSE, Encoder, default_dumps
@@ -149,7 +149,16 @@ class Direct(Protocol):
     def write(self, chunk: bytes) -> bool | Awaitable[object]:
         """Write ``chunk`` now if :meth:`writable`; ``False`` (nothing written) if not; or
         the write begun, which the writing task awaits before it writes anything else
-        (or closes, if the response is cut: nothing more of it is written)."""
+        (or closes, if the response is cut: nothing more of it is written).
+
+        A writer may also offer ``write_checked(chunk)``, the same write when
+        :meth:`writable` said ``True`` just now, in this synchronous step: the write
+        of each event from the producer's step asks :meth:`writable` before it encodes,
+        and calls that rather than ask twice (:class:`~tether.http.Stepped` offers it)."""
+
+
+class _CheckedDirect(Direct, Protocol):
+    def write_checked(self, chunk: bytes) -> bool | Awaitable[object]: ...
 
 
 class Writer(Protocol):
@@ -206,6 +215,7 @@ class Exchange:
         "_begun",
         "_begun_chunk",
         "_body",
+        "_checked",
         "_direct",
         "_done",
         "_framer",
@@ -250,6 +260,7 @@ class Exchange:
         self._framer = Framer(encoder, indexed=batch, errors_inline=inline, numbered=numbered)
         self._done = False
         self._direct: Direct | None = None
+        self._checked: _CheckedDirect | None = None  # the same writer, if it offers that
         self._sunk_at: float | None = None  # when the sink last wrote (monotonic)
         # A write the sink began and the write loop finishes before anything else:
         self._begun: Awaitable[object] | None = None
@@ -421,7 +432,9 @@ class Exchange:
             await writer.start()
             guard.end()
             started = True
-            self._direct = writer.direct()
+            self._direct = direct = writer.direct()
+            if callable(getattr(direct, "write_checked", None)):
+                self._checked = cast(_CheckedDirect, direct)
             pump = self._pump(writer, first, framed=True, in_place=WOKEN_IN_PLACE)
             del first  # (the pump's to write and let go: an idle stream holds no chunk)
             if await pump:
@@ -603,8 +616,8 @@ class Exchange:
             chunk = framer.encode(outputs)
         except Exception:  # the write loop meets it again, and fails the request there
             return False
-        # (write() checks the transport itself: a decline, rare, wastes one encoding)
-        written = direct.write(chunk)
+        checked = self._checked  # (writable() said yes above: asked once, not twice)
+        written = direct.write(chunk) if checked is None else checked.write_checked(chunk)
         if written is False:
             return False
         self._sunk_at = _now()

@@ -97,6 +97,12 @@ class Stepped:
             or (self._tasks_only and _current_task(self._loop) is None)
         ) and not self.writable():
             return False
+        return self.write_checked(chunk)
+
+    def write_checked(self, chunk: bytes) -> bool | _Begun:
+        """:meth:`write`, when :meth:`writable` said ``True`` just now, in this same
+        synchronous step (the producer's write of each event asks it before encoding):
+        not asked again."""
         steps = self._write(chunk, False).__await__()
         self._busy = True
         try:
