@@ -686,6 +686,10 @@ class Exchange:
         await self.source.aclose()
 
 
+_READ_WHOLE: Final = (Stream, Batch)
+"""(A tuple of types, not ``Stream | Batch``: that builds a union object at each call.)"""
+
+
 def answer_encoder(
     source: Stream | Batch | Numbered,
     streaming: bool,
@@ -696,10 +700,10 @@ def answer_encoder(
 ) -> Encoder:
     """The encoder of an answer from ``source`` with these options (an
     :class:`Exchange`'s), once they are checked: see the exchange's ``:raises:``."""
-    numbered = not isinstance(source, Stream | Batch)  # (no ABC check for them)
+    numbered = not isinstance(source, _READ_WHOLE)  # (no ABC check for them)
     if numbered and not isinstance(source, Numbered):
         raise TypeError(f"expected a tether Stream or Batch, got {type(source).__name__}")
-    if isinstance(source, Stream | Batch) and not source.claim():
+    if isinstance(source, _READ_WHOLE) and not source.claim():
         # (it would answer an empty success, or take outputs from the first response)
         raise RuntimeError(
             f"{source!r} was already answered or closed; a response takes a stream "

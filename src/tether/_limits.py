@@ -112,10 +112,15 @@ def _encoded_size(output: Any, walked: int) -> int:
         return TOO_LARGE
 
 
+# (tuples of types, not ``str | bytes``: a union is built at each call)
+_CHARACTERS: Final = (str, bytes, bytearray)
+_COLLECTIONS: Final = (list, tuple, set, frozenset)
+
+
 def _other_size(value: Any, todo: list[Any]) -> int:
     """The weight of a value of another type (a subclass, a set, an object); what it
     holds joins ``todo``."""
-    if isinstance(value, str | bytes | bytearray):
+    if isinstance(value, _CHARACTERS):
         return len(value)
     if isinstance(value, int):
         return value.bit_length() >> 2
@@ -125,7 +130,7 @@ def _other_size(value: Any, todo: list[Any]) -> int:
         todo.extend(value.keys())
         todo.extend(value.values())
         return 0
-    if isinstance(value, list | tuple | set | frozenset):
+    if isinstance(value, _COLLECTIONS):
         todo.extend(value)
         return 0
     if isinstance(value, memoryview):

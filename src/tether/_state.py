@@ -628,6 +628,10 @@ def _answer_of(rid: str, took: object) -> bool:
     return bool(took)
 
 
+_SIZED: Final = (list, tuple)
+"""(A tuple of types, not ``list | tuple``: that builds a union object at each call.)"""
+
+
 def route(
     entries: dict[str, RequestState],
     items: Iterable[tuple[str, Any, bool]],
@@ -648,12 +652,16 @@ def route(
     # Per output, every bytecode counts (a JSON answer folds 64): a list's or tuple's
     # items are counted by len(), an iterator's as it is consumed; only the late
     # ones are counted here. (enumerate() costs more than ``+= 1``.)
-    seen = [0]
-    sized = isinstance(items, list | tuple)
+    seen: list[int] | None = None
+    if isinstance(items, _SIZED):
+        count = len(items)
+    else:
+        seen = [0]
+        items = _counted(items, seen)
     late = 0
     last_wins = limits.merge is None
     get = entries.get
-    for rid, output, finished in items if sized else _counted(items, seen):
+    for rid, output, finished in items:
         state = get(rid)
         if state is None or finished or not state.first_at:
             if not registry.deliver(rid, output, finished=finished):
@@ -673,7 +681,7 @@ def route(
             raise
         if not fits and state.live:
             table.too_slow(state, False)
-    return (len(items) if isinstance(items, list | tuple) else seen[0]) - late
+    return (count if seen is None else seen[0]) - late
 
 
 def _counted(items: Iterable[T], seen: list[int]) -> Iterator[T]:
