@@ -18,6 +18,7 @@ import pytest
 
 from bench import (
     ab,
+    aiohttp_path,
     charts,
     core,
     instructions,
@@ -373,3 +374,19 @@ async def test_the_in_process_paths_answer_every_request_whole(path: Any, varian
     else:  # every output as an SSE event, then the terminal one
         assert body.count(b"data: {") == json_path.OUTPUTS
         assert body.endswith(b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("variant", ["handoff", "tether"])
+@pytest.mark.parametrize("section", ["json", "stream"])
+async def test_the_in_process_aiohttp_path_answers_every_request_whole(
+    variant: str, section: str
+) -> None:
+    async with asyncio.timeout(30):
+        bodies = await aiohttp_path.run(variant, section, 30, 3, "step")
+    assert len(bodies) == 3
+    for body in bodies:
+        if section == "json":  # the last output, as JSON
+            assert json.loads(body) == {"n": aiohttp_path.EVENTS - 1, "delta": "lorem"}
+        else:  # every output as an SSE event, then the terminal one
+            assert body.count(b"data: {") == aiohttp_path.EVENTS
+            assert body.endswith(b"data: [DONE]\n\n")
