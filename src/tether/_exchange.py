@@ -154,11 +154,27 @@ class Direct(Protocol):
         A writer may also offer ``write_checked(chunk)``, the same write when
         :meth:`writable` said ``True`` just now, in this synchronous step: the write
         of each event from the producer's step asks :meth:`writable` before it encodes,
-        and calls that rather than ask twice (:class:`~tether.http.Stepped` offers it)."""
+        and calls that rather than ask twice (:class:`~tether.http.Stepped` offers it).
+        It is used only where the class defines it beside, or below, the ``write`` it
+        uses: a subclass that overrides ``write`` alone sees every write through it."""
 
 
 class _CheckedDirect(Direct, Protocol):
     def write_checked(self, chunk: bytes) -> bool | Awaitable[object]: ...
+
+
+def _checked(direct: Direct | None) -> _CheckedDirect | None:
+    """``direct``, if its class offers ``write_checked`` no less derived than the
+    ``write`` it uses (a subclass or a wrapper that overrides ``write`` sees every write
+    go through it). Looked up on the class, never on the instance: no ``__getattr__``
+    is asked."""
+    for cls in type(direct).__mro__:
+        defined = vars(cls)
+        if "write_checked" in defined:
+            return cast(_CheckedDirect, direct) if callable(defined["write_checked"]) else None
+        if "write" in defined:
+            return None
+    return None
 
 
 class Writer(Protocol):
@@ -433,8 +449,7 @@ class Exchange:
             guard.end()
             started = True
             self._direct = direct = writer.direct()
-            if callable(getattr(direct, "write_checked", None)):
-                self._checked = cast(_CheckedDirect, direct)
+            self._checked = _checked(direct)
             pump = self._pump(writer, first, framed=True, in_place=WOKEN_IN_PLACE)
             del first  # (the pump's to write and let go: an idle stream holds no chunk)
             if await pump:

@@ -653,9 +653,8 @@ def route(
     # items are counted by len(), an iterator's as it is consumed; only the late
     # ones are counted here. (enumerate() costs more than ``+= 1``.)
     seen: list[int] | None = None
-    if isinstance(items, _SIZED):
-        count = len(items)
-    else:
+    sized = items if isinstance(items, _SIZED) else None  # (counted by len() at the end)
+    if sized is None:
         seen = [0]
         items = _counted(items, seen)
     late = 0
@@ -681,7 +680,10 @@ def route(
             raise
         if not fits and state.live:
             table.too_slow(state, False)
-    return (count if seen is None else seen[0]) - late
+    if sized is not None:  # (a step that grew meanwhile: its items were routed too)
+        return len(sized) - late
+    assert seen is not None
+    return seen[0] - late
 
 
 def _counted(items: Iterable[T], seen: list[int]) -> Iterator[T]:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
-
 import tether
 import tether.http
 from tests._support.direct_writes import DirectTransport, DirectWriter, sse_values
@@ -27,11 +25,6 @@ class KnowsOnlyItsOwn(DirectTransport):
         return self._table[name]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="e1ebdda: Exchange.run() probes getattr(direct, 'write_checked', None), which "
-    "lets any error but AttributeError out of the lookup: the response fails",
-)
 async def test_a_direct_writer_that_only_knows_its_own_methods_gets_every_event() -> None:
     registry = tether.Registry()
     stream = registry.open()

@@ -98,11 +98,6 @@ class Writer:
         return self.made
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="e1ebdda: Exchange._sink calls the write_checked() it finds on the object, "
-    "bypassing the writer's own write() (a subclass's or a wrapper's): it misses every event",
-)
 @pytest.mark.parametrize("make", [CountingStepped, CountingWrapper], ids=["subclass", "wrapper"])
 async def test_every_direct_write_goes_through_the_writers_own_write(make: Any) -> None:
     registry = tether.Registry()
