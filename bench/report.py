@@ -235,6 +235,13 @@ def render(out: dict[str, Any]) -> str:
         f"{meta['seconds']:.0f} s, on {meta['cpu']}, Python {meta['python']}; "
         f"load average {meta['load']:.2f} at the end."
     )
+    kept = {name: date for name, date in meta.get("sections", {}).items() if date != meta["date"]}
+    if kept:
+        add(
+            "Not re-run by this run, kept as recorded: "
+            + ", ".join(f"{name} ({date})" for name, date in sorted(kept.items()))
+            + "."
+        )
     add("Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + ".")
     profile = meta["profile"]
     add(

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from . import profiling, report
@@ -148,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         out["meta"] = report.environment(
             profile=dataclasses.asdict(plan), command=command, seconds=time.time() - started
         )
+        if not args.quick:
+            keep_earlier(out, [name for name in names if name in benchmarks])
         _publish(report.render(out), out, "http.json", report.BEGIN, report.END, quick=args.quick)
     if "profile" in names:
         print("profile...", flush=True)
@@ -158,6 +161,24 @@ def main(argv: list[str] | None = None) -> int:
         _publish(text, profiles, "profile.json", profiling.BEGIN, profiling.END, quick=args.quick)
     print(f"benchmarks done in {time.time() - started:.0f} s", flush=True)
     return 0
+
+
+def keep_earlier(out: dict[str, Any], ran: list[str], path: Path | None = None) -> None:
+    """A run of some benchmarks (``--only``) keeps the others' recorded results, each
+    with the date it was measured (``meta["sections"]``), instead of dropping them."""
+    path = path or ROOT / "bench" / "results" / "http.json"
+    if not path.exists():
+        return
+    earlier = json.loads(path.read_text())
+    earlier_meta = earlier.get("meta", {})
+    dates = dict(earlier_meta.get("sections", {}))
+    for name in ("batch", "disconnect", "memory"):
+        if name in ran:
+            dates[name] = out["meta"]["date"]
+        elif earlier.get(name):
+            out[name] = earlier[name]
+            dates.setdefault(name, earlier_meta.get("date", "an earlier run"))
+    out["meta"]["sections"] = dates
 
 
 def _publish(

@@ -27,6 +27,7 @@ from bench import (
     processes,
     profiling,
     report,
+    run,
     stream_path,
 )
 from bench.servers.handoff import SERIALIZERS
@@ -390,3 +391,26 @@ async def test_the_in_process_aiohttp_path_answers_every_request_whole(
         else:  # every output as an SSE event, then the terminal one
             assert body.count(b"data: {") == aiohttp_path.EVENTS
             assert body.endswith(b"data: [DONE]\n\n")
+
+
+def test_a_partial_run_keeps_the_other_benchmarks_recorded_results_with_their_date(
+    tmp_path: Path,
+) -> None:
+    recorded = json.loads((processes.ROOT / "bench" / "results" / "http.json").read_text())
+    path = tmp_path / "http.json"
+    path.write_text(json.dumps(recorded))
+    out: dict[str, Any] = {"batch": {}, "disconnect": recorded["disconnect"], "memory": {}}
+    out["meta"] = {**recorded["meta"], "date": "2099-01-01 00:00 UTC"}
+    run.keep_earlier(out, ["disconnect"], path)
+    assert out["batch"] == recorded["batch"]
+    assert out["memory"] == recorded["memory"]
+    earlier = recorded["meta"].get("sections", {})
+    assert out["meta"]["sections"] == {
+        "batch": earlier.get("batch", recorded["meta"]["date"]),
+        "disconnect": "2099-01-01 00:00 UTC",
+        "memory": earlier.get("memory", recorded["meta"]["date"]),
+    }
+    text = report.render(out)
+    assert "### Batch streaming" in text
+    assert "### Memory: idle open streams" in text
+    assert "Not re-run by this run, kept as recorded: batch (" in text
