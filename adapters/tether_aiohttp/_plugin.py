@@ -26,20 +26,10 @@ REGISTRY_KEY: Final = web.AppKey("registry", tether.Registry)
 SCOPE_KEY: Final = web.RequestKey("scope", tether.RequestScope)
 """Where the middleware keeps the request's :class:`tether.RequestScope`."""
 
-
-class _Served:
-    """What the middleware keeps on a request it serves, under one key (each of an
-    aiohttp request's item lookups is a Python call): its scope, the registry of the
-    installation that serves it (the outermost one), and whether its response started
-    (its head goes out)."""
-
-    __slots__ = ("registry", "scope", "started")
-
-    def __init__(self, scope: tether.RequestScope, registry: tether.Registry) -> None:
-        self.scope, self.registry, self.started = scope, registry, False
-
-
-_SERVED: Final = web.RequestKey("tether_served", _Served)
+# The registry of the installation that serves the request (the outermost one); set
+# once the request's response is being prepared (its head goes out):
+_SERVED_BY: Final = web.RequestKey("tether_registry", tether.Registry)
+_STARTED: Final = web.RequestKey("tether_started", bool)
 
 logger = logging.getLogger("tether.aiohttp")
 
@@ -70,13 +60,9 @@ def request_scope(request: web.BaseRequest) -> tether.RequestScope:
 
 def answer_scope(request: web.BaseRequest) -> tether.RequestScope:
     """:func:`request_scope`, for ``respond()``: refused once the response started."""
-    try:
-        served = request[_SERVED]
-    except KeyError:
-        raise RuntimeError(_NOT_SET_UP) from None
-    if served.started:
+    if request.get(_STARTED):
         raise RuntimeError("this request's response has started: a request gets one response")
-    return served.scope
+    return request_scope(request)
 
 
 class _Watcher:
@@ -132,14 +118,10 @@ class _Watcher:
 
 async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
     """Echo the client's accepted ``X-Request-Id`` (the response is about to start)."""
-    try:
-        served = request[_SERVED]
-    except KeyError:  # (a response of aiohttp's own, before any middleware)
-        return
-    served.started = True
-    request_id = served.scope.request_id
-    if request_id is not None:
-        response.headers[http.REQUEST_ID_HEADER] = request_id
+    request[_STARTED] = True
+    scope = request.get(SCOPE_KEY)
+    if scope is not None and scope.request_id is not None:
+        response.headers[http.REQUEST_ID_HEADER] = scope.request_id
 
 
 def _whole(head: http.Head) -> web.Response:
@@ -191,9 +173,9 @@ def setup(
     @web.middleware
     async def tether_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         # (a Request's `in` and get() raise a KeyError for a key it lacks: asked only
-        # of a request that holds something)
-        if request and _SERVED in request:  # installed on a parent app too: it serves
-            if request[_SERVED].registry is not registry:
+        # of a request that holds something, and _STARTED is held from here on)
+        if request and SCOPE_KEY in request:  # installed on a parent app too: it serves
+            if request[_SERVED_BY] is not registry:
                 raise RuntimeError(
                     "tether_aiohttp.setup() was called on an app and its sub-app with two "
                     "registries; call it once, on the outermost app"
@@ -204,14 +186,13 @@ def setup(
             client_gone=None if transport is None else transport.is_closing,
             request_id=http.accept_request_id(request.headers.get(http.REQUEST_ID_HEADER)),
         )
-        request[SCOPE_KEY] = scope
-        request[_SERVED] = served = _Served(scope, registry)
+        request[SCOPE_KEY], request[_SERVED_BY], request[_STARTED] = scope, registry, False
         watcher.watch(scope, transport)
         with scope:
             try:
                 return await handler(request)
             except tether.TetherError as exc:
-                if served.started:  # (a second response would land in the body)
+                if request.get(_STARTED):  # (a second response would land in the body)
                     raise
                 return _whole(http.error_head(exc))
             except asyncio.CancelledError:
@@ -219,7 +200,7 @@ def setup(
                 # leaves; else the server ended it (shutdown): a client still there is told.
                 if transport is None or transport.is_closing():
                     scope.disconnect()
-                elif not served.started:
+                elif not request.get(_STARTED):
                     scope.close()
                     await _farewell(request)
                 raise
