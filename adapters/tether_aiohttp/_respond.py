@@ -120,10 +120,6 @@ class _Direct:
         transport = self._transport
         if transport.get_write_buffer_size() or transport.is_closing():
             return False
-        return self.write_checked(chunk)
-
-    def write_checked(self, chunk: bytes) -> bool:
-        """:meth:`write` right after :meth:`writable` said ``True`` (not asked again)."""
         if chunk:
-            self._transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+            transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
         return True
