@@ -631,7 +631,9 @@ class Exchange:
             chunk = framer.encode(outputs)
         except Exception:  # the write loop meets it again, and fails the request there
             return False
-        checked = self._checked  # (writable() said yes above: asked once, not twice)
+        # (writable() said yes above: a writer that offers write_checked is not asked
+        # again; write() asks itself, and a decline, rare, wastes one encoding)
+        checked = self._checked
         written = direct.write(chunk) if checked is None else checked.write_checked(chunk)
         if written is False:
             return False
