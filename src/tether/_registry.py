@@ -299,6 +299,11 @@ class Registry:
         if state is None:
             table.late += 1
             return False
+        limits = self._limits
+        if state.collecting and state.first_at and not finished and limits.merge is None:
+            # (route()'s usual case: result() waits and the newest output wins, which
+            # ends nothing and raises nothing: no step's bookkeeping around it)
+            return state.put(output, limits)
         if not state.first_at:  # (refused before anything changes, the steps too)
             try:  # (the usual case without a call: the registry's own loop runs this)
                 own = asyncio.get_running_loop() is table.loop
