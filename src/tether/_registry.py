@@ -325,18 +325,18 @@ class Registry:
                         return True
             if finished and state.sink is not None:
                 if state.offering():  # (delivered from inside the sink: the end waits for it)
-                    if not state.hold(output, self._limits, last=True):
+                    if not state.hold(output, limits, last=True):
                         table.too_slow(state, finished)
                     return True
                 # (a sink would write it alone: it goes out with the end, in one write)
                 state.set_sink(None)
             try:
-                fits = state.put(output, self._limits)
+                fits = state.put(output, limits)
             except Exception as exc:  # merge() raised: that request fails, the producer goes on
                 table.merge_failed(state, exc, finished)
                 return True
             except BaseException:  # a sink's KeyboardInterrupt...: it goes on, the end settled
-                state.settle_cut(self._limits, table, finished)
+                state.settle_cut(limits, table, finished)
                 raise
             if not state.live:
                 return True  # ended inside put (merge or a finaliser re-entered): once is all

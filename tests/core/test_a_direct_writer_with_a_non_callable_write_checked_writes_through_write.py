@@ -11,7 +11,7 @@ import pytest
 
 import tether
 import tether.http
-from tests._support.direct_writes import DirectTransport, DirectWriter, sse_values
+from tests._support.direct_writes import DirectTransport, sse_values, started_and_parked
 
 
 class WithAFlag(DirectTransport):
@@ -28,14 +28,8 @@ async def test_every_event_reaches_the_client_once_in_order(
     transport: type[DirectTransport], direct: int
 ) -> None:
     registry = tether.Registry()
-    stream = registry.open()
-    exchange = tether.http.Exchange(stream, streaming=True)
-    registry.deliver(stream.rid, "first")
-    head = await exchange.start()
-    writer = DirectWriter(transport())
-    running = asyncio.ensure_future(exchange.run(writer, head.body))
     async with asyncio.timeout(10):
-        await writer.sink.asked.wait()
+        stream, _, writer, running = await started_and_parked(registry, transport())
         for n in range(5):
             registry.deliver(stream.rid, n)
         registry.deliver(stream.rid, 5, finished=True)
